@@ -1,0 +1,61 @@
+/*
+ * Benchmark harness shared by bench/bench_<op>.c.
+ *
+ * Each op file defines `void bench_<op>(void)` and lists it in bench_main.c. A case:
+ *   1. allocates its inputs (bench_alloc, random values),
+ *   2. times the public op with bench_time (median of repetitions, each repetition
+ *      long enough to time; warm-up call first),
+ *   3. runs the reference kernel (LLMKERN_ISA=ref path) once on the same inputs and
+ *      measures the max error of the timed output against it,
+ *   4. prints a row with bench_row: median time, achieved GB/s (or GFLOP/s), the
+ *      ceiling measured at start-up in the same run, their ratio and the max error.
+ * Rows are also written to the --json file.
+ */
+#ifndef LK_BENCH_H
+#define LK_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llmkern.h"
+
+typedef struct {
+    double copy_gbs;  /* DRAM copy bandwidth, counting 1 read + 1 write per byte moved */
+    double read_gbs;  /* DRAM read-only bandwidth */
+    double fma_gflops;/* f32 FMA peak (all threads) */
+    int threads;
+    int full;         /* --full: every case */
+    int reps;         /* repetitions per case (median) */
+} bench_env;
+
+extern bench_env BENCH;
+
+/* measured once at start-up */
+void bench_measure_machine(void);
+
+typedef void (*bench_fn)(void *ctx);
+/* median milliseconds per call over BENCH.reps samples */
+double bench_time(bench_fn fn, void *ctx);
+
+typedef enum { BENCH_BW, BENCH_FLOPS } bench_kind;
+/* units: bytes for BENCH_BW (ratio vs copy bandwidth), flops for BENCH_FLOPS (vs FMA
+ * peak). max_err: max |out - ref| / (1 + |ref|) over the output. */
+void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
+               bench_kind kind, double max_err);
+void bench_section(const char *title);
+
+/* aligned buffer of n elements of dt filled with uniform values in [lo, hi) */
+void *bench_alloc(lk_dtype dt, int64_t n, double lo, double hi);
+void bench_free(void *p);
+/* max |a - b| / (1 + |b|) over n elements of dt */
+double bench_max_err(const void *a, const void *b, lk_dtype dt, int64_t n);
+
+/* op benches */
+void bench_rms_norm(void);
+void bench_activation(void);
+void bench_rotary(void);
+void bench_kv_cache(void);
+void bench_merge(void);
+void bench_softmax(void);
+
+#endif

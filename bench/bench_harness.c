@@ -1,0 +1,205 @@
+/*
+ * Harness: timing, machine ceilings, row printing, JSON (see bench.h).
+ *
+ * Ceilings are measured in the same run with the same thread count:
+ *  - copy bandwidth: b[i] = a[i] over 2 x 256 MiB, counting read + write bytes, the
+ *    way the op rows count theirs (write-allocate traffic is not counted either side);
+ *  - read bandwidth: sum over 512 MiB;
+ *  - FMA peak: independent FMA chains in registers (AVX2 or AVX-512, whichever the
+ *    library uses), 2 flops per lane per FMA.
+ */
+#include "bench.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/half.h"
+
+bench_env BENCH = {0, 0, 0, 1, 0, 7};
+FILE *bench_json;
+static int json_rows;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double bench_time(bench_fn fn, void *ctx) {
+    fn(ctx); /* warm-up */
+    double t0 = now_s();
+    fn(ctx);
+    double one = now_s() - t0;
+    int inner = one > 2e-3 ? 1 : (int)(2e-3 / (one > 1e-8 ? one : 1e-8)) + 1;
+    double samples[64];
+    int reps = BENCH.reps > 64 ? 64 : BENCH.reps;
+    for (int r = 0; r < reps; r++) {
+        t0 = now_s();
+        for (int i = 0; i < inner; i++) fn(ctx);
+        samples[r] = (now_s() - t0) / inner;
+    }
+    return 1e3 * median(samples, reps);
+}
+
+void *bench_alloc(lk_dtype dt, int64_t n, double lo, double hi) {
+    size_t es = lk_dtype_size(dt), bytes = (size_t)(n > 0 ? n : 1) * es;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (bytes + 63) & ~(size_t)63)) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        double u = lo + (hi - lo) * ((double)(s >> 11) / 9007199254740992.0);
+        if (dt == LK_I32) ((int32_t *)p)[i] = (int32_t)u;
+        else if (dt == LK_I64) ((int64_t *)p)[i] = (int64_t)u;
+        else lk_store_f(p, dt, i, (float)u);
+    }
+    return p;
+}
+
+void bench_free(void *p) { free(p); }
+
+double bench_max_err(const void *a, const void *b, lk_dtype dt, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = lk_load_f(a, dt, i), y = lk_load_f(b, dt, i);
+        double e = fabs(x - y) / (1.0 + fabs(y));
+        if (e != e) return INFINITY;
+        if (e > m) m = e;
+    }
+    return m;
+}
+
+/* ---- ceilings ---- */
+
+static void measure_bandwidth(void) {
+    size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB per array */
+    float *a = NULL, *b = NULL;
+    if (posix_memalign((void **)&a, 64, n * 4) || posix_memalign((void **)&b, 64, n * 4)) exit(1);
+    int nt = BENCH.threads;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 1023), b[i] = 0;
+    double best_copy = 0, samples[5], sread[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (size_t i = 0; i < n; i++) b[i] = a[i];
+        double t = now_s() - t0;
+        samples[r] = 2.0 * (double)n * 4 / t / 1e9;
+        double sum = 0;
+        t0 = now_s();
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : sum)
+        for (size_t i = 0; i < n; i++) sum += a[i] + b[i];
+        t = now_s() - t0;
+        sread[r] = 2.0 * (double)n * 4 / t / 1e9 + (sum == 42.0 ? 1e-9 : 0);
+    }
+    (void)best_copy;
+    BENCH.copy_gbs = median(samples, 5);
+    BENCH.read_gbs = median(sread, 5);
+    free(a);
+    free(b);
+}
+
+/* FMA peak: 8 independent accumulators per thread, vectorised by the compiler for the
+ * widest ISA in use through a target-specific clone */
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
+    typedef float v8 __attribute__((vector_size(32)));
+    v8 acc[10];
+    v8 m = {1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f};
+    v8 c = {1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f};
+    for (int k = 0; k < 10; k++) acc[k] = c * (float)k;
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < 10; k++) acc[k] = acc[k] * m + c;
+    float s = 0;
+    for (int k = 0; k < 10; k++)
+        for (int j = 0; j < 8; j++) s += acc[k][j];
+    return (double)s;
+}
+
+__attribute__((target("avx512f"))) static double fma_avx512(long iters) {
+    typedef float v16 __attribute__((vector_size(64)));
+    v16 acc[12];
+    v16 m, c;
+    for (int j = 0; j < 16; j++) m[j] = 1.0000001f, c[j] = 1e-7f;
+    for (int k = 0; k < 12; k++) acc[k] = c * (float)k;
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) acc[k] = acc[k] * m + c;
+    float s = 0;
+    for (int k = 0; k < 12; k++)
+        for (int j = 0; j < 16; j++) s += acc[k][j];
+    return (double)s;
+}
+
+static void measure_fma(void) {
+    lk_isa isa = lk_isa_current();
+    if (isa == LK_ISA_REF) {
+        BENCH.fma_gflops = 0;
+        return;
+    }
+    long iters = 20000000;
+    double flops_per_iter = isa == LK_ISA_AVX512 ? 12 * 16 * 2 : 10 * 8 * 2;
+    double samples[5];
+    for (int r = 0; r < 5; r++) {
+        double sink = 0, t0 = now_s();
+        int nt = BENCH.threads;
+#pragma omp parallel num_threads(nt) reduction(+ : sink)
+        sink += isa == LK_ISA_AVX512 ? fma_avx512(iters) : fma_avx2(iters);
+        double t = now_s() - t0;
+        samples[r] = flops_per_iter * (double)iters * nt / t / 1e9 + (sink == 42.0 ? 1e-9 : 0);
+    }
+    BENCH.fma_gflops = median(samples, 5);
+}
+
+void bench_measure_machine(void) {
+    measure_bandwidth();
+    measure_fma();
+    printf("machine: %d threads, isa %s | copy bandwidth %.1f GB/s (read+write) | read bandwidth "
+           "%.1f GB/s | f32 FMA peak %.1f GFLOP/s\n",
+           BENCH.threads, lk_isa_name(lk_isa_current()), BENCH.copy_gbs, BENCH.read_gbs,
+           BENCH.fma_gflops);
+    if (bench_json)
+        fprintf(bench_json,
+                "{\n\"machine\": {\"threads\": %d, \"isa\": \"%s\", \"copy_gbs\": %.3f, "
+                "\"read_gbs\": %.3f, \"fma_gflops\": %.3f},\n\"rows\": [\n",
+                BENCH.threads, lk_isa_name(lk_isa_current()), BENCH.copy_gbs, BENCH.read_gbs,
+                BENCH.fma_gflops);
+}
+
+void bench_section(const char *title) {
+    printf("\n== %s\n%-22s %-26s %-6s %10s %10s %10s %7s %10s\n", title, "op", "shape", "dtype",
+           "median us", "achieved", "ceiling", "ratio", "max err");
+    fflush(stdout);
+}
+
+void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
+               bench_kind kind, double max_err) {
+    double rate = units / (ms * 1e-3) / 1e9;
+    double ceil = kind == BENCH_BW ? BENCH.copy_gbs : BENCH.fma_gflops;
+    const char *u = kind == BENCH_BW ? "GB/s" : "GFLOP/s";
+    printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
+           ms * 1e3, rate, u, ceil, u, ceil > 0 ? 100 * rate / ceil : 0, max_err);
+    fflush(stdout);
+    if (bench_json)
+        fprintf(bench_json,
+                "%s  {\"op\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", \"median_ms\": %.6f, "
+                "\"rate\": %.3f, \"unit\": \"%s\", \"ceiling\": %.3f, \"ratio\": %.4f, "
+                "\"max_err\": %.3e}",
+                json_rows++ ? ",\n" : "", op, shape, dtype, ms, rate, u, ceil,
+                ceil > 0 ? rate / ceil : 0, max_err);
+}

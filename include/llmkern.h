@@ -1,0 +1,170 @@
+/*
+ * llmkern: the operators an LLM inference engine runs around its matrix multiplies.
+ *
+ * One public header, C11, no dependencies beyond <stdint.h>/<stddef.h>.
+ *
+ * Conventions (see docs/ops.md for the maths of every operator):
+ *  - A tensor is a non-owning strided view: data pointer, dtype, rank, shape and
+ *    strides counted in ELEMENTS (the DLPack / PyTorch convention). Strides may be
+ *    any value, including 0 for broadcast inputs; outputs must not overlap themselves.
+ *  - Every function returns lk_status. On failure nothing has been written and
+ *    lk_last_error() returns a thread-local message naming the argument and the rule.
+ *  - Arithmetic is f32 (reductions in f32 or wider); each output value is rounded once
+ *    to its storage dtype.
+ *  - The library never prints, aborts or exits.
+ */
+#ifndef LLMKERN_H
+#define LLMKERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LLMKERN_VERSION_MAJOR 0
+#define LLMKERN_VERSION_MINOR 1
+#define LLMKERN_VERSION_PATCH 0
+#define LLMKERN_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32) && defined(LLMKERN_SHARED_BUILD)
+#define LK_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define LK_API __attribute__((visibility("default")))
+#else
+#define LK_API
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum lk_status {
+    LK_OK = 0,
+    LK_ERR_NULL = 1,        /* a required pointer is NULL                         */
+    LK_ERR_RANK = 2,        /* wrong number of dimensions                          */
+    LK_ERR_SHAPE = 3,       /* shape mismatch between arguments / negative size    */
+    LK_ERR_DTYPE = 4,       /* dtype not supported for this argument               */
+    LK_ERR_LAYOUT = 5,      /* strides not usable (e.g. required stride 1)         */
+    LK_ERR_INDEX = 6,       /* an index tensor holds an out-of-range value         */
+    LK_ERR_ALIAS = 7,       /* output overlaps an input or itself where not allowed */
+    LK_ERR_OVERFLOW = 8,    /* sizes or offsets overflow int64                      */
+    LK_ERR_VALUE = 9,       /* a scalar argument is out of its domain               */
+    LK_ERR_UNSUPPORTED = 10,/* valid request this build / CPU cannot serve          */
+    LK_ERR_NOMEM = 11       /* scratch allocation failed                            */
+} lk_status;
+
+/* Short constant name of a status ("LK_ERR_SHAPE", ...). */
+LK_API const char *lk_status_str(lk_status s);
+/* Message of the last failed call on this thread ("" if none). Valid until the next
+ * call into the library from the same thread. */
+LK_API const char *lk_last_error(void);
+
+LK_API const char *lk_version(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum lk_dtype {
+    LK_F32 = 0,
+    LK_F16 = 1,
+    LK_BF16 = 2,
+    LK_I32 = 3,
+    LK_I64 = 4
+} lk_dtype;
+
+#define LK_MAX_DIMS 8
+
+typedef struct lk_tensor {
+    void *data;                  /* address of element [0, 0, ...]            */
+    lk_dtype dtype;
+    int32_t ndim;                /* 0 .. LK_MAX_DIMS                           */
+    int64_t shape[LK_MAX_DIMS];
+    int64_t stride[LK_MAX_DIMS]; /* in elements; any sign                      */
+} lk_tensor;
+
+LK_API const char *lk_dtype_name(lk_dtype dt);
+LK_API size_t lk_dtype_size(lk_dtype dt); /* 0 for an unknown dtype */
+
+/* Fill a contiguous (row-major) view. Returns the view by value. */
+LK_API lk_tensor lk_tensor_make(void *data, lk_dtype dtype, int32_t ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------- runtime */
+
+typedef enum lk_isa {
+    LK_ISA_REF = 0,    /* portable scalar reference                      */
+    LK_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C                              */
+    LK_ISA_AVX512 = 2  /* AVX-512 F/BW/DQ/VL                              */
+} lk_isa;
+
+/* Best ISA the CPU and OS support. */
+LK_API lk_isa lk_isa_best(void);
+/* ISA in use: the best, unless LLMKERN_ISA=ref|avx2|avx512 or lk_set_isa chose one. */
+LK_API lk_isa lk_isa_current(void);
+/* Force an ISA (process-wide). LK_ERR_UNSUPPORTED if this CPU cannot run it. */
+LK_API lk_status lk_set_isa(lk_isa isa);
+LK_API const char *lk_isa_name(lk_isa isa);
+
+/* Threads used by the operators (process-wide). n <= 0 restores the default
+ * (OMP_NUM_THREADS, else the number of CPUs). Results never depend on it. */
+LK_API void lk_set_num_threads(int n);
+LK_API int lk_get_num_threads(void);
+
+/* ---------------------------------------------------------------- normalisation */
+
+/* out[..., D] = x * rsqrt(mean(x^2) + eps) * w            (gemma = 0)
+ *             = x * rsqrt(mean(x^2) + eps) * (1 + w)      (gemma != 0)
+ * x, out: [..., D], same shape, any rank >= 1; w: [D]. out may be x itself
+ * (identical view); any other overlap is an error. eps >= 0. */
+LK_API lk_status lk_rms_norm(const lk_tensor *out, const lk_tensor *x, const lk_tensor *w,
+                             float eps, int gemma);
+
+/* residual = round(x + residual); x = rms_norm(residual) (both in place).
+ * x, residual: [..., D] same shape; w: [D]. */
+LK_API lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual,
+                                       const lk_tensor *w, float eps, int gemma);
+
+/* ---------------------------------------------------------------- activations */
+
+/* x: [..., 2d], out: [..., d]; out = act(x[..., :d]) * x[..., d:].
+ * out must not overlap x. */
+LK_API lk_status lk_silu_and_mul(const lk_tensor *out, const lk_tensor *x);
+LK_API lk_status lk_gelu_tanh_and_mul(const lk_tensor *out, const lk_tensor *x);
+
+/* ---------------------------------------------------------------- rotary */
+
+/* In place. positions: [T] (i64 or i32); q: [T, Hq, D]; k: [T, Hk, D] or NULL;
+ * cos_sin_cache: [max_pos, rot] = [cos(0..rot/2) | sin(0..rot/2)], rot even, rot <= D.
+ * is_neox: pairs (i, i + rot/2); else GPT-J pairs (2i, 2i + 1). */
+LK_API lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor *q,
+                                     const lk_tensor *k, const lk_tensor *cos_sin_cache,
+                                     int is_neox);
+
+/* ---------------------------------------------------------------- KV cache */
+
+/* k, v: [T, H, D]; k_cache, v_cache: [num_blocks, block_size, H, D] (any strides);
+ * slot_mapping: [N <= T] (i64 or i32). Token t < N goes to block slot / block_size,
+ * offset slot % block_size; slot < 0 is skipped. */
+LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
+                                            const lk_tensor *k_cache, const lk_tensor *v_cache,
+                                            const lk_tensor *slot_mapping);
+
+/* ---------------------------------------------------------------- attention */
+
+/* out[T, H, D] (+ out_lse[T, H] or NULL) = LSE merge of two partial states
+ * (a, lse_a) and (b, lse_b); a, b: [T, H, D]; lse_*: [T, H] f32 (any strides,
+ * so a [H, T] buffer is passed as its transpose view). */
+LK_API lk_status lk_merge_attn_states(const lk_tensor *out, const lk_tensor *out_lse,
+                                      const lk_tensor *a, const lk_tensor *lse_a,
+                                      const lk_tensor *b, const lk_tensor *lse_b);
+/* N-way form: states[i]: [T, H, D], lses[i]: [T, H], n >= 1. */
+LK_API lk_status lk_merge_attn_states_n(const lk_tensor *out, const lk_tensor *out_lse, int n,
+                                        const lk_tensor *states, const lk_tensor *lses);
+
+/* out[..., q_len, k_len] = softmax over the last dim of x with the bottom-right causal
+ * mask (key j visible to query i iff j <= i + k_len - q_len); masked entries are 0,
+ * rows that see no key are all 0. out may be x itself. */
+LK_API lk_status lk_causal_softmax(const lk_tensor *out, const lk_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LLMKERN_H */

@@ -1,0 +1,107 @@
+/*
+ * Internal core: error reporting, tensor-view checks, row iteration, threading.
+ *
+ * Validation pattern (one check function per op, before any store):
+ *     lk_status s = lk_check_float(out, "out", 1, LK_MAX_DIMS);
+ *     if (s) return s;
+ * Every lk_check_* / lk_fail call stores a message "<op>: <arg>: <rule>" in the
+ * thread-local error buffer and returns the status, so checks chain with `if (s)`.
+ */
+#ifndef LK_CORE_H
+#define LK_CORE_H
+
+#include <stdint.h>
+
+#include "llmkern.h"
+
+/* ---- errors ---- */
+
+/* Name of the public function being validated, for messages (thread-local). */
+void lk_set_op(const char *op);
+/* Record "<op>: <printf message>" as this thread's last error and return s. */
+lk_status lk_fail(lk_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Clear the thread's last error (called on entry of every public op). */
+void lk_clear_error(void);
+
+/* ---- tensor views ---- */
+
+/* Byte extent of a view: the lowest and one-past-highest byte addresses it touches
+ * (lo == hi for an empty view). Requires lk_check_view to have passed. */
+typedef struct {
+    uintptr_t lo, hi;
+} lk_extent;
+
+int64_t lk_numel(const lk_tensor *t);
+/* NULL pointer, ndim in [min_nd, max_nd], known dtype, shapes >= 0, no int64 overflow
+ * of element counts or byte offsets, data != NULL when non-empty. */
+lk_status lk_check_view(const lk_tensor *t, const char *name, int min_nd, int max_nd);
+/* lk_check_view + dtype is f32/f16/bf16. */
+lk_status lk_check_float(const lk_tensor *t, const char *name, int min_nd, int max_nd);
+/* lk_check_view + dtype is i32/i64. */
+lk_status lk_check_index(const lk_tensor *t, const char *name, int min_nd, int max_nd);
+/* Output views: no two indices may share an element (no 0 strides on dims > 1, ...). */
+lk_status lk_check_no_self_overlap(const lk_tensor *t, const char *name);
+/* a and b (one written) must touch disjoint bytes. Exact same view is reported as
+ * overlap too; ops allowing in-place test lk_same_view first. */
+lk_status lk_check_disjoint(const lk_tensor *a, const char *an, const lk_tensor *b,
+                            const char *bn);
+/* Same data, dtype, ndim, shape and strides. */
+int lk_same_view(const lk_tensor *a, const lk_tensor *b);
+/* shape of a equals shape of b on all dims. */
+lk_status lk_check_same_shape(const lk_tensor *a, const char *an, const lk_tensor *b,
+                              const char *bn);
+lk_extent lk_view_extent(const lk_tensor *t);
+/* Formats "[2, 3, 4]" into buf (thread-local ring of a few buffers). */
+const char *lk_shape_str(const lk_tensor *t);
+
+/* ---- row iteration ----
+ * A view is split into `inner` trailing dims (one "row") and the leading dims, which
+ * are walked in row-major order. lk_rowit_init positions at leading index `row`;
+ * lk_rowit_next steps to the next row without divisions. `off` is the element offset
+ * of the row start. */
+typedef struct {
+    int nd;
+    int64_t shape[LK_MAX_DIMS];
+    int64_t stride[LK_MAX_DIMS];
+    int64_t idx[LK_MAX_DIMS];
+    int64_t off;
+} lk_rowit;
+
+void lk_rowit_init(lk_rowit *it, const lk_tensor *t, int inner, int64_t row);
+static inline void lk_rowit_next(lk_rowit *it) {
+    for (int d = it->nd - 1; d >= 0; d--) {
+        it->off += it->stride[d];
+        if (++it->idx[d] < it->shape[d]) return;
+        it->off -= it->stride[d] * it->shape[d];
+        it->idx[d] = 0;
+    }
+}
+/* Number of rows (product of the leading ndim - inner dims). */
+int64_t lk_rows(const lk_tensor *t, int inner);
+
+/* Byte address of element offset off of t. */
+static inline void *lk_at(const lk_tensor *t, int64_t off) {
+    return (char *)t->data + off * (int64_t)lk_dtype_size(t->dtype);
+}
+
+/* ---- threads ----
+ * lk_parallel_for splits [0, n) into contiguous equal chunks, one per thread, and
+ * calls fn(ctx, begin, end) for each. Work below ~64 KiB of traffic (`bytes_per_item`
+ * times n) runs on the calling thread with no parallel region. Chunks do not depend
+ * on anything but n and the thread count, and items must be independent, so results
+ * never depend on the thread count. */
+typedef void (*lk_range_fn)(void *ctx, int64_t begin, int64_t end);
+void lk_parallel_for(int64_t n, int64_t bytes_per_item, lk_range_fn fn, void *ctx);
+/* Threads lk_parallel_for would use for this much work. */
+int lk_plan_threads(int64_t n, int64_t bytes_per_item);
+
+/* ---- cpu ---- */
+int lk_cpu_has_avx2(void);
+int lk_cpu_has_avx512(void);
+int lk_cpu_has_avx512bf16(void);
+
+#endif

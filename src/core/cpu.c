@@ -1,0 +1,52 @@
+/*
+ * CPU feature detection: cpuid for the instruction sets, xgetbv for the OS saving
+ * the wider register state (YMM for AVX2, ZMM + opmask for AVX-512).
+ */
+#include "core.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static unsigned long long xgetbv0(void) {
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static int os_avx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!(c & (1u << 27))) return 0; /* OSXSAVE */
+    return (xgetbv0() & 0x6) == 0x6; /* XMM + YMM */
+}
+
+int lk_cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!os_avx()) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int fma = (c >> 12) & 1, f16c = (c >> 29) & 1, avx = (c >> 28) & 1;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int avx2 = (b >> 5) & 1;
+    return fma && f16c && avx && avx2;
+}
+
+int lk_cpu_has_avx512(void) {
+    unsigned a, b, c, d;
+    if (!lk_cpu_has_avx2()) return 0;
+    if ((xgetbv0() & 0xe6) != 0xe6) return 0; /* opmask + ZMM hi256 + hi16 ZMM */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    return f && dq && bw && vl;
+}
+
+int lk_cpu_has_avx512bf16(void) {
+    unsigned a, b, c, d;
+    if (!lk_cpu_has_avx512()) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 5) & 1;
+}
+#else
+int lk_cpu_has_avx2(void) { return 0; }
+int lk_cpu_has_avx512(void) { return 0; }
+int lk_cpu_has_avx512bf16(void) { return 0; }
+#endif

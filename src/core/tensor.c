@@ -1,0 +1,239 @@
+/*
+ * Tensor-view checks and row iteration (see core.h).
+ *
+ * Byte offsets are checked for int64 overflow: for every dim, (shape - 1) * |stride|
+ * and the running sums of those, times the element size, must fit in int64, and so
+ * must the element count. Views with any zero dim are empty and touch no memory.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core.h"
+
+const char *lk_dtype_name(lk_dtype dt) {
+    switch (dt) {
+    case LK_F32: return "f32";
+    case LK_F16: return "f16";
+    case LK_BF16: return "bf16";
+    case LK_I32: return "i32";
+    case LK_I64: return "i64";
+    }
+    return "unknown";
+}
+
+size_t lk_dtype_size(lk_dtype dt) {
+    switch (dt) {
+    case LK_F32: return 4;
+    case LK_F16: return 2;
+    case LK_BF16: return 2;
+    case LK_I32: return 4;
+    case LK_I64: return 8;
+    }
+    return 0;
+}
+
+lk_tensor lk_tensor_make(void *data, lk_dtype dtype, int32_t ndim, const int64_t *shape) {
+    lk_tensor t;
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = ndim;
+    for (int d = 0; d < LK_MAX_DIMS; d++) {
+        t.shape[d] = 0;
+        t.stride[d] = 0;
+    }
+    if (ndim < 0 || ndim > LK_MAX_DIMS) return t;
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        t.shape[d] = shape[d];
+        t.stride[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+    return t;
+}
+
+int64_t lk_numel(const lk_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+const char *lk_shape_str(const lk_tensor *t) {
+    static _Thread_local char bufs[4][160];
+    static _Thread_local int which;
+    char *b = bufs[which++ & 3];
+    int n = snprintf(b, 160, "[");
+    for (int d = 0; d < t->ndim && n < 140; d++)
+        n += snprintf(b + n, (size_t)(160 - n), d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    snprintf(b + n, (size_t)(160 - n), "]");
+    return b;
+}
+
+static int mul_ovf(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
+static int add_ovf(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+
+lk_status lk_check_view(const lk_tensor *t, const char *name, int min_nd, int max_nd) {
+    if (!t) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", name);
+    if (t->ndim < min_nd || t->ndim > max_nd) {
+        if (min_nd == max_nd)
+            return lk_fail(LK_ERR_RANK, "%s: expected %d dims, got %d", name, min_nd, (int)t->ndim);
+        return lk_fail(LK_ERR_RANK, "%s: expected %d..%d dims, got %d", name, min_nd, max_nd,
+                       (int)t->ndim);
+    }
+    size_t es = lk_dtype_size(t->dtype);
+    if (es == 0) return lk_fail(LK_ERR_DTYPE, "%s: unknown dtype %d", name, (int)t->dtype);
+    int64_t numel = 1, span = 0;
+    int empty = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0)
+            return lk_fail(LK_ERR_SHAPE, "%s: negative size %lld in dim %d", name,
+                           (long long)t->shape[d], d);
+        if (t->shape[d] == 0) empty = 1;
+    }
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t ext, st = t->stride[d];
+        if (st == INT64_MIN || mul_ovf(numel, t->shape[d], &numel))
+            return lk_fail(LK_ERR_OVERFLOW, "%s: element count or stride overflows int64", name);
+        if (empty) continue;
+        if (st < 0) st = -st;
+        if (mul_ovf(t->shape[d] - 1, st, &ext) || add_ovf(span, ext, &span))
+            return lk_fail(LK_ERR_OVERFLOW, "%s: offsets of shape %s overflow int64", name,
+                           lk_shape_str(t));
+    }
+    int64_t bytes;
+    if (!empty && (mul_ovf(span + 1, (int64_t)es, &bytes) || bytes > (INT64_MAX >> 1)))
+        return lk_fail(LK_ERR_OVERFLOW, "%s: byte offsets of shape %s overflow int64", name,
+                       lk_shape_str(t));
+    if (!empty && !t->data)
+        return lk_fail(LK_ERR_NULL, "%s: data is NULL for a non-empty view %s", name,
+                       lk_shape_str(t));
+    return LK_OK;
+}
+
+lk_status lk_check_float(const lk_tensor *t, const char *name, int min_nd, int max_nd) {
+    lk_status s = lk_check_view(t, name, min_nd, max_nd);
+    if (s) return s;
+    if (t->dtype != LK_F32 && t->dtype != LK_F16 && t->dtype != LK_BF16)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (f32, f16, bf16)", name,
+                       lk_dtype_name(t->dtype));
+    return LK_OK;
+}
+
+lk_status lk_check_index(const lk_tensor *t, const char *name, int min_nd, int max_nd) {
+    lk_status s = lk_check_view(t, name, min_nd, max_nd);
+    if (s) return s;
+    if (t->dtype != LK_I32 && t->dtype != LK_I64)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (i32, i64)", name,
+                       lk_dtype_name(t->dtype));
+    return LK_OK;
+}
+
+lk_extent lk_view_extent(const lk_tensor *t) {
+    lk_extent e = {(uintptr_t)t->data, (uintptr_t)t->data};
+    int64_t lo = 0, hi = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return e;
+        int64_t ext = (t->shape[d] - 1) * t->stride[d];
+        if (ext < 0) lo += ext;
+        else hi += ext;
+    }
+    int64_t es = (int64_t)lk_dtype_size(t->dtype);
+    e.lo = (uintptr_t)((const char *)t->data + lo * es);
+    e.hi = (uintptr_t)((const char *)t->data + (hi + 1) * es);
+    return e;
+}
+
+lk_status lk_check_no_self_overlap(const lk_tensor *t, const char *name) {
+    /* sufficient condition: sorted by |stride|, each stride exceeds the span of the
+     * smaller dims (dims of size 1 and empty views never collide) */
+    int64_t st[LK_MAX_DIMS], sh[LK_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return LK_OK;
+        if (t->shape[d] == 1) continue;
+        st[n] = t->stride[d] < 0 ? -t->stride[d] : t->stride[d];
+        sh[n] = t->shape[d];
+        n++;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+            int64_t a = st[j], b = sh[j];
+            st[j] = st[j - 1], sh[j] = sh[j - 1];
+            st[j - 1] = a, sh[j - 1] = b;
+        }
+    int64_t span = 0;
+    for (int i = 0; i < n; i++) {
+        if (st[i] <= span)
+            return lk_fail(LK_ERR_ALIAS,
+                           "%s: output view %s overlaps itself (stride %lld repeats elements)",
+                           name, lk_shape_str(t), (long long)st[i]);
+        span += (sh[i] - 1) * st[i];
+    }
+    return LK_OK;
+}
+
+int lk_same_view(const lk_tensor *a, const lk_tensor *b) {
+    if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
+            return 0;
+    return 1;
+}
+
+/* Both views repeat with the same period P along their outermost dim and each row's
+ * bytes fit in P: disjoint if their rows land in disjoint byte windows modulo P
+ * (q and k heads sliced out of one fused qkv buffer). */
+static int interleaved_disjoint(const lk_tensor *a, const lk_tensor *b) {
+    if (a->ndim < 1 || b->ndim < 1 || a->stride[0] != b->stride[0] || a->stride[0] <= 0)
+        return 0;
+    int64_t es_a = (int64_t)lk_dtype_size(a->dtype), es_b = (int64_t)lk_dtype_size(b->dtype);
+    int64_t P = a->stride[0] * es_a;
+    if (a->stride[0] * es_b != P) return 0;
+    lk_tensor ra = *a, rb = *b;
+    ra.shape[0] = 1;
+    rb.shape[0] = 1;
+    lk_extent ea = lk_view_extent(&ra), eb = lk_view_extent(&rb);
+    if ((int64_t)(ea.hi - ea.lo) > P || (int64_t)(eb.hi - eb.lo) > P) return 0;
+    /* row windows [x, x + la) and [y, y + lb) modulo P */
+    int64_t la = (int64_t)(ea.hi - ea.lo), lb = (int64_t)(eb.hi - eb.lo);
+    int64_t x = (int64_t)(ea.lo % (uintptr_t)P), y = (int64_t)(eb.lo % (uintptr_t)P);
+    int64_t dy = ((y - x) % P + P) % P; /* start of b relative to a, in [0, P) */
+    return dy >= la && dy + lb <= P;
+}
+
+lk_status lk_check_disjoint(const lk_tensor *a, const char *an, const lk_tensor *b,
+                            const char *bn) {
+    lk_extent ea = lk_view_extent(a), eb = lk_view_extent(b);
+    if (ea.lo == ea.hi || eb.lo == eb.hi) return LK_OK;
+    if (ea.hi <= eb.lo || eb.hi <= ea.lo) return LK_OK;
+    if (interleaved_disjoint(a, b)) return LK_OK;
+    return lk_fail(LK_ERR_ALIAS, "%s and %s overlap in memory", an, bn);
+}
+
+lk_status lk_check_same_shape(const lk_tensor *a, const char *an, const lk_tensor *b,
+                              const char *bn) {
+    int same = a->ndim == b->ndim;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    if (!same)
+        return lk_fail(LK_ERR_SHAPE, "%s: shape %s does not match %s %s", an, lk_shape_str(a), bn,
+                       lk_shape_str(b));
+    return LK_OK;
+}
+
+int64_t lk_rows(const lk_tensor *t, int inner) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim - inner; d++) n *= t->shape[d];
+    return n;
+}
+
+void lk_rowit_init(lk_rowit *it, const lk_tensor *t, int inner, int64_t row) {
+    it->nd = t->ndim - inner;
+    if (it->nd < 0) it->nd = 0;
+    it->off = 0;
+    for (int d = it->nd - 1; d >= 0; d--) {
+        it->shape[d] = t->shape[d];
+        it->stride[d] = t->stride[d];
+        it->idx[d] = t->shape[d] ? row % t->shape[d] : 0;
+        row = t->shape[d] ? row / t->shape[d] : 0;
+        it->off += it->idx[d] * t->stride[d];
+    }
+}

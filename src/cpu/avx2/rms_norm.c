@@ -1,0 +1,133 @@
+/*
+ * rms_norm and fused_add_rms_norm, AVX2 + FMA + F16C.
+ *
+ *   out = x * rsqrt(mean(x^2) + eps) * g(w),  g(w) = w or 1 + w (gemma)
+ *   fused: residual = round(x + residual); x = rms_norm(residual)
+ *
+ * Shapes: x, out, residual [..., D]; w [D]. Fast path needs last-dim stride 1 on every
+ * operand and w; other layouts go to the reference. Work split: rows, contiguous
+ * chunks per thread (lk_parallel_for). Per row, pass 1 accumulates squares in 4 x 8
+ * f32 lanes, pass 2 re-reads the row (from L1/L2) and writes it; one rounding per
+ * output element.
+ */
+#include <math.h>
+
+#include "../kernels.h"
+#include "simd.h"
+
+static inline float sumsq(const char *x, lk_dtype dt, int64_t D, size_t es) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= D; i += 32) {
+        __m256 a = lk8_load(x + i * es, dt), b = lk8_load(x + (i + 8) * es, dt);
+        __m256 c = lk8_load(x + (i + 16) * es, dt), d = lk8_load(x + (i + 24) * es, dt);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+        s2 = _mm256_fmadd_ps(c, c, s2);
+        s3 = _mm256_fmadd_ps(d, d, s3);
+    }
+    for (; i + 8 <= D; i += 8) {
+        __m256 a = lk8_load(x + i * es, dt);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    if (i < D) {
+        __m256 a = lk8_load_part(x + i * es, dt, (int)(D - i));
+        s1 = _mm256_fmadd_ps(a, a, s1);
+    }
+    return lk8_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+/* out[i] = x[i] * inv * g(w[i]) */
+static inline void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
+                             lk_dtype wt, int64_t D, float inv, int gemma) {
+    size_t oes = lk_dtype_size(ot), xes = lk_dtype_size(xt), wes = lk_dtype_size(wt);
+    __m256 vinv = _mm256_set1_ps(inv), one = _mm256_set1_ps(gemma ? 1.0f : 0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) {
+        __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), one);
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(lk8_load(x + i * xes, xt), vinv), g);
+        lk8_store(o + i * oes, ot, v);
+    }
+    if (i < D) {
+        int n = (int)(D - i);
+        __m256 g = _mm256_add_ps(lk8_load_part(w + i * wes, wt, n), one);
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(lk8_load_part(x + i * xes, xt, n), vinv), g);
+        lk8_store_part(o + i * oes, ot, v, n);
+    }
+}
+
+static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lk_rms_norm_args *a = ctx;
+    const lk_tensor *x = &a->x, *out = &a->out;
+    int64_t D = x->shape[x->ndim - 1];
+    size_t xes = lk_dtype_size(x->dtype);
+    lk_rowit xi, oi;
+    lk_rowit_init(&xi, x, 1, r0);
+    lk_rowit_init(&oi, out, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
+        const char *xr = lk_at(x, xi.off); // [D]
+        char *orow = lk_at(out, oi.off);   // [D]
+        float inv = 1.0f / sqrtf(sumsq(xr, x->dtype, D, xes) / (float)D + a->eps);
+        scale_row(orow, out->dtype, xr, x->dtype, a->w.data, a->w.dtype, D, inv, a->gemma);
+    }
+}
+
+lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a) {
+    int nd = a->x.ndim;
+    if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1 || a->w.stride[0] != 1)
+        return lk_ref_rms_norm(a);
+    int64_t D = a->x.shape[nd - 1];
+    int64_t bytes = D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->out.dtype));
+    lk_parallel_for(lk_rows(&a->x, 1), bytes, rms_rows, (void *)a);
+    return LK_OK;
+}
+
+/* residual = round(x + residual) stored; returns sum of squares of the rounded values */
+static inline float add_store(char *res, lk_dtype rt, const char *x, lk_dtype xt, int64_t D) {
+    size_t res_es = lk_dtype_size(rt), xes = lk_dtype_size(xt);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        __m256 a = _mm256_add_ps(lk8_load(x + i * xes, xt), lk8_load(res + i * res_es, rt));
+        __m256 b = _mm256_add_ps(lk8_load(x + (i + 8) * xes, xt), lk8_load(res + (i + 8) * res_es, rt));
+        lk8_store(res + i * res_es, rt, a);
+        lk8_store(res + (i + 8) * res_es, rt, b);
+        a = lk8_load(res + i * res_es, rt); /* the rounded value */
+        b = lk8_load(res + (i + 8) * res_es, rt);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    for (; i < D; i += 8) {
+        int n = D - i < 8 ? (int)(D - i) : 8;
+        __m256 a = _mm256_add_ps(lk8_load_part(x + i * xes, xt, n), lk8_load_part(res + i * res_es, rt, n));
+        lk8_store_part(res + i * res_es, rt, a, n);
+        a = lk8_load_part(res + i * res_es, rt, n);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    return lk8_hsum(_mm256_add_ps(s0, s1));
+}
+
+static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lk_fused_add_rms_norm_args *a = ctx;
+    const lk_tensor *x = &a->x, *res = &a->residual;
+    int64_t D = x->shape[x->ndim - 1];
+    lk_rowit xi, ri;
+    lk_rowit_init(&xi, x, 1, r0);
+    lk_rowit_init(&ri, res, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&ri)) {
+        char *xr = lk_at(x, xi.off);   // [D]
+        char *rr = lk_at(res, ri.off); // [D]
+        float inv = 1.0f / sqrtf(add_store(rr, res->dtype, xr, x->dtype, D) / (float)D + a->eps);
+        scale_row(xr, x->dtype, rr, res->dtype, a->w.data, a->w.dtype, D, inv, a->gemma);
+    }
+}
+
+lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
+    int nd = a->x.ndim;
+    if (a->x.stride[nd - 1] != 1 || a->residual.stride[nd - 1] != 1 || a->w.stride[0] != 1)
+        return lk_ref_fused_add_rms_norm(a);
+    int64_t D = a->x.shape[nd - 1];
+    int64_t bytes = 2 * D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->residual.dtype));
+    lk_parallel_for(lk_rows(&a->x, 1), bytes, fused_rows, (void *)a);
+    return LK_OK;
+}

@@ -1,0 +1,113 @@
+/*
+ * AVX2 helpers: load 8 values of any float dtype as f32, store 8 f32 rounded once to
+ * the destination dtype (bit-identical to src/core/half.h), partial (tail) versions,
+ * and the vectorised maths shared by the AVX2 kernels.
+ * Only included by files compiled with -mavx2 -mfma -mf16c.
+ */
+#ifndef LK_AVX2_SIMD_H
+#define LK_AVX2_SIMD_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "../../core/half.h"
+
+static inline __m256 lk8_load(const void *p, lk_dtype dt) {
+    if (dt == LK_F32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == LK_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* f32 -> bf16 round-to-nearest-even, NaN quieted: 8 results in the low 16 bits of
+ * each 32-bit lane */
+static inline __m256i lk8_bf16_bits(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256 isnan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan), isnan));
+}
+
+static inline __m128i lk8_to_half(__m256 v, lk_dtype dt) {
+    if (dt == LK_F16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i b = lk8_bf16_bits(v);
+    return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+static inline void lk8_store(void *p, lk_dtype dt, __m256 v) {
+    if (dt == LK_F32) _mm256_storeu_ps((float *)p, v);
+    else _mm_storeu_si128((__m128i *)p, lk8_to_half(v, dt));
+}
+
+/* first n (0 <= n < 8) elements; the rest of the vector is 0 */
+static inline __m256 lk8_load_part(const void *p, lk_dtype dt, int n) {
+    float buf[8] = {0};
+    if (dt == LK_F32) {
+        memcpy(buf, p, (size_t)n * 4);
+        return _mm256_loadu_ps(buf);
+    }
+    uint16_t h[8] = {0};
+    memcpy(h, p, (size_t)n * 2);
+    return lk8_load(h, dt);
+}
+
+static inline void lk8_store_part(void *p, lk_dtype dt, __m256 v, int n) {
+    if (dt == LK_F32) {
+        float buf[8];
+        _mm256_storeu_ps(buf, v);
+        memcpy(p, buf, (size_t)n * 4);
+        return;
+    }
+    uint16_t h[8];
+    _mm_storeu_si128((__m128i *)h, lk8_to_half(v, dt));
+    memcpy(p, h, (size_t)n * 2);
+}
+
+static inline float lk8_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float lk8_hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x), relative error ~2 ulp over the f32 range; exp(-inf) = 0, exp(+inf) = inf,
+ * NaN propagates; x < -87.3 flushes to 0 (the f32 subnormal range is not produced). */
+static inline __m256 lk8_exp(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    /* x = n ln2 + r, |r| <= ln2/2 */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* scale by 2^n in two steps so n = 128 does not overflow the exponent field */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    p = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    p = _mm256_blendv_ps(p, _mm256_set1_ps(__builtin_inff()), over);
+    p = _mm256_andnot_ps(under, p);
+    return _mm256_blendv_ps(p, x, nan);
+}
+
+#endif

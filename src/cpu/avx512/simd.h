@@ -1,0 +1,74 @@
+/*
+ * AVX-512 helpers (F/BW/DQ/VL): 16-wide typed load/store with masks for tails,
+ * bit-identical rounding to src/core/half.h, and vectorised maths.
+ * bf16 stores use the integer round-to-nearest-even rather than VCVTNEPS2BF16, which
+ * flushes subnormal inputs to zero and would differ from the reference bits.
+ * Only included by files compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl.
+ */
+#ifndef LK_AVX512_SIMD_H
+#define LK_AVX512_SIMD_H
+
+#include <immintrin.h>
+
+#include "../../core/half.h"
+
+static inline __mmask16 lk16_mask(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* load min(n, 16) elements (n >= 16: full vector); lanes past n are 0 */
+static inline __m512 lk16_load(const void *p, lk_dtype dt, int64_t n) {
+    __mmask16 m = lk16_mask(n);
+    if (dt == LK_F32) return _mm512_maskz_loadu_ps(m, p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (dt == LK_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256i lk16_to_half(__m512 v, lk_dtype dt) {
+    if (dt == LK_F16) return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __mmask16 isnan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(isnan, r, nan);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* store min(n, 16) elements */
+static inline void lk16_store(void *p, lk_dtype dt, __m512 v, int64_t n) {
+    __mmask16 m = lk16_mask(n);
+    if (dt == LK_F32) _mm512_mask_storeu_ps(p, m, v);
+    else _mm256_mask_storeu_epi16(p, m, lk16_to_half(v, dt));
+}
+
+/* exp(x): same algorithm and limits as lk8_exp in avx2/simd.h */
+static inline __m512 lk16_exp(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447504f);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n);
+    __m512i n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    p = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    p = _mm512_mask_blend_ps(over, p, _mm512_set1_ps(__builtin_inff()));
+    p = _mm512_maskz_mov_ps((__mmask16)~under, p);
+    return _mm512_mask_blend_ps(nan, p, x);
+}
+
+#endif

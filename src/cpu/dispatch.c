@@ -1,0 +1,112 @@
+/*
+ * The kernel table: filled from ref/, then overridden by AVX2 and AVX-512 entries
+ * when the CPU and OS support them. LLMKERN_ISA=ref|avx2|avx512 (read once) or
+ * lk_set_isa() forces one; forcing an ISA the CPU lacks is refused.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static lk_kernel_table tables[3];
+static atomic_int current_isa;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void fill_tables(void) {
+    lk_kernel_table *r = &tables[LK_ISA_REF], *a2 = &tables[LK_ISA_AVX2];
+    lk_kernel_table *a5 = &tables[LK_ISA_AVX512];
+    r->isa = LK_ISA_REF;
+
+    /* -- norms -- */
+    r->rms_norm = lk_ref_rms_norm;
+    r->fused_add_rms_norm = lk_ref_fused_add_rms_norm;
+    /* -- activations -- */
+
+    /* -- rotary -- */
+
+    /* -- kv cache -- */
+
+    /* -- merge -- */
+
+    /* -- softmax -- */
+
+    /* ================ AVX2 overrides ================ */
+    *a2 = *r;
+    a2->isa = LK_ISA_AVX2;
+    /* -- norms -- */
+    a2->rms_norm = lk_avx2_rms_norm;
+    a2->fused_add_rms_norm = lk_avx2_fused_add_rms_norm;
+    /* -- activations -- */
+
+    /* -- rotary -- */
+
+    /* -- kv cache -- */
+
+    /* -- merge -- */
+
+    /* -- softmax -- */
+
+    /* ================ AVX-512 overrides ================ */
+    *a5 = *a2;
+    a5->isa = LK_ISA_AVX512;
+    /* -- norms -- */
+    a5->rms_norm = lk_avx512_rms_norm;
+    a5->fused_add_rms_norm = lk_avx512_fused_add_rms_norm;
+    /* -- activations -- */
+
+    /* -- rotary -- */
+
+    /* -- kv cache -- */
+
+    /* -- merge -- */
+
+    /* -- softmax -- */
+
+    lk_isa isa = lk_isa_best();
+    const char *env = getenv("LLMKERN_ISA");
+    if (env) {
+        lk_isa want = isa;
+        if (!strcmp(env, "ref")) want = LK_ISA_REF;
+        else if (!strcmp(env, "avx2")) want = LK_ISA_AVX2;
+        else if (!strcmp(env, "avx512")) want = LK_ISA_AVX512;
+        if (want <= isa) isa = want; /* an unsupported request keeps the best */
+    }
+    atomic_store(&current_isa, (int)isa);
+}
+
+lk_isa lk_isa_best(void) {
+    if (lk_cpu_has_avx512()) return LK_ISA_AVX512;
+    if (lk_cpu_has_avx2()) return LK_ISA_AVX2;
+    return LK_ISA_REF;
+}
+
+const lk_kernel_table *lk_kernels(void) {
+    pthread_once(&init_once, fill_tables);
+    return &tables[atomic_load(&current_isa)];
+}
+
+lk_isa lk_isa_current(void) { return lk_kernels()->isa; }
+
+lk_status lk_set_isa(lk_isa isa) {
+    lk_clear_error();
+    lk_set_op("lk_set_isa");
+    pthread_once(&init_once, fill_tables);
+    if ((int)isa < LK_ISA_REF || (int)isa > LK_ISA_AVX512)
+        return lk_fail(LK_ERR_VALUE, "isa: unknown value %d", (int)isa);
+    if (isa > lk_isa_best())
+        return lk_fail(LK_ERR_UNSUPPORTED, "isa: %s is not supported by this CPU/OS (best: %s)",
+                       lk_isa_name(isa), lk_isa_name(lk_isa_best()));
+    atomic_store(&current_isa, (int)isa);
+    return LK_OK;
+}
+
+const char *lk_isa_name(lk_isa isa) {
+    switch (isa) {
+    case LK_ISA_REF: return "ref";
+    case LK_ISA_AVX2: return "avx2";
+    case LK_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}

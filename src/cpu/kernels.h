@@ -1,0 +1,105 @@
+/*
+ * The CPU kernel table and the argument structs the op front-ends (src/ops/) pass to
+ * kernels after validation. A kernel may assume its arguments passed the op's check
+ * function: shapes agree, indices are in range, outputs do not overlap inputs except
+ * where the op allows it. Kernels return LK_OK or LK_ERR_NOMEM (before any store).
+ *
+ * One entry per op. dispatch.c fills the table from ref/, then overrides entries with
+ * the best ISA the CPU supports. A SIMD kernel handles the layouts it is fast on and
+ * calls the ref kernel for the rest (e.g. a last-dim stride != 1).
+ */
+#ifndef LK_KERNELS_H
+#define LK_KERNELS_H
+
+#include "../core/core.h"
+
+typedef struct {
+    lk_tensor out, x, w; /* out, x: [..., D]; w: [D] */
+    float eps;
+    int gemma;
+} lk_rms_norm_args;
+
+typedef struct {
+    lk_tensor x, residual, w; /* x, residual: [..., D]; w: [D] */
+    float eps;
+    int gemma;
+} lk_fused_add_rms_norm_args;
+
+typedef struct {
+    lk_tensor out, x; /* out: [..., d]; x: [..., 2d] */
+} lk_act_args;
+
+typedef struct {
+    lk_tensor positions;  /* [T] i32/i64, validated in [0, max_pos) */
+    lk_tensor q;          /* [T, Hq, D] */
+    lk_tensor k;          /* [T, Hk, D]; ignored if !has_k */
+    lk_tensor cos_sin;    /* [max_pos, rot] */
+    int has_k;
+    int is_neox;
+} lk_rotary_args;
+
+typedef struct {
+    lk_tensor k, v;             /* [T, H, D] */
+    lk_tensor k_cache, v_cache; /* [num_blocks, block_size, H, D] */
+    lk_tensor slot_mapping;     /* [N], validated < num_blocks * block_size */
+} lk_cache_args;
+
+typedef struct {
+    lk_tensor out;            /* [T, H, D] */
+    lk_tensor out_lse;        /* [T, H] f32; ignored if !has_out_lse */
+    int has_out_lse;
+    int n;                    /* >= 1 */
+    const lk_tensor *states;  /* n x [T, H, D] */
+    const lk_tensor *lses;    /* n x [T, H] f32 */
+} lk_merge_args;
+
+typedef struct {
+    lk_tensor out, x; /* [..., q_len, k_len] */
+} lk_softmax_args;
+
+typedef struct {
+    lk_isa isa;
+    lk_status (*rms_norm)(const lk_rms_norm_args *a);
+    lk_status (*fused_add_rms_norm)(const lk_fused_add_rms_norm_args *a);
+    lk_status (*silu_and_mul)(const lk_act_args *a);
+    lk_status (*gelu_tanh_and_mul)(const lk_act_args *a);
+    lk_status (*rotary_embedding)(const lk_rotary_args *a);
+    lk_status (*reshape_and_cache_flash)(const lk_cache_args *a);
+    lk_status (*merge_attn_states)(const lk_merge_args *a);
+    lk_status (*causal_softmax)(const lk_softmax_args *a);
+} lk_kernel_table;
+
+/* Table of the ISA in use. */
+const lk_kernel_table *lk_kernels(void);
+
+/* ---- ref/ ---- */
+lk_status lk_ref_rms_norm(const lk_rms_norm_args *a);
+lk_status lk_ref_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a);
+lk_status lk_ref_silu_and_mul(const lk_act_args *a);
+lk_status lk_ref_gelu_tanh_and_mul(const lk_act_args *a);
+lk_status lk_ref_rotary_embedding(const lk_rotary_args *a);
+lk_status lk_ref_reshape_and_cache_flash(const lk_cache_args *a);
+lk_status lk_ref_merge_attn_states(const lk_merge_args *a);
+lk_status lk_ref_causal_softmax(const lk_softmax_args *a);
+
+/* ---- avx2/ ---- */
+lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a);
+lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a);
+lk_status lk_avx2_silu_and_mul(const lk_act_args *a);
+lk_status lk_avx2_gelu_tanh_and_mul(const lk_act_args *a);
+lk_status lk_avx2_rotary_embedding(const lk_rotary_args *a);
+lk_status lk_avx2_reshape_and_cache_flash(const lk_cache_args *a);
+lk_status lk_avx2_merge_attn_states(const lk_merge_args *a);
+lk_status lk_avx2_causal_softmax(const lk_softmax_args *a);
+
+/* ---- avx512/ ---- */
+lk_status lk_avx512_rms_norm(const lk_rms_norm_args *a);
+lk_status lk_avx512_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a);
+lk_status lk_avx512_silu_and_mul(const lk_act_args *a);
+lk_status lk_avx512_gelu_tanh_and_mul(const lk_act_args *a);
+lk_status lk_avx512_rotary_embedding(const lk_rotary_args *a);
+lk_status lk_avx512_reshape_and_cache_flash(const lk_cache_args *a);
+lk_status lk_avx512_merge_attn_states(const lk_merge_args *a);
+lk_status lk_avx512_causal_softmax(const lk_softmax_args *a);
+
+#endif

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every C test binary of the given build directories (default: build), then the
+# README example, and prints the grand total as the last line: "N passed, N failed".
+set -u
+dirs=("$@")
+[ ${#dirs[@]} -eq 0 ] && dirs=(build)
+pass=0; fail=0
+for d in "${dirs[@]}"; do
+  echo "=== tests in $d"
+  for t in "$d"/tests/test_*; do
+    [ -x "$t" ] || continue
+    out=$("$t" 2>&1); rc=$?
+    printf '%s\n' "$out" | grep -v '^  ok ' | tail -n 40
+    line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -z "$line" ]; then
+      echo "$t: crashed or printed no summary (exit $rc)"; fail=$((fail + 1)); continue
+    fi
+    p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/')
+    pass=$((pass + p)); fail=$((fail + f))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "$t: exit $rc"; fail=$((fail + 1)); fi
+  done
+  if [ -x "$d/tests/readme_example" ]; then
+    if "$d/tests/readme_example"; then pass=$((pass + 1)); echo "readme_example: ok"
+    else fail=$((fail + 1)); echo "readme_example: FAILED"; fi
+  fi
+done
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

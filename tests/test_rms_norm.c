@@ -1,0 +1,371 @@
+/*
+ * rms_norm and fused_add_rms_norm: every ISA against a float64 computation and
+ * against ref; odd sizes, strided views with garbage padding, in-place, mixed dtypes,
+ * Gemma form, empty inputs, thread-count independence, and the bad-input catalogue.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static const int64_t SIZES[][2] = {{1, 1}, {3, 7}, {7, 33}, {2, 4097}, {5, 128}, {33, 64}, {4, 8192}};
+#define NSIZES (int)(sizeof SIZES / sizeof SIZES[0])
+
+/* float64 rms_norm of row-major rows x[R][D] into want */
+static void rms64(double *want, const double *x, const double *w, int64_t R, int64_t D,
+                  double eps, int gemma) {
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++) ss += x[r * D + i] * x[r * D + i];
+        double inv = 1.0 / sqrt(ss / (double)D + eps);
+        for (int64_t i = 0; i < D; i++)
+            want[r * D + i] = x[r * D + i] * inv * (gemma ? 1.0 + w[i] : w[i]);
+    }
+}
+
+/* round a double array to dtype dt as a store would */
+static void round_to(double *v, int64_t n, lk_dtype dt) {
+    for (int64_t i = 0; i < n; i++) {
+        tu_buf tmp = tu_alloc(dt, 1, (int64_t[]){1}, 0);
+        tu_set(&tmp, 0, v[i]);
+        v[i] = tu_get(&tmp, 0);
+        tu_free(&tmp);
+    }
+}
+
+static void test_rms_norm_cases(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    const lk_dtype combos[][3] = {/* x, w, out */
+                                  {LK_F32, LK_F32, LK_F32},   {LK_F16, LK_F16, LK_F16},
+                                  {LK_BF16, LK_BF16, LK_BF16}, {LK_BF16, LK_F32, LK_BF16},
+                                  {LK_F16, LK_BF16, LK_F32},  {LK_F32, LK_F16, LK_BF16}};
+    for (int c = 0; c < 6; c++)
+        for (int s = 0; s < NSIZES; s++)
+            for (int pad = 0; pad <= 1; pad++)
+                for (int mode = 0; mode < 3; mode++) { /* 0 out, 1 in place, 2 gemma */
+                    lk_dtype xt = combos[c][0], wt = combos[c][1], ot = combos[c][2];
+                    if (mode == 1 && ot != xt) continue;
+                    int64_t R = SIZES[s][0], D = SIZES[s][1], shape[2] = {R, D};
+                    tu_buf x = tu_alloc(xt, 2, shape, pad), w = tu_alloc(wt, 1, &D, pad);
+                    tu_fill_uniform(&x, -2, 2);
+                    tu_fill_uniform(&w, -1.5, 1.5);
+                    double *xv = tu_values(&x), *wv = tu_values(&w);
+                    double *want = malloc(sizeof(double) * R * D);
+                    int gemma = mode == 2;
+                    rms64(want, xv, wv, R, D, 1e-6, gemma);
+                    tu_buf ref = tu_alloc(ot, 2, shape, 0);
+                    for (int ii = 0; ii < nisa; ii++) {
+                        lk_set_isa(isas[ii]);
+                        tu_buf o = mode == 1 ? tu_alloc(xt, 2, shape, pad) : tu_alloc(ot, 2, shape, pad);
+                        if (mode == 1) /* in place: out is x's copy */
+                            for (int64_t i = 0; i < R * D; i++) tu_set(&o, i, xv[i]);
+                        tu_snapshot(&o);
+                        lk_status st = lk_rms_norm(&o.t, mode == 1 ? &o.t : &x.t, &w.t, 1e-6f, gemma);
+                        double *got = tu_values(&o);
+                        double e = tu_err(got, want, R * D, tu_tol(ot));
+                        tu_check(st == LK_OK && e <= 1.0 && tu_outside_intact(&o),
+                                 "rms_norm %s x=%s w=%s out=%s [%lld,%lld] pad=%d mode=%d err=%.3g %s",
+                                 lk_isa_name(isas[ii]), lk_dtype_name(xt), lk_dtype_name(wt),
+                                 lk_dtype_name(ot), (long long)R, (long long)D, pad, mode, e,
+                                 lk_last_error());
+                        if (ii == 0) {
+                            for (int64_t i = 0; i < R * D; i++) tu_set(&ref, i, got[i]);
+                        } else {
+                            double *rv = tu_values(&ref);
+                            /* SIMD vs ref: f32 sums in other order; 1 ulp of the out dtype */
+                            tu_tolerance t = tu_tol(ot);
+                            if (ot != LK_F32) t.atol = t.rtol = (ot == LK_F16 ? 1e-3 : 8e-3);
+                            double e2 = tu_err(got, rv, R * D, t);
+                            tu_check(e2 <= 1.0, "rms_norm %s vs ref [%lld,%lld] %s err=%.3g",
+                                     lk_isa_name(isas[ii]), (long long)R, (long long)D,
+                                     lk_dtype_name(ot), e2);
+                            free(rv);
+                        }
+                        free(got);
+                        tu_free(&o);
+                    }
+                    lk_set_isa(lk_isa_best());
+                    tu_free(&ref);
+                    tu_free(&x);
+                    tu_free(&w);
+                    free(xv);
+                    free(wv);
+                    free(want);
+                }
+}
+
+/* Qwen3 QK-norm: q = qkv[:, 0:2048] as [S, 16, 128], normalised per head row, written
+ * back into the same strided view (in place) and into a contiguous output */
+static void test_qk_norm_strided(void) {
+    int64_t S = 37, W = 4096;
+    tu_buf qkv = tu_alloc(LK_F16, 2, (int64_t[]){S, W}, 0);
+    tu_buf w = tu_alloc(LK_F16, 1, (int64_t[]){128}, 0);
+    tu_fill_uniform(&qkv, -3, 3);
+    tu_fill_uniform(&w, 0.5, 1.5);
+    double *all = tu_values(&qkv), *wv = tu_values(&w);
+    lk_tensor q = {qkv.t.data, LK_F16, 3, {S, 16, 128}, {W, 128, 1}};
+    double *xin = malloc(sizeof(double) * S * 2048), *want = malloc(sizeof(double) * S * 2048);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < 2048; i++) xin[s * 2048 + i] = all[s * W + i];
+    rms64(want, xin, wv, S * 16, 128, 1e-6, 0);
+    tu_buf out = tu_alloc(LK_F16, 3, (int64_t[]){S, 16, 128}, 0);
+    lk_status st = lk_rms_norm(&out.t, &q, &w.t, 1e-6f, 0);
+    double *got = tu_values(&out);
+    tu_check(st == LK_OK && tu_err(got, want, S * 2048, tu_tol(LK_F16)) <= 1,
+             "qk-norm strided view -> contiguous");
+    tu_snapshot(&qkv);
+    st = lk_rms_norm(&q, &q, &w.t, 1e-6f, 0); /* in place into the strided view */
+    double *after = tu_values(&qkv);
+    int ok = st == LK_OK;
+    for (int64_t s = 0; s < S && ok; s++)
+        for (int64_t i = 0; i < W && ok; i++) {
+            double v = after[s * W + i];
+            if (i < 2048) ok = fabs(v - want[s * 2048 + i]) <= 2e-3 * (1 + fabs(want[s * 2048 + i]));
+            else ok = memcmp(&v, &all[s * W + i], sizeof v) == 0; /* k and v untouched */
+        }
+    tu_check(ok, "qk-norm in place into strided view, rest of qkv untouched");
+    free(after);
+    free(got);
+    free(xin);
+    free(want);
+    free(all);
+    free(wv);
+    tu_free(&out);
+    tu_free(&qkv);
+    tu_free(&w);
+}
+
+/* transposed view: last-dim stride != 1 goes through the reference path on every ISA */
+static void test_transposed(void) {
+    int64_t shape[2] = {9, 21};
+    tu_buf x = tu_alloc_perm(LK_BF16, 2, shape, (int[]){1, 0}, 1);
+    tu_buf w = tu_alloc(LK_F32, 1, &shape[1], 0);
+    tu_fill_uniform(&x, -1, 1);
+    tu_fill_uniform(&w, -1, 1);
+    double *xv = tu_values(&x), *wv = tu_values(&w), want[9 * 21];
+    rms64(want, xv, wv, 9, 21, 1e-5, 1);
+    tu_buf o = tu_alloc_perm(LK_F32, 2, shape, (int[]){1, 0}, 2);
+    tu_snapshot(&o);
+    lk_status st = lk_rms_norm(&o.t, &x.t, &w.t, 1e-5f, 1);
+    double *got = tu_values(&o);
+    tu_check(st == LK_OK && tu_err(got, want, 9 * 21, tu_tol(LK_F32)) <= 1 && tu_outside_intact(&o),
+             "rms_norm transposed views (last-dim stride != 1)");
+    free(got);
+    free(xv);
+    free(wv);
+    tu_free(&x);
+    tu_free(&w);
+    tu_free(&o);
+}
+
+static void test_fused(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    const lk_dtype combos[][3] = {/* x, residual, w */
+                                  {LK_F32, LK_F32, LK_F32}, {LK_F16, LK_F16, LK_F16},
+                                  {LK_BF16, LK_BF16, LK_BF16}, {LK_BF16, LK_F32, LK_BF16},
+                                  {LK_F16, LK_BF16, LK_F32}};
+    for (int c = 0; c < 5; c++)
+        for (int s = 0; s < NSIZES; s++)
+            for (int pad = 0; pad <= 1; pad++)
+                for (int gemma = 0; gemma <= 1; gemma++) {
+                    lk_dtype xt = combos[c][0], rt = combos[c][1], wt = combos[c][2];
+                    int64_t R = SIZES[s][0], D = SIZES[s][1], shape[2] = {R, D};
+                    tu_buf x0 = tu_alloc(xt, 2, shape, 0), r0 = tu_alloc(rt, 2, shape, 0);
+                    tu_buf w = tu_alloc(wt, 1, &D, 0);
+                    tu_fill_uniform(&x0, -2, 2);
+                    tu_fill_uniform(&r0, -2, 2);
+                    tu_fill_uniform(&w, -1, 1);
+                    double *xv = tu_values(&x0), *rv = tu_values(&r0), *wv = tu_values(&w);
+                    double *sum = malloc(sizeof(double) * R * D), *want = malloc(sizeof(double) * R * D);
+                    for (int64_t i = 0; i < R * D; i++) sum[i] = xv[i] + rv[i];
+                    round_to(sum, R * D, rt); /* the stored residual */
+                    rms64(want, sum, wv, R, D, 1e-6, gemma);
+                    double *first_x = NULL, *first_r = NULL;
+                    for (int ii = 0; ii < nisa; ii++) {
+                        lk_set_isa(isas[ii]);
+                        tu_buf x = tu_alloc(xt, 2, shape, pad), r = tu_alloc(rt, 2, shape, pad);
+                        for (int64_t i = 0; i < R * D; i++) {
+                            tu_set(&x, i, xv[i]);
+                            tu_set(&r, i, rv[i]);
+                        }
+                        tu_snapshot(&x);
+                        tu_snapshot(&r);
+                        lk_status st = lk_fused_add_rms_norm(&x.t, &r.t, &w.t, 1e-6f, gemma);
+                        double *gx = tu_values(&x), *gr = tu_values(&r);
+                        double ex = tu_err(gx, want, R * D, tu_tol(xt));
+                        /* the residual is exactly round(x + residual) on every ISA */
+                        int rexact = memcmp(gr, sum, sizeof(double) * R * D) == 0;
+                        tu_check(st == LK_OK && ex <= 1 && rexact && tu_outside_intact(&x) &&
+                                     tu_outside_intact(&r),
+                                 "fused_add_rms_norm %s x=%s res=%s w=%s [%lld,%lld] pad=%d gemma=%d err=%.3g res_exact=%d",
+                                 lk_isa_name(isas[ii]), lk_dtype_name(xt), lk_dtype_name(rt),
+                                 lk_dtype_name(wt), (long long)R, (long long)D, pad, gemma, ex, rexact);
+                        if (ii == 0) {
+                            first_x = gx;
+                            first_r = gr;
+                        } else {
+                            tu_tolerance t = tu_tol(xt);
+                            if (xt != LK_F32) t.atol = t.rtol = (xt == LK_F16 ? 1e-3 : 8e-3);
+                            tu_check(tu_err(gx, first_x, R * D, t) <= 1,
+                                     "fused_add_rms_norm %s vs ref [%lld,%lld]", lk_isa_name(isas[ii]),
+                                     (long long)R, (long long)D);
+                            free(gx);
+                            free(gr);
+                        }
+                        tu_free(&x);
+                        tu_free(&r);
+                    }
+                    lk_set_isa(lk_isa_best());
+                    free(first_x);
+                    free(first_r);
+                    free(xv);
+                    free(rv);
+                    free(wv);
+                    free(sum);
+                    free(want);
+                    tu_free(&x0);
+                    tu_free(&r0);
+                    tu_free(&w);
+                }
+}
+
+/* results are bitwise identical for 1..4 threads */
+static void test_threads(void) {
+    int64_t shape[2] = {301, 4096};
+    tu_buf x = tu_alloc(LK_BF16, 2, shape, 0), w = tu_alloc(LK_BF16, 1, &shape[1], 0);
+    tu_fill_uniform(&x, -2, 2);
+    tu_fill_uniform(&w, -2, 2);
+    tu_buf o1 = tu_alloc(LK_BF16, 2, shape, 0);
+    lk_set_num_threads(1);
+    lk_rms_norm(&o1.t, &x.t, &w.t, 1e-6f, 0);
+    for (int nt = 2; nt <= 4; nt++) {
+        tu_buf o = tu_alloc(LK_BF16, 2, shape, 0);
+        lk_set_num_threads(nt);
+        lk_rms_norm(&o.t, &x.t, &w.t, 1e-6f, 0);
+        tu_check(tu_same_bits(&o, &o1), "rms_norm bitwise identical with %d threads", nt);
+        tu_free(&o);
+    }
+    lk_set_num_threads(0);
+    tu_free(&x);
+    tu_free(&w);
+    tu_free(&o1);
+}
+
+static void test_empty(void) {
+    int64_t shape[2] = {0, 128};
+    tu_buf x = tu_alloc(LK_F32, 2, shape, 0), w = tu_alloc(LK_F32, 1, &shape[1], 0);
+    tu_buf o = tu_alloc(LK_F32, 2, shape, 0);
+    tu_snapshot(&o);
+    lk_status st = lk_rms_norm(&o.t, &x.t, &w.t, 1e-6f, 0);
+    tu_check(st == LK_OK && tu_intact(&o), "rms_norm 0 rows is a no-op");
+    st = lk_fused_add_rms_norm(&o.t, &x.t, &w.t, 1e-6f, 0);
+    tu_check(st == LK_OK && tu_intact(&o), "fused_add_rms_norm 0 rows is a no-op");
+    tu_free(&x);
+    tu_free(&w);
+    tu_free(&o);
+}
+
+/* each rule of the common contract: right status, message names the argument, nothing written */
+static void test_bad_inputs(void) {
+    int64_t shape[2] = {4, 16};
+    tu_buf x = tu_alloc(LK_F32, 2, shape, 0), w = tu_alloc(LK_F32, 1, &shape[1], 0);
+    tu_buf o = tu_alloc(LK_F32, 2, shape, 0), big = tu_alloc(LK_F32, 1, (int64_t[]){128}, 0);
+    tu_fill_uniform(&x, -1, 1);
+    tu_fill_uniform(&w, -1, 1);
+    tu_fill_uniform(&o, -1, 1);
+    tu_fill_uniform(&big, -1, 1);
+    struct bad_case {
+        const char *what, *arg;
+        lk_status want;
+        lk_tensor out, x, w;
+        float eps;
+    } cases[32];
+    int n = 0;
+#define CASE(W, A, S, O, X, WW, E) cases[n++] = (struct bad_case){W, A, S, O, X, WW, E}
+    lk_tensor t;
+    CASE("eps negative", "eps", LK_ERR_VALUE, o.t, x.t, w.t, -1.0f);
+    CASE("eps NaN", "eps", LK_ERR_VALUE, o.t, x.t, w.t, NAN);
+    t = w.t; t.shape[0] = 15;
+    CASE("w shape mismatch", "w", LK_ERR_SHAPE, o.t, x.t, t, 1e-6f);
+    t = w.t; t.ndim = 2; t.shape[1] = 1; t.stride[1] = 1;
+    CASE("w rank 2", "w", LK_ERR_RANK, o.t, x.t, t, 1e-6f);
+    t = o.t; t.shape[0] = 3;
+    CASE("out shape mismatch", "out", LK_ERR_SHAPE, t, x.t, w.t, 1e-6f);
+    t = x.t; t.ndim = 0;
+    CASE("x rank 0", "x", LK_ERR_RANK, o.t, t, w.t, 1e-6f);
+    t = x.t; t.ndim = 9;
+    CASE("x rank 9", "x", LK_ERR_RANK, o.t, t, w.t, 1e-6f);
+    t = x.t; t.dtype = LK_I32;
+    CASE("x int dtype", "x", LK_ERR_DTYPE, o.t, t, w.t, 1e-6f);
+    t = o.t; t.dtype = (lk_dtype)77;
+    CASE("out unknown dtype", "out", LK_ERR_DTYPE, t, x.t, w.t, 1e-6f);
+    t = x.t; t.data = NULL;
+    CASE("x NULL data", "x", LK_ERR_NULL, o.t, t, w.t, 1e-6f);
+    t = x.t; t.shape[0] = -1;
+    CASE("x negative size", "x", LK_ERR_SHAPE, o.t, t, w.t, 1e-6f);
+    t = x.t; t.stride[0] = INT64_MAX / 2;
+    CASE("x stride overflow", "x", LK_ERR_OVERFLOW, o.t, t, w.t, 1e-6f);
+    t = o.t; t.stride[0] = 0;
+    CASE("out stride 0 overlaps itself", "out", LK_ERR_ALIAS, t, x.t, w.t, 1e-6f);
+    t = o.t; t.stride[0] = 8;
+    CASE("out rows overlap", "out", LK_ERR_ALIAS, t, x.t, w.t, 1e-6f);
+    { /* out = x shifted by one element: partial overlap */
+        lk_tensor xo = big.t, oo = big.t;
+        xo.ndim = oo.ndim = 2;
+        xo.shape[0] = oo.shape[0] = 4;
+        xo.shape[1] = oo.shape[1] = 16;
+        xo.stride[0] = oo.stride[0] = 16;
+        xo.stride[1] = oo.stride[1] = 1;
+        oo.data = (float *)big.t.data + 1;
+        CASE("out partially overlaps x", "out", LK_ERR_ALIAS, oo, xo, w.t, 1e-6f);
+        lk_tensor ww = big.t;
+        ww.shape[0] = 16;
+        CASE("out overlaps w", "out", LK_ERR_ALIAS, xo, x.t, ww, 1e-6f);
+    }
+#undef CASE
+    for (int i = 0; i < n; i++) {
+        tu_snapshot(&x);
+        tu_snapshot(&w);
+        tu_snapshot(&o);
+        tu_snapshot(&big);
+        lk_status st = lk_rms_norm(&cases[i].out, &cases[i].x, &cases[i].w, cases[i].eps, 0);
+        const char *msg = lk_last_error();
+        tu_check(st == cases[i].want && strstr(msg, cases[i].arg) && strstr(msg, "lk_rms_norm") &&
+                     tu_intact(&x) && tu_intact(&w) && tu_intact(&o) && tu_intact(&big),
+                 "bad input '%s' -> %s (%s)", cases[i].what, lk_status_str(st), msg);
+    }
+    lk_status st = lk_rms_norm(NULL, &x.t, &w.t, 1e-6f, 0);
+    tu_check(st == LK_ERR_NULL && strstr(lk_last_error(), "out"), "NULL out pointer");
+    /* fused: x and residual the same buffer is an alias error */
+    tu_snapshot(&x);
+    st = lk_fused_add_rms_norm(&x.t, &x.t, &w.t, 1e-6f, 0);
+    tu_check(st == LK_ERR_ALIAS && tu_intact(&x), "fused: x and residual alias -> %s (%s)",
+             lk_status_str(st), lk_last_error());
+    lk_tensor t2 = w.t;
+    t2.shape[0] = 17;
+    st = lk_fused_add_rms_norm(&x.t, &o.t, &t2, 1e-6f, 0);
+    tu_check(st == LK_ERR_SHAPE && strstr(lk_last_error(), "w") && tu_intact(&x),
+             "fused: w shape mismatch (%s)", lk_last_error());
+    /* a valid call clears the error text */
+    st = lk_rms_norm(&o.t, &x.t, &w.t, 1e-6f, 0);
+    tu_check(st == LK_OK && lk_last_error()[0] == 0, "successful call clears lk_last_error");
+    tu_free(&x);
+    tu_free(&w);
+    tu_free(&o);
+    tu_free(&big);
+}
+
+int main(void) {
+    tu_init();
+    test_rms_norm_cases();
+    test_qk_norm_strided();
+    test_transposed();
+    test_fused();
+    test_threads();
+    test_empty();
+    test_bad_inputs();
+    return tu_finish("test_rms_norm");
+}

@@ -1,0 +1,199 @@
+/* Test helpers (see testutil.h). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half.h"
+
+static int n_pass, n_fail;
+int tu_verbose;
+
+void tu_init(void) {
+    const char *v = getenv("LLMKERN_TEST_VERBOSE");
+    tu_verbose = v && *v == '1';
+    tu_seed(12345);
+}
+
+int tu_check(int ok, const char *fmt, ...) {
+    if (ok) n_pass++;
+    else n_fail++;
+    if (!ok || tu_verbose) {
+        va_list ap;
+        va_start(ap, fmt);
+        printf(ok ? "  ok    " : "  FAIL  ");
+        vprintf(fmt, ap);
+        printf("\n");
+        va_end(ap);
+    }
+    return ok;
+}
+
+int tu_finish(const char *file) {
+    printf("%s: %d passed, %d failed\n", file, n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
+
+static uint64_t rng = 88172645463325252ull;
+void tu_seed(uint64_t s) { rng = s ? s : 1; }
+uint64_t tu_rand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+double tu_uniform(double lo, double hi) {
+    return lo + (hi - lo) * ((double)(tu_rand() >> 11) / 9007199254740992.0);
+}
+int64_t tu_randint(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(tu_rand() % (uint64_t)(hi - lo + 1));
+}
+
+#define GUARD 64 /* bytes of garbage before and after */
+
+tu_buf tu_alloc_perm(lk_dtype dt, int ndim, const int64_t *shape, const int *perm, int pad) {
+    tu_buf b;
+    memset(&b, 0, sizeof b);
+    size_t es = lk_dtype_size(dt);
+    int64_t stride[LK_MAX_DIMS], span = 1;
+    /* innermost stored dim first */
+    for (int i = ndim - 1; i >= 0; i--) {
+        int d = perm ? perm[i] : i;
+        stride[d] = span;
+        span *= (shape[d] > 0 ? shape[d] : 1) + pad;
+    }
+    b.bytes = (size_t)span * es + 2 * GUARD;
+    b.base = malloc(b.bytes);
+    b.snap = malloc(b.bytes);
+    b.inview = calloc(b.bytes, 1);
+    /* garbage: quiet NaN in every dtype (0x7fc0 as bf16, 0x7fc07fc0 as f32, 0x7fc0 f16) */
+    for (size_t i = 0; i + 1 < b.bytes; i += 2) {
+        b.base[i] = 0xc0;
+        b.base[i + 1] = 0x7f;
+    }
+    b.t.data = b.base + GUARD;
+    b.t.dtype = dt;
+    b.t.ndim = ndim;
+    for (int d = 0; d < LK_MAX_DIMS; d++) {
+        b.t.shape[d] = d < ndim ? shape[d] : 0;
+        b.t.stride[d] = d < ndim ? stride[d] : 0;
+    }
+    int64_t n = tu_numel(&b);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = tu_offset(&b.t, i);
+        memset(b.inview + GUARD + off * (int64_t)es, 1, es);
+    }
+    return b;
+}
+
+tu_buf tu_alloc(lk_dtype dt, int ndim, const int64_t *shape, int pad) {
+    return tu_alloc_perm(dt, ndim, shape, NULL, pad);
+}
+
+void tu_free(tu_buf *b) {
+    free(b->base);
+    free(b->snap);
+    free(b->inview);
+    memset(b, 0, sizeof *b);
+}
+
+int64_t tu_numel(const tu_buf *b) {
+    int64_t n = 1;
+    for (int d = 0; d < b->t.ndim; d++) n *= b->t.shape[d];
+    return n;
+}
+
+int64_t tu_offset(const lk_tensor *t, int64_t i) {
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        off += (i % t->shape[d]) * t->stride[d];
+        i /= t->shape[d];
+    }
+    return off;
+}
+
+double tu_get(const tu_buf *b, int64_t i) {
+    int64_t off = tu_offset(&b->t, i);
+    switch (b->t.dtype) {
+    case LK_I32: return ((const int32_t *)b->t.data)[off];
+    case LK_I64: return (double)((const int64_t *)b->t.data)[off];
+    default: return lk_load_f(b->t.data, b->t.dtype, off);
+    }
+}
+
+void tu_set(tu_buf *b, int64_t i, double v) {
+    int64_t off = tu_offset(&b->t, i);
+    switch (b->t.dtype) {
+    case LK_I32: ((int32_t *)b->t.data)[off] = (int32_t)v; break;
+    case LK_I64: ((int64_t *)b->t.data)[off] = (int64_t)v; break;
+    default: lk_store_f(b->t.data, b->t.dtype, off, (float)v);
+    }
+}
+
+void tu_fill_uniform(tu_buf *b, double lo, double hi) {
+    int64_t n = tu_numel(b);
+    for (int64_t i = 0; i < n; i++) tu_set(b, i, tu_uniform(lo, hi));
+}
+
+void tu_snapshot(tu_buf *b) { memcpy(b->snap, b->base, b->bytes); }
+
+int tu_intact(const tu_buf *b) { return memcmp(b->snap, b->base, b->bytes) == 0; }
+
+int tu_outside_intact(const tu_buf *b) {
+    for (size_t i = 0; i < b->bytes; i++)
+        if (!b->inview[i] && b->base[i] != b->snap[i]) return 0;
+    return 1;
+}
+
+double *tu_values(const tu_buf *b) {
+    int64_t n = tu_numel(b);
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) v[i] = tu_get(b, i);
+    return v;
+}
+
+tu_tolerance tu_tol(lk_dtype dt) {
+    tu_tolerance t = {1e-5, 1e-5};
+    if (dt == LK_F16) t.atol = t.rtol = 2e-3;
+    if (dt == LK_BF16) t.atol = t.rtol = 2e-2;
+    return t;
+}
+
+double tu_err(const double *got, const double *want, int64_t n, tu_tolerance tol) {
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i];
+        if (isnan(w) || isnan(g)) {
+            if (!(isnan(w) && isnan(g))) return INFINITY;
+            continue;
+        }
+        if (isinf(w) || isinf(g)) {
+            if (g != w) return INFINITY;
+            continue;
+        }
+        double e = fabs(g - w) / (tol.atol + tol.rtol * fabs(w));
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+int tu_same_bits(const tu_buf *a, const tu_buf *b) {
+    int64_t n = tu_numel(a);
+    if (n != tu_numel(b) || a->t.dtype != b->t.dtype) return 0;
+    size_t es = lk_dtype_size(a->t.dtype);
+    for (int64_t i = 0; i < n; i++) {
+        const char *pa = (const char *)a->t.data + tu_offset(&a->t, i) * (int64_t)es;
+        const char *pb = (const char *)b->t.data + tu_offset(&b->t, i) * (int64_t)es;
+        if (memcmp(pa, pb, es)) return 0;
+    }
+    return 1;
+}
+
+int tu_isas(lk_isa *out) {
+    int n = 0;
+    lk_isa best = lk_isa_best();
+    for (int i = LK_ISA_REF; i <= (int)best; i++) out[n++] = (lk_isa)i;
+    return n;
+}

@@ -1,0 +1,84 @@
+/*
+ * Test helpers shared by every tests/test_<op>.c.
+ *
+ *  - counters: tu_check() records one case; tu_finish() prints "<file>: N passed,
+ *    N failed" and returns the exit code. tests/run.sh adds the files up.
+ *  - tu_buf: a tensor view inside a larger allocation. pad > 0 widens every stride so
+ *    the view is strided, and all bytes outside the view (the padding and guard
+ *    zones before and after) hold a NaN garbage pattern; tu_outside_intact() checks
+ *    that no op wrote there, tu_intact() that nothing at all changed.
+ *  - element access by logical flat index (row-major over the view's shape), values
+ *    as double.
+ *  - one tolerance table by dtype (tu_tol).
+ */
+#ifndef LK_TESTUTIL_H
+#define LK_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "llmkern.h"
+
+/* ---- counters ---- */
+int tu_check(int ok, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+int tu_finish(const char *file);
+extern int tu_verbose; /* LLMKERN_TEST_VERBOSE=1 prints every case */
+void tu_init(void);
+
+/* ---- random ---- */
+void tu_seed(uint64_t s);
+uint64_t tu_rand(void);
+double tu_uniform(double lo, double hi);
+int64_t tu_randint(int64_t lo, int64_t hi); /* inclusive */
+
+/* ---- buffers ---- */
+typedef struct {
+    lk_tensor t;              /* the view                                   */
+    unsigned char *base;      /* allocation                                 */
+    size_t bytes;             /* allocation size                            */
+    unsigned char *snap;      /* snapshot for intact checks                 */
+    unsigned char *inview;    /* per byte: 1 if inside the view             */
+} tu_buf;
+
+/* Row-major view of `shape`, every dim's stride padded by `pad` elements of the next
+ * inner extent (pad = 0: contiguous). Garbage everywhere, then tu_fill_* the view. */
+tu_buf tu_alloc(lk_dtype dt, int ndim, const int64_t *shape, int pad);
+/* Same but with the dims stored in `perm` order (perm[i] = logical dim stored as the
+ * i-th outermost), e.g. perm {1, 0} for a transposed 2-D view. */
+tu_buf tu_alloc_perm(lk_dtype dt, int ndim, const int64_t *shape, const int *perm, int pad);
+void tu_free(tu_buf *b);
+int64_t tu_numel(const tu_buf *b);
+/* element offset (in elements) of logical flat index i */
+int64_t tu_offset(const lk_tensor *t, int64_t i);
+double tu_get(const tu_buf *b, int64_t i);
+void tu_set(tu_buf *b, int64_t i, double v); /* rounds to the dtype */
+/* fill the view with uniform values in [lo, hi) (representable in the dtype) */
+void tu_fill_uniform(tu_buf *b, double lo, double hi);
+void tu_snapshot(tu_buf *b);
+int tu_intact(const tu_buf *b);         /* every byte equals the snapshot */
+int tu_outside_intact(const tu_buf *b); /* bytes outside the view equal the snapshot */
+/* copy the view's values (as double) to a new array of tu_numel doubles */
+double *tu_values(const tu_buf *b);
+
+/* ---- comparison ---- */
+typedef struct {
+    double atol, rtol;
+} tu_tolerance;
+tu_tolerance tu_tol(lk_dtype dt); /* f32 1e-5, f16 2e-3, bf16 2e-2 (atol = rtol) */
+/* max over i of |got - want| / (atol + rtol |want|); <= 1 passes. NaN positions must
+ * match; infinities must match exactly. */
+double tu_err(const double *got, const double *want, int64_t n, tu_tolerance tol);
+/* bitwise equality of two views' logical contents */
+int tu_same_bits(const tu_buf *a, const tu_buf *b);
+
+/* ---- isa ---- */
+/* ISAs this CPU runs, in order (ref first); returns count */
+int tu_isas(lk_isa *out);
+
+static const lk_dtype TU_FLOAT_DTYPES[3] = {LK_F32, LK_F16, LK_BF16};
+
+#endif
