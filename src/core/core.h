@@ -99,6 +99,15 @@ void lk_parallel_for(int64_t n, int64_t bytes_per_item, lk_range_fn fn, void *ct
 /* Threads lk_parallel_for would use for this much work. */
 int lk_plan_threads(int64_t n, int64_t bytes_per_item);
 
+/* Outputs larger than this are written with non-temporal stores by the SIMD kernels
+ * that support them: they would not stay in the last-level cache anyway, and streaming
+ * them skips the read-for-ownership of every written line. */
+#define LK_STREAM_MIN_BYTES ((int64_t)16 << 20)
+
+/* g[i] = w[i] (+ 1 with add_one) as f32: weights converted once per call, not once per
+ * row. Returns NULL on allocation failure; free with free(). */
+float *lk_weights_f32(const lk_tensor *w, int add_one);
+
 /* ---- cpu ---- */
 int lk_cpu_has_avx2(void);
 int lk_cpu_has_avx512(void);

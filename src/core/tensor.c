@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "core.h"
+#include "half.h"
 
 const char *lk_dtype_name(lk_dtype dt) {
     switch (dt) {
@@ -236,4 +237,13 @@ void lk_rowit_init(lk_rowit *it, const lk_tensor *t, int inner, int64_t row) {
         row = t->shape[d] ? row / t->shape[d] : 0;
         it->off += it->idx[d] * t->stride[d];
     }
+}
+
+float *lk_weights_f32(const lk_tensor *w, int add_one) {
+    int64_t n = w->shape[0];
+    float *g = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!g) return NULL;
+    for (int64_t i = 0; i < n; i++)
+        g[i] = lk_load_f(w->data, w->dtype, i * w->stride[0]) + (add_one ? 1.0f : 0.0f);
+    return g;
 }

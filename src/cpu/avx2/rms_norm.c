@@ -1,21 +1,34 @@
 /*
  * rms_norm and fused_add_rms_norm, AVX2 + FMA + F16C.
  *
- *   out = x * rsqrt(mean(x^2) + eps) * g(w),  g(w) = w or 1 + w (gemma)
+ *   out = x * rsqrt(mean(x^2) + eps) * g,  g = w or 1 + w (gemma)
  *   fused: residual = round(x + residual); x = rms_norm(residual)
  *
  * Shapes: x, out, residual [..., D]; w [D]. Fast path needs last-dim stride 1 on every
- * operand and w; other layouts go to the reference. Work split: rows, contiguous
- * chunks per thread (lk_parallel_for). Per row, pass 1 accumulates squares in 4 x 8
- * f32 lanes, pass 2 re-reads the row (from L1/L2) and writes it; one rounding per
- * output element.
+ * operand and w; other layouts go to the reference. g is converted to f32 once per call
+ * when there are
+ * 16 rows or more (unless w is already f32 and not gemma). Work split: rows, contiguous chunks per
+ * thread (lk_parallel_for). Per row, pass 1 accumulates squares in 4 x 8 f32 lanes,
+ * pass 2 re-reads the row (from L1/L2) and writes it; one rounding per output element.
+ * Outputs beyond LK_STREAM_MIN_BYTES whose rows are aligned use non-temporal stores.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "../kernels.h"
 #include "simd.h"
 
-static inline float sumsq(const char *x, lk_dtype dt, int64_t D, size_t es) {
+typedef struct {
+    const lk_tensor *x, *out; /* [..., D]; fused: x = residual (input), out = x (output) */
+    const char *w;            /* [D] weights, dtype wt: w itself or its f32 copy */
+    lk_dtype wt;
+    float one;                /* 1 for gemma unless folded into the f32 copy */
+    float eps;
+    int stream;
+} rows_ctx;
+
+static inline float sumsq(const char *x, lk_dtype dt, int64_t D) {
+    size_t es = lk_dtype_size(dt);
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= D; i += 32) {
@@ -37,48 +50,95 @@ static inline float sumsq(const char *x, lk_dtype dt, int64_t D, size_t es) {
     return lk8_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
-/* out[i] = x[i] * inv * g(w[i]) */
-static inline void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
-                             lk_dtype wt, int64_t D, float inv, int gemma) {
+/* o[i] = x[i] * inv * (w[i] + one); w is the f32 copy g when one was made */
+static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
+                             lk_dtype wt, float one, int64_t D, float inv, int stream) {
     size_t oes = lk_dtype_size(ot), xes = lk_dtype_size(xt), wes = lk_dtype_size(wt);
-    __m256 vinv = _mm256_set1_ps(inv), one = _mm256_set1_ps(gemma ? 1.0f : 0.0f);
+    __m256 vinv = _mm256_set1_ps(inv), vone = _mm256_set1_ps(one);
     int64_t i = 0;
+    if (stream)
+        for (; i + 8 <= D; i += 8) {
+            __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), vone);
+            lk8_stream(o + i * oes, ot, _mm256_mul_ps(_mm256_mul_ps(lk8_load(x + i * xes, xt), vinv), g));
+        }
     for (; i + 8 <= D; i += 8) {
-        __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), one);
-        __m256 v = _mm256_mul_ps(_mm256_mul_ps(lk8_load(x + i * xes, xt), vinv), g);
-        lk8_store(o + i * oes, ot, v);
+        __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), vone);
+        lk8_store(o + i * oes, ot, _mm256_mul_ps(_mm256_mul_ps(lk8_load(x + i * xes, xt), vinv), g));
     }
     if (i < D) {
         int n = (int)(D - i);
-        __m256 g = _mm256_add_ps(lk8_load_part(w + i * wes, wt, n), one);
+        __m256 g = _mm256_add_ps(lk8_load_part(w + i * wes, wt, n), vone);
         __m256 v = _mm256_mul_ps(_mm256_mul_ps(lk8_load_part(x + i * xes, xt, n), vinv), g);
         lk8_store_part(o + i * oes, ot, v, n);
     }
 }
 
+/* the loop specialised for the common all-same-dtype cases (constant dtypes let the
+ * compiler drop the per-vector dtype branches), generic otherwise */
+static void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
+                      lk_dtype wt, float one, int64_t D, float inv, int stream) {
+    if (ot == xt && wt == xt) {
+        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_BF16, one, D, inv, stream);
+        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F16, one, D, inv, stream);
+        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream);
+    } else if (ot == xt && wt == LK_F32) {
+        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_F32, one, D, inv, stream);
+        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F32, one, D, inv, stream);
+        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream);
+    } else {
+        scale_row_any(o, ot, x, xt, w, wt, one, D, inv, stream);
+    }
+}
+
 static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
-    const lk_rms_norm_args *a = ctx;
-    const lk_tensor *x = &a->x, *out = &a->out;
+    const rows_ctx *c = ctx;
+    const lk_tensor *x = c->x, *out = c->out;
     int64_t D = x->shape[x->ndim - 1];
-    size_t xes = lk_dtype_size(x->dtype);
     lk_rowit xi, oi;
     lk_rowit_init(&xi, x, 1, r0);
     lk_rowit_init(&oi, out, 1, r0);
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
         const char *xr = lk_at(x, xi.off); // [D]
         char *orow = lk_at(out, oi.off);   // [D]
-        float inv = 1.0f / sqrtf(sumsq(xr, x->dtype, D, xes) / (float)D + a->eps);
-        scale_row(orow, out->dtype, xr, x->dtype, a->w.data, a->w.dtype, D, inv, a->gemma);
+        float inv = 1.0f / sqrtf(sumsq(xr, x->dtype, D) / (float)D + c->eps);
+        int st = c->stream && ((uintptr_t)orow & 31) == 0;
+        scale_row(orow, out->dtype, xr, x->dtype, c->w, c->wt, c->one, D, inv, st);
     }
+    if (c->stream) _mm_sfence();
+}
+
+/* Weights as used by scale_row: for many rows, converted once to f32 with the gemma 1
+ * folded in (*owned is that copy, to free); for a few rows, w as it is. */
+static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t rows,
+                             float **owned) {
+    *owned = NULL;
+    c->w = w->data;
+    c->wt = w->dtype;
+    c->one = gemma ? 1.0f : 0.0f;
+    if (rows < 16 || (w->dtype == LK_F32 && !gemma)) return LK_OK;
+    if (!(*owned = lk_weights_f32(w, gemma))) return LK_ERR_NOMEM;
+    c->w = (const char *)*owned;
+    c->wt = LK_F32;
+    c->one = 0.0f;
+    return LK_OK;
 }
 
 lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a) {
     int nd = a->x.ndim;
     if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1 || a->w.stride[0] != 1)
         return lk_ref_rms_norm(a);
-    int64_t D = a->x.shape[nd - 1];
-    int64_t bytes = D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->out.dtype));
-    lk_parallel_for(lk_rows(&a->x, 1), bytes, rms_rows, (void *)a);
+    int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
+    size_t oes = lk_dtype_size(a->out.dtype);
+    float *owned;
+    rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0};
+    if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
+    /* stream only when whole rows are multiples of 32 bytes and the output is big and
+     * does not alias the input (in place keeps the lines in cache anyway) */
+    c.stream = rows * D * (int64_t)oes >= LK_STREAM_MIN_BYTES && (D * (int64_t)oes) % 32 == 0 &&
+               a->out.data != a->x.data;
+    int64_t bytes = D * (int64_t)(lk_dtype_size(a->x.dtype) + oes);
+    lk_parallel_for(rows, bytes, rms_rows, &c);
+    free(owned);
     return LK_OK;
 }
 
@@ -108,8 +168,8 @@ static inline float add_store(char *res, lk_dtype rt, const char *x, lk_dtype xt
 }
 
 static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
-    const lk_fused_add_rms_norm_args *a = ctx;
-    const lk_tensor *x = &a->x, *res = &a->residual;
+    const rows_ctx *c = ctx;
+    const lk_tensor *res = c->x, *x = c->out;
     int64_t D = x->shape[x->ndim - 1];
     lk_rowit xi, ri;
     lk_rowit_init(&xi, x, 1, r0);
@@ -117,8 +177,8 @@ static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&ri)) {
         char *xr = lk_at(x, xi.off);   // [D]
         char *rr = lk_at(res, ri.off); // [D]
-        float inv = 1.0f / sqrtf(add_store(rr, res->dtype, xr, x->dtype, D) / (float)D + a->eps);
-        scale_row(xr, x->dtype, rr, res->dtype, a->w.data, a->w.dtype, D, inv, a->gemma);
+        float inv = 1.0f / sqrtf(add_store(rr, res->dtype, xr, x->dtype, D) / (float)D + c->eps);
+        scale_row(xr, x->dtype, rr, res->dtype, c->w, c->wt, c->one, D, inv, 0);
     }
 }
 
@@ -126,8 +186,12 @@ lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
     int nd = a->x.ndim;
     if (a->x.stride[nd - 1] != 1 || a->residual.stride[nd - 1] != 1 || a->w.stride[0] != 1)
         return lk_ref_fused_add_rms_norm(a);
-    int64_t D = a->x.shape[nd - 1];
+    int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
+    float *owned;
+    rows_ctx c = {&a->residual, &a->x, NULL, LK_F32, 0.0f, a->eps, 0};
+    if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
     int64_t bytes = 2 * D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->residual.dtype));
-    lk_parallel_for(lk_rows(&a->x, 1), bytes, fused_rows, (void *)a);
+    lk_parallel_for(rows, bytes, fused_rows, &c);
+    free(owned);
     return LK_OK;
 }

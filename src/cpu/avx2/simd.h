@@ -41,6 +41,13 @@ static inline void lk8_store(void *p, lk_dtype dt, __m256 v) {
     else _mm_storeu_si128((__m128i *)p, lk8_to_half(v, dt));
 }
 
+/* non-temporal store of 8 values; p must be 32-byte (f32) / 16-byte (f16, bf16)
+ * aligned; the caller issues _mm_sfence() before its results are read */
+static inline void lk8_stream(void *p, lk_dtype dt, __m256 v) {
+    if (dt == LK_F32) _mm256_stream_ps((float *)p, v);
+    else _mm_stream_si128((__m128i *)p, lk8_to_half(v, dt));
+}
+
 /* first n (0 <= n < 8) elements; the rest of the vector is 0 */
 static inline __m256 lk8_load_part(const void *p, lk_dtype dt, int n) {
     float buf[8] = {0};
@@ -82,7 +89,7 @@ static inline float lk8_hmax(__m256 v) {
 /* exp(x), relative error ~2 ulp over the f32 range; exp(-inf) = 0, exp(+inf) = inf,
  * NaN propagates; x < -87.3 flushes to 0 (the f32 subnormal range is not produced). */
 static inline __m256 lk8_exp(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504f);
+    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.3365447504f);
     __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);

@@ -43,9 +43,16 @@ static inline void lk16_store(void *p, lk_dtype dt, __m512 v, int64_t n) {
     else _mm256_mask_storeu_epi16(p, m, lk16_to_half(v, dt));
 }
 
+/* non-temporal store of 16 values; p must be 64-byte (f32) / 32-byte (f16, bf16)
+ * aligned; the caller issues _mm_sfence() before its results are read */
+static inline void lk16_stream(void *p, lk_dtype dt, __m512 v) {
+    if (dt == LK_F32) _mm512_stream_ps((float *)p, v);
+    else _mm256_stream_si256((__m256i *)p, lk16_to_half(v, dt));
+}
+
 /* exp(x): same algorithm and limits as lk8_exp in avx2/simd.h */
 static inline __m512 lk16_exp(__m512 x) {
-    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447504f);
+    const __m512 hi = _mm512_set1_ps(88.72283935546875f), lo = _mm512_set1_ps(-87.3365447504f);
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
     __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);

@@ -1,0 +1,271 @@
+/*
+ * Core: f16/bf16 conversions (scalar exact vs float64 maths and vs the hardware
+ * converter; SIMD store paths bit-identical to scalar), the vectorised exp, status
+ * strings, error text, ISA forcing, thread control, view checks and the overlap rule.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "core/half.h"
+#include "testutil.h"
+
+/* f16 bits -> value computed in double from the definition */
+static double f16_value(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 31) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp(m, -24);
+    else v = ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+static void test_f16_decode(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double want = f16_value((uint16_t)h);
+        float got = lk_f16_to_f32((uint16_t)h);
+        if (isnan(want) ? !isnan(got) : ((double)got != want || !!signbit(got) != !!signbit(want))) bad++;
+    }
+    tu_check(bad == 0, "f16 -> f32 all 65536 patterns vs definition (%d bad)", bad);
+}
+
+/* expected f16 of f32 x by exhaustive nearest search among neighbours (ties to even) */
+static uint16_t f16_round_ref(float x) {
+    if (isnan(x)) return 0; /* not used */
+    double v = x;
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs(v);
+    if (a >= 65520.0) return sign | 0x7c00;
+    /* magnitude bits in [0, 0x7bff]; binary search the last value <= a */
+    int lo = 0, hi = 0x7bff;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (f16_value((uint16_t)mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    double below = f16_value((uint16_t)lo), above = lo < 0x7bff ? f16_value((uint16_t)(lo + 1)) : 65536.0;
+    int pick = lo;
+    if (a - below > above - a) pick = lo + 1;
+    else if (a - below == above - a) pick = (lo & 1) ? lo + 1 : lo;
+    return sign | (uint16_t)pick;
+}
+
+static void test_f16_encode(void) {
+    int bad = 0, n = 0;
+    /* every f16 value, the midpoints to its neighbours and one ulp either side of them */
+    for (uint32_t h = 0; h < 0x7c00; h++) {
+        float v = (float)f16_value((uint16_t)h);
+        float nxt = (float)(h < 0x7bff ? f16_value((uint16_t)(h + 1)) : 65536.0);
+        float mid = (float)(((double)v + (double)nxt) / 2);
+        float cand[5] = {v, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
+        for (int c = 0; c < 5; c++, n++)
+            if (lk_f32_to_f16(cand[c]) != f16_round_ref(cand[c])) bad++;
+    }
+    tu_check(bad == 0, "f32 -> f16 %d values at and around every rounding midpoint (%d bad)", n, bad);
+    float specials[] = {INFINITY, -INFINITY, 1e30f, -1e30f, 65504.0f, 65519.99f, 65520.0f, 0.0f, -0.0f,
+                        5.9604645e-8f, 2.9802322e-8f, 2.98023259e-8f, 1e-30f};
+    bad = 0;
+    for (size_t i = 0; i < sizeof specials / sizeof *specials; i++)
+        if (lk_f32_to_f16(specials[i]) != f16_round_ref(specials[i])) bad++;
+    tu_check(bad == 0, "f32 -> f16 specials (inf, overflow edge, subnormal edges, signed zero)");
+    uint16_t qn = lk_f32_to_f16(lk_bits_f32(0x7f800001u)), nn = lk_f32_to_f16(lk_bits_f32(0xffc00000u));
+    tu_check((qn & 0x7c00) == 0x7c00 && (qn & 0x3ff) && (qn & 0x200) && (nn & 0x8000),
+             "f32 -> f16 NaN stays NaN, quiet, sign kept (0x%04x 0x%04x)", qn, nn);
+}
+
+static void test_bf16(void) {
+    int bad = 0;
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        uint32_t lows[6] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff};
+        for (int k = 0; k < 6; k++) {
+            uint32_t u = (hi << 16) | lows[k];
+            float f = lk_bits_f32(u);
+            uint16_t got = lk_f32_to_bf16(f);
+            uint16_t want;
+            if (isnan(f)) want = (uint16_t)(hi | 0x40);
+            else if (isinf(f)) want = (uint16_t)hi;
+            else {
+                /* nearest of hi and hi + 1 (as magnitudes; sign in hi), ties to even */
+                double a = fabs((double)f), dn = fabs((double)lk_bits_f32(hi << 16));
+                double up = fabs((double)lk_bits_f32(((hi + 1) & 0xffff) << 16));
+                if ((hi & 0x7fff) == 0x7f7f) up = ldexp(1.0, 128); /* next is inf */
+                if (a - dn < up - a || (a - dn == up - a && !(hi & 1))) want = (uint16_t)hi;
+                else want = (uint16_t)(hi + 1);
+            }
+            if (got != want && bad++ < 3) printf("    bf16 %08x: got %04x want %04x\n", u, got, want);
+        }
+    }
+    tu_check(bad == 0, "f32 -> bf16 all 2^16 high halves x {0,1,7fff,8000,8001,ffff} low halves (%d bad)", bad);
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "cpu/avx2/simd.h"
+
+/* hardware F16C conversion and the AVX2 store helpers vs the scalar code */
+static void simd_conversions(void) {
+    int bad_hw = 0, bad_bf = 0, bad_f16 = 0;
+    uint32_t u = 0;
+    for (uint64_t k = 0; k < (1ull << 32); k += 8 * 251) {
+        float v[8];
+        for (int j = 0; j < 8; j++) v[j] = lk_bits_f32(u = (uint32_t)(k + (uint64_t)j * 0x2000003u));
+        __m256 x = _mm256_loadu_ps(v);
+        uint16_t hb[8], hf[8];
+        lk8_store(hb, LK_BF16, x);
+        lk8_store(hf, LK_F16, x);
+        for (int j = 0; j < 8; j++) {
+            if (hb[j] != lk_f32_to_bf16(v[j])) bad_bf++;
+            if (hf[j] != lk_f32_to_f16(v[j])) bad_f16++;
+            __m128i hw = _mm_cvtps_ph(_mm_set_ss(v[j]), _MM_FROUND_TO_NEAREST_INT);
+            if ((uint16_t)_mm_extract_epi16(hw, 0) != lk_f32_to_f16(v[j])) bad_hw++;
+        }
+    }
+    (void)u;
+    tu_check(bad_hw == 0, "scalar f32 -> f16 equals F16C on 17M patterns (%d bad)", bad_hw);
+    tu_check(bad_f16 == 0, "lk8_store f16 equals scalar (%d bad)", bad_f16);
+    tu_check(bad_bf == 0, "lk8_store bf16 equals scalar (%d bad)", bad_bf);
+    /* loads: every 16-bit pattern */
+    int bad_load = 0;
+    for (uint32_t h = 0; h < 65536; h += 8) {
+        uint16_t in[8];
+        float out[8];
+        for (int j = 0; j < 8; j++) in[j] = (uint16_t)(h + j);
+        _mm256_storeu_ps(out, lk8_load(in, LK_F16));
+        for (int j = 0; j < 8; j++) {
+            float s = lk_f16_to_f32(in[j]);
+            if (memcmp(&s, &out[j], 4) && !(isnan(s) && isnan(out[j]))) bad_load++;
+        }
+        _mm256_storeu_ps(out, lk8_load(in, LK_BF16));
+        for (int j = 0; j < 8; j++) {
+            float s = lk_bf16_to_f32(in[j]);
+            if (memcmp(&s, &out[j], 4)) bad_load++;
+        }
+    }
+    tu_check(bad_load == 0, "lk8_load f16/bf16 equals scalar on all patterns (%d bad)", bad_load);
+    /* partial loads/stores touch only n elements */
+    uint16_t buf[10];
+    int ok = 1;
+    for (int n = 0; n < 8; n++) {
+        for (int j = 0; j < 10; j++) buf[j] = 0xabcd;
+        lk8_store_part(buf, LK_BF16, _mm256_set1_ps(1.0f), n);
+        for (int j = 0; j < 10; j++) ok &= buf[j] == (j < n ? 0x3f80 : 0xabcd);
+    }
+    tu_check(ok, "lk8_store_part writes exactly n elements");
+}
+
+static void simd_exp(void) {
+    double worst = 0;
+    int bad_special = 0;
+    for (double x = -87.0; x <= 88.5; x += 0.0137) {
+        float xs = (float)x, v[8];
+        _mm256_storeu_ps(v, lk8_exp(_mm256_set1_ps(xs)));
+        double want = exp((double)xs), e = fabs(v[0] - want) / want;
+        if (e > worst) worst = e;
+    }
+    tu_check(worst < 4e-7, "lk8_exp max relative error %.3g over [-87, 88.5]", worst);
+    float sp[8] = {-INFINITY, INFINITY, NAN, -100.0f, 100.0f, 0.0f, -0.0f, 88.72f}, v[8];
+    _mm256_storeu_ps(v, lk8_exp(_mm256_loadu_ps(sp)));
+    bad_special += v[0] != 0.0f;
+    bad_special += v[1] != INFINITY;
+    bad_special += !isnan(v[2]);
+    bad_special += v[3] != 0.0f;
+    bad_special += v[4] != INFINITY;
+    bad_special += v[5] != 1.0f || v[6] != 1.0f;
+    bad_special += !(fabs(v[7] - exp((double)sp[7])) / exp((double)sp[7]) < 1e-6);
+    tu_check(bad_special == 0, "lk8_exp specials: exp(-inf)=0 exp(inf)=inf NaN, under/overflow (%g %g %g %g %g %g)",
+             v[0], v[1], v[2], v[3], v[4], v[7]);
+}
+#pragma GCC pop_options
+
+static void test_runtime(void) {
+    tu_check(!strcmp(lk_status_str(LK_ERR_SHAPE), "LK_ERR_SHAPE") &&
+                 !strcmp(lk_status_str((lk_status)999), "LK_ERR_UNKNOWN"),
+             "lk_status_str names");
+    tu_check(!strcmp(lk_version(), LLMKERN_VERSION_STRING), "lk_version");
+    lk_isa best = lk_isa_best();
+    tu_check(lk_set_isa(LK_ISA_REF) == LK_OK && lk_isa_current() == LK_ISA_REF, "force ref");
+    lk_status s = lk_set_isa((lk_isa)7);
+    tu_check(s == LK_ERR_VALUE && strstr(lk_last_error(), "isa"), "unknown isa rejected (%s)", lk_last_error());
+    if (best < LK_ISA_AVX512) {
+        s = lk_set_isa(LK_ISA_AVX512);
+        tu_check(s == LK_ERR_UNSUPPORTED && lk_isa_current() == LK_ISA_REF,
+                 "unsupported isa refused, current kept (%s)", lk_last_error());
+    }
+    tu_check(lk_set_isa(best) == LK_OK && lk_isa_current() == best, "restore best (%s)", lk_isa_name(best));
+    lk_set_num_threads(3);
+    tu_check(lk_get_num_threads() == 3, "set_num_threads(3)");
+    lk_set_num_threads(0);
+    tu_check(lk_get_num_threads() >= 1, "set_num_threads(0) restores default (%d)", lk_get_num_threads());
+    tu_check(lk_dtype_size(LK_BF16) == 2 && lk_dtype_size(LK_I64) == 8 && lk_dtype_size((lk_dtype)9) == 0,
+             "dtype sizes");
+}
+
+static void test_views(void) {
+    float buf[64];
+    lk_tensor t = lk_tensor_make(buf, LK_F32, 2, (int64_t[]){4, 8});
+    tu_check(t.stride[0] == 8 && t.stride[1] == 1, "lk_tensor_make row-major strides");
+    lk_set_op("test");
+    tu_check(lk_check_view(&t, "t", 2, 2) == LK_OK, "valid view");
+    lk_tensor u = t;
+    u.stride[1] = -1;
+    u.data = buf + 7;
+    tu_check(lk_check_view(&u, "u", 2, 2) == LK_OK && lk_check_no_self_overlap(&u, "u") == LK_OK,
+             "negative stride view accepted");
+    lk_extent e = lk_view_extent(&u);
+    tu_check(e.lo == (uintptr_t)buf && e.hi == (uintptr_t)(buf + 32), "extent of a negative-stride view");
+    u = t;
+    u.stride[0] = INT64_MIN;
+    tu_check(lk_check_view(&u, "u", 2, 2) == LK_ERR_OVERFLOW, "INT64_MIN stride rejected");
+    u = t;
+    u.shape[0] = INT64_MAX;
+    u.shape[1] = 2;
+    tu_check(lk_check_view(&u, "u", 2, 2) == LK_ERR_OVERFLOW, "element count overflow rejected (%s)", lk_last_error());
+    u = t;
+    u.shape[0] = 0;
+    u.data = NULL;
+    u.stride[0] = INT64_MAX;
+    tu_check(lk_check_view(&u, "u", 2, 2) == LK_OK, "empty view with NULL data and huge stride is valid");
+    /* overlap rule: q/k head slices of one qkv row buffer are disjoint; a shifted copy is not */
+    float qkv[4 * 48];
+    lk_tensor q = {qkv, LK_F32, 3, {4, 2, 8}, {48, 8, 1}};
+    lk_tensor k = {qkv + 16, LK_F32, 3, {4, 1, 8}, {48, 8, 1}};
+    lk_tensor k2 = {qkv + 12, LK_F32, 3, {4, 1, 8}, {48, 8, 1}};
+    tu_check(lk_check_disjoint(&q, "q", &k, "k") == LK_OK, "interleaved q/k slices are disjoint");
+    tu_check(lk_check_disjoint(&q, "q", &k2, "k") == LK_ERR_ALIAS, "overlapping slices rejected");
+    lk_tensor vv = {qkv + 40, LK_F32, 3, {4, 1, 8}, {48, 8, 1}};
+    tu_check(lk_check_disjoint(&vv, "v", &q, "q") == LK_OK, "slice at the end of the row is disjoint");
+    lk_tensor b = t;
+    b.stride[0] = 0;
+    tu_check(lk_check_no_self_overlap(&b, "b") == LK_ERR_ALIAS, "broadcast output rejected");
+    b = t;
+    b.shape[0] = 1;
+    b.stride[0] = 0;
+    tu_check(lk_check_no_self_overlap(&b, "b") == LK_OK, "size-1 dim with stride 0 is fine");
+    /* rowit walks a permuted view in row-major order */
+    lk_tensor p = {buf, LK_F32, 3, {2, 3, 4}, {1, 8, 2}};
+    lk_rowit it;
+    lk_rowit_init(&it, &p, 1, 0);
+    int ok = 1;
+    for (int r = 0; r < 6; r++, lk_rowit_next(&it)) ok &= it.off == (r / 3) * 1 + (r % 3) * 8;
+    lk_rowit_init(&it, &p, 1, 4);
+    ok &= it.off == 1 + 8;
+    tu_check(ok, "lk_rowit offsets on a permuted view");
+}
+
+int main(void) {
+    tu_init();
+    test_f16_decode();
+    test_f16_encode();
+    test_bf16();
+    if (lk_isa_best() >= LK_ISA_AVX2) {
+        simd_conversions();
+        simd_exp();
+    } else {
+        printf("  note: CPU without AVX2: SIMD helper checks not run (not counted)\n");
+    }
+    test_runtime();
+    test_views();
+    return tu_finish("test_core");
+}
