@@ -4,13 +4,14 @@
 set -u
 dirs=("$@")
 [ ${#dirs[@]} -eq 0 ] && dirs=(build)
-pass=0; fail=0
+pass=0; fail=0; isa_note=""
 for d in "${dirs[@]}"; do
   echo "=== tests in $d"
   for t in "$d"/tests/test_*; do
     [ -x "$t" ] || continue
     out=$("$t" 2>&1); rc=$?
-    printf '%s\n' "$out" | grep -v '^  ok ' | tail -n 40
+    printf '%s\n' "$out" | grep -v '^  ok ' | grep -v '^  note: ISAs' | tail -n 40
+    n=$(printf '%s\n' "$out" | grep '^  note: ISAs' | head -n 1); [ -n "$n" ] && isa_note="$n"
     line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [ -z "$line" ]; then
       echo "$t: crashed or printed no summary (exit $rc)"; fail=$((fail + 1)); continue
@@ -24,5 +25,6 @@ for d in "${dirs[@]}"; do
     else fail=$((fail + 1)); echo "readme_example: FAILED"; fi
   fi
 done
+[ -n "$isa_note" ] && echo "$isa_note"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -32,6 +32,10 @@ int tu_check(int ok, const char *fmt, ...) {
 }
 
 int tu_finish(const char *file) {
+    lk_isa best = lk_isa_best();
+    if (best < LK_ISA_AVX512)
+        printf("  note: ISAs checked: ref..%s; %s kernels not run (CPU lacks them)\n",
+               lk_isa_name(best), best < LK_ISA_AVX2 ? "avx2 and avx512" : "avx512");
     printf("%s: %d passed, %d failed\n", file, n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
