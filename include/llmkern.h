@@ -164,6 +164,70 @@ LK_API lk_status lk_merge_attn_states_n(const lk_tensor *out, const lk_tensor *o
  * rows that see no key are all 0. out may be x itself. */
 LK_API lk_status lk_causal_softmax(const lk_tensor *out, const lk_tensor *x);
 
+/* ---------------------------------------------------------------- paged caches
+ *
+ * Paged caches come in two layouts:
+ *  - LK_KV_ND: a 4-D view [num_blocks, block_size, H, D] with any strides (an HND buffer
+ *    [num_blocks, H, block_size, D] is passed as its permuted view).
+ *  - LK_KV_NZ: the tiled layout where a page of H heads x D dims (C = H * D, a multiple
+ *    of 16) is stored as [C/16, block_size, 16]. The tensor passed is the PHYSICAL view
+ *    [num_blocks, C/16, block_size, 16] (any strides); logical (page p, slot s, head h,
+ *    dim d) with c = h * D + d lives at [p, c / 16, s, c % 16]. H and D come from the other
+ *    arguments (the head dim of q / of the values, or of the tensor written).
+ * Reads and writes through NZ equal ND bit for bit. */
+typedef enum lk_kv_layout {
+    LK_KV_ND = 0,
+    LK_KV_NZ = 1
+} lk_kv_layout;
+
+/* MLA latent cache write: kv_c [T, Dl] and k_pe [T, Dr] go to token slots of
+ * - one cache (k_pe_cache == NULL): ND [num_blocks, block_size, Dl + Dr] (latent then
+ *   rope), or NZ physical [num_blocks, (Dl + Dr)/16, block_size, 16];
+ * - two caches: kv_c_cache [.., Dl] and k_pe_cache [.., Dr], same layout rules.
+ * slot_mapping [N <= T] i32/i64, slot < 0 skipped. Values are rounded to the cache dtype. */
+LK_API lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
+                                         const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                         const lk_tensor *slot_mapping, lk_kv_layout layout);
+
+/* out [sum(seq_lens), C] or [sum(seq_lens), H, D] = the first seq_lens[b] tokens of each
+ * request b in logical order, read through block_table [B, max_pages] (i32) from a cache
+ * in layout `layout` (ND: [num_blocks, block_size, ...entry dims matching out's]; NZ:
+ * physical [num_blocks, C/16, block_size, 16]). seq_lens [B] i32. Tokens past a request's
+ * length are never read (a last partial page's tail may hold garbage). */
+LK_API lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache,
+                                 const lk_tensor *block_table, const lk_tensor *seq_lens,
+                                 lk_kv_layout layout);
+
+/* ---------------------------------------------------------------- flash attention */
+
+typedef struct lk_attn_params {
+    float scale;            /* softmax scale, always explicit (no 1/sqrt(D) default)      */
+    int causal;             /* bottom-right causal: sets window_right = 0                  */
+    int64_t window_left;    /* keys visible to query i: i + off - left <= j <= i + off + right */
+    int64_t window_right;   /* with off = k_len - q_len; -1 = unbounded                     */
+    float softcap;          /* > 0: s = softcap * tanh(s / softcap) on the scaled score     */
+    lk_kv_layout kv_layout; /* paged K/V only                                               */
+} lk_attn_params;
+
+/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND} */
+LK_API lk_attn_params lk_attn_params_default(float scale);
+
+/* Variable-length attention, flash-attention semantics.
+ *   out [Tq, Hq, Dv]; lse [Tq, Hq] f32 or NULL (natural log; any strides, so a [Hq, Tq]
+ *   buffer is passed as its transpose view); q [Tq, Hq, Dqk]; cu_seqlens_q [B + 1] i32.
+ * Dense K/V: k [Tk, Hk, Dqk], v [Tk, Hk, Dv], cu_seqlens_k [B + 1]; seqused_k and
+ *   block_table NULL.
+ * Paged K/V: k, v caches (see "paged caches": ND [blocks, block_size, Hk, D] or NZ
+ *   physical), block_table [B, max_pages] i32, seqused_k [B] i32 key lengths;
+ *   cu_seqlens_k NULL.
+ * GQA/MQA: query head h reads KV head h / (Hq / Hk). Dqk != Dv allowed. A query row
+ * that sees no key gets out = 0 and lse = -inf. */
+LK_API lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse,
+                                      const lk_tensor *q, const lk_tensor *k, const lk_tensor *v,
+                                      const lk_tensor *cu_seqlens_q,
+                                      const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
+                                      const lk_tensor *block_table, const lk_attn_params *params);
+
 #ifdef __cplusplus
 }
 #endif

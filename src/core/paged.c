@@ -1,0 +1,38 @@
+/* Paged cache validation (see paged.h). */
+#include "paged.h"
+
+lk_status lk_paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H,
+                        int64_t D, const char *name) {
+    lk_status s;
+    if (layout != LK_KV_ND && layout != LK_KV_NZ)
+        return lk_fail(LK_ERR_VALUE, "layout: unknown value %d", (int)layout);
+    if (layout == LK_KV_ND && t && t->ndim == 3 && H == 1) {
+        if ((s = lk_check_float(t, name, 3, 3))) return s;
+        if (t->shape[2] != D)
+            return lk_fail(LK_ERR_SHAPE, "%s: shape %s: last dim must be %lld", name,
+                           lk_shape_str(t), (long long)D);
+        *pc = (lk_paged){t->data, t->dtype, layout, t->shape[0], t->shape[1], 1, D,
+                         t->stride[0], t->stride[1], 0, t->stride[2]};
+    } else if (layout == LK_KV_ND) {
+        if ((s = lk_check_float(t, name, 4, 4))) return s;
+        if (t->shape[2] != H || t->shape[3] != D)
+            return lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [num_blocks, block_size, %lld, %lld]",
+                           name, lk_shape_str(t), (long long)H, (long long)D);
+        *pc = (lk_paged){t->data, t->dtype, layout, t->shape[0], t->shape[1], H, D,
+                         t->stride[0], t->stride[1], t->stride[2], t->stride[3]};
+    } else {
+        if ((s = lk_check_float(t, name, 4, 4))) return s;
+        int64_t C = H * D;
+        if (C % 16)
+            return lk_fail(LK_ERR_SHAPE, "%s: NZ layout needs heads * dims (%lld) to be a multiple of 16",
+                           name, (long long)C);
+        if (t->shape[1] != C / 16 || t->shape[3] != 16)
+            return lk_fail(LK_ERR_SHAPE, "%s: NZ shape %s: expected [num_blocks, %lld, block_size, 16]",
+                           name, lk_shape_str(t), (long long)(C / 16));
+        *pc = (lk_paged){t->data, t->dtype, layout, t->shape[0], t->shape[2], H, D,
+                         t->stride[0], t->stride[1], t->stride[2], t->stride[3]};
+    }
+    if (pc->block_size < 1 && pc->num_blocks > 0)
+        return lk_fail(LK_ERR_SHAPE, "%s: block_size must be >= 1", name);
+    return LK_OK;
+}
