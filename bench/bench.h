@@ -37,9 +37,9 @@ typedef void (*bench_fn)(void *ctx);
 /* median milliseconds per call over BENCH.reps samples */
 double bench_time(bench_fn fn, void *ctx);
 
-typedef enum { BENCH_BW, BENCH_FLOPS } bench_kind;
-/* units: bytes for BENCH_BW (ratio vs copy bandwidth), flops for BENCH_FLOPS (vs FMA
- * peak). max_err: max |out - ref| / (1 + |ref|) over the output. */
+typedef enum { BENCH_BW, BENCH_FLOPS, BENCH_READ_BW } bench_kind;
+/* units: bytes for BENCH_BW (ratio vs copy bandwidth) and BENCH_READ_BW (vs read
+ * bandwidth), flops for BENCH_FLOPS (vs FMA peak). max_err: max |out - ref| / (1 + |ref|) over the output. */
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err);
 void bench_section(const char *title);
@@ -57,5 +57,6 @@ void bench_rotary(void);
 void bench_kv_cache(void);
 void bench_merge(void);
 void bench_softmax(void);
+void bench_attention(void);
 
 #endif

@@ -237,8 +237,8 @@ void bench_section(const char *title) {
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err) {
     double rate = units / (ms * 1e-3) / 1e9;
-    double ceil = kind == BENCH_BW ? BENCH.copy_gbs : BENCH.fma_gflops;
-    const char *u = kind == BENCH_BW ? "GB/s" : "GFLOP/s";
+    double ceil = kind == BENCH_BW ? BENCH.copy_gbs : kind == BENCH_READ_BW ? BENCH.read_gbs : BENCH.fma_gflops;
+    const char *u = kind == BENCH_FLOPS ? "GFLOP/s" : "GB/s";
     printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
            ms * 1e3, rate, u, ceil, u, ceil > 0 ? 100 * rate / ceil : 0, max_err);
     fflush(stdout);

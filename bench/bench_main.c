@@ -28,6 +28,7 @@ static const struct {
 
     /* softmax */
 
+    {"attention", bench_attention},
 };
 
 int main(int argc, char **argv) {

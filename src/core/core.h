@@ -108,6 +108,14 @@ int lk_plan_threads(int64_t n, int64_t bytes_per_item);
  * row. Returns NULL on allocation failure; free with free(). */
 float *lk_weights_f32(const lk_tensor *w, int add_one);
 
+/* Independent units of uneven cost (attention tiles): lk_plan_units gives the thread
+ * count, lk_parallel_units hands units out dynamically; fn gets the unit index and the
+ * thread's index in [0, nthreads) (for per-thread scratch allocated beforehand). Each
+ * unit must write only its own outputs, so results do not depend on the schedule. */
+typedef void (*lk_unit_fn)(void *ctx, int64_t unit, int tid);
+int lk_plan_units(int64_t n);
+void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx);
+
 /* ---- cpu ---- */
 int lk_cpu_has_avx2(void);
 int lk_cpu_has_avx512(void);

@@ -61,3 +61,27 @@ void lk_parallel_for(int64_t n, int64_t bytes_per_item, lk_range_fn fn, void *ct
     fn(ctx, 0, n);
 #endif
 }
+
+int lk_plan_units(int64_t n) {
+    int nt = lk_get_num_threads();
+    if (n < nt) nt = (int)(n > 0 ? n : 1);
+    return nt;
+}
+
+void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (nthreads <= 1) {
+        for (int64_t u = 0; u < n; u++) fn(ctx, u, 0);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads)
+    {
+        int tid = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < n; u++) fn(ctx, u, tid);
+    }
+#else
+    for (int64_t u = 0; u < n; u++) fn(ctx, u, 0);
+#endif
+}

@@ -32,6 +32,9 @@ static void fill_tables(void) {
 
     /* -- softmax -- */
 
+    /* -- attention -- */
+    r->flash_attn = lk_ref_flash_attn;
+
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
     a2->isa = LK_ISA_AVX2;
@@ -48,6 +51,9 @@ static void fill_tables(void) {
 
     /* -- softmax -- */
 
+    /* -- attention -- */
+    a2->flash_attn = lk_avx2_flash_attn;
+
     /* ================ AVX-512 overrides ================ */
     *a5 = *a2;
     a5->isa = LK_ISA_AVX512;
@@ -63,6 +69,8 @@ static void fill_tables(void) {
     /* -- merge -- */
 
     /* -- softmax -- */
+
+    /* -- attention: the AVX2 kernel (inherited) -- */
 
     lk_isa isa = lk_isa_best();
     const char *env = getenv("LLMKERN_ISA");

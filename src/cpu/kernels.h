@@ -12,6 +12,7 @@
 #define LK_KERNELS_H
 
 #include "../core/core.h"
+#include "../core/paged.h"
 
 typedef struct {
     lk_tensor out, x, w; /* out, x: [..., D]; w: [D] */
@@ -57,6 +58,43 @@ typedef struct {
     lk_tensor out, x; /* [..., q_len, k_len] */
 } lk_softmax_args;
 
+/* flash_attn_varlen. Dense K/V are described as paged caches too: one "page" per
+ * request starting at cu_seqlens_k[b] (kc.s1 = row stride), so kernels see one addressing
+ * scheme: key j of request b, head h, dim d is at lk_attn_key_off(). */
+typedef struct {
+    lk_tensor out;         /* [Tq, Hq, Dv] */
+    lk_tensor lse;         /* [Tq, Hq] f32; ignored if !has_lse */
+    lk_tensor q;           /* [Tq, Hq, Dqk] */
+    lk_paged kc, vc;       /* K [.., Hk, Dqk], V [.., Hk, Dv] */
+    const int32_t *cu_q;   /* [B + 1] (contiguous copy made by the front-end) */
+    const int32_t *k_start;/* dense: [B] first key row of each request; NULL when paged */
+    const int32_t *k_len;  /* [B] key length of each request */
+    const int32_t *table;  /* paged: [B, max_pages] (row stride table_stride); else NULL */
+    int64_t table_stride;
+    int64_t B, Hq, Hk, Dqk, Dv;
+    float scale, softcap;
+    int64_t wl, wr;        /* window; -1 unbounded; causal already folded into wr = 0 */
+    int has_lse;
+} lk_attn_args;
+
+/* element offset of (request b, key j, kv head h, dim d) in kc or vc */
+static inline int64_t lk_attn_key_off(const lk_attn_args *a, const lk_paged *c, int64_t b,
+                                      int64_t j, int64_t h, int64_t d) {
+    if (!a->table) return lk_paged_off(c, 0, a->k_start[b] + j, h, d);
+    int64_t page = a->table[b * a->table_stride + j / c->block_size];
+    return lk_paged_off(c, page, j % c->block_size, h, d);
+}
+
+/* visible key range [*lo, *hi] of query i of a request (q_len, k_len); empty if lo > hi */
+static inline void lk_attn_window(const lk_attn_args *a, int64_t i, int64_t q_len, int64_t k_len,
+                                  int64_t *lo, int64_t *hi) {
+    int64_t off = k_len - q_len;
+    *lo = a->wl < 0 ? 0 : i + off - a->wl;
+    *hi = a->wr < 0 ? k_len - 1 : i + off + a->wr;
+    if (*lo < 0) *lo = 0;
+    if (*hi > k_len - 1) *hi = k_len - 1;
+}
+
 typedef struct {
     lk_isa isa;
     lk_status (*rms_norm)(const lk_rms_norm_args *a);
@@ -67,6 +105,7 @@ typedef struct {
     lk_status (*reshape_and_cache_flash)(const lk_cache_args *a);
     lk_status (*merge_attn_states)(const lk_merge_args *a);
     lk_status (*causal_softmax)(const lk_softmax_args *a);
+    lk_status (*flash_attn)(const lk_attn_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -81,6 +120,7 @@ lk_status lk_ref_rotary_embedding(const lk_rotary_args *a);
 lk_status lk_ref_reshape_and_cache_flash(const lk_cache_args *a);
 lk_status lk_ref_merge_attn_states(const lk_merge_args *a);
 lk_status lk_ref_causal_softmax(const lk_softmax_args *a);
+lk_status lk_ref_flash_attn(const lk_attn_args *a);
 
 /* ---- avx2/ ---- */
 lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a);
@@ -91,6 +131,7 @@ lk_status lk_avx2_rotary_embedding(const lk_rotary_args *a);
 lk_status lk_avx2_reshape_and_cache_flash(const lk_cache_args *a);
 lk_status lk_avx2_merge_attn_states(const lk_merge_args *a);
 lk_status lk_avx2_causal_softmax(const lk_softmax_args *a);
+lk_status lk_avx2_flash_attn(const lk_attn_args *a);
 
 /* ---- avx512/ ---- */
 lk_status lk_avx512_rms_norm(const lk_rms_norm_args *a);

@@ -1,0 +1,486 @@
+/*
+ * flash_attn_varlen, AVX2 + FMA + F16C: tiled flash attention with online softmax.
+ *
+ * Maths (per request b, query i, query head h, KV head kh = h / G, G = Hq / Hk):
+ *   s_j = scale * q_i . k_j (softcap: c * tanh(s / c)), keys j in i's window;
+ *   out_i = sum_j exp(s_j - m) v_j / l,  l = sum_j exp(s_j - m),  lse = m + log(l).
+ *
+ * Prefill path, unit = (request, KV head, query tile). A query tile holds `qt` tokens
+ * times the G query heads of the KV head, M = qt * G rows (r = t * G + g), so one K/V
+ * tile converted to f32 serves every row of the tile and every head of the GQA group.
+ * For each key tile of KB keys that some row of the unit can see:
+ *   Kt  [KB/16][Dqk][16]  K tile transposed into 16-key panels (8x8 register transposes)
+ *   Vp  [Dvp/16][KB][16]  V tile in 16-dim panels
+ *   S   [Mp][KB] = Qs [Mp][Dqk] . Kt      (6x16 register-blocked FMA micro-kernel)
+ *   boundary tiles are masked by index (fully hidden tiles are never visited, fully
+ *   visible ones are not masked), online softmax per row (running max m, sum l, O
+ *   rescaled by exp(m_old - m_new)), then O [Mp][Dvp] += P . Vp (same micro-kernel).
+ * The scale is folded into Qs. exp is the polynomial lk8_exp.
+ *
+ * Decode path (queries that are few compared to keys): unit = (request, key chunk of
+ * DECODE_CHUNK keys), every head of the request at once, walking the chunk's keys in
+ * memory order (slot-major within a page, heads inside), so a paged cache is read as
+ * the contiguous pages it is. Each unit leaves per-(query, head) partial states (m, l,
+ * O) which are then combined in chunk order with the attention-state merge. Chunks
+ * depend only on the key length, so results do not depend on the thread count.
+ *
+ * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
+ * a multiple of 16), head dims a multiple of 8; anything else goes to the reference.
+ * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
+ * allocated up front.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/attn_state.h"
+#include "../kernels.h"
+#include "simd.h"
+
+#define KB 64        /* keys per tile */
+#define MR 6         /* micro-kernel rows */
+#define ROWS 60      /* target rows (tokens x group heads) of a query tile */
+#define DECODE_CHUNK 512
+
+/* ------------------------------------------------------------------ micro-kernel */
+
+/* C[6][16] (+)= A[6][K] . B[K][16]; A rows lda apart, B packed 16 wide, C ldc apart */
+static inline void mk_6x16(int64_t K, const float *A, int64_t lda, const float *B, float *C,
+                           int64_t ldc, int accumulate) {
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (accumulate) {
+        c00 = _mm256_loadu_ps(C), c01 = _mm256_loadu_ps(C + 8);
+        c10 = _mm256_loadu_ps(C + ldc), c11 = _mm256_loadu_ps(C + ldc + 8);
+        c20 = _mm256_loadu_ps(C + 2 * ldc), c21 = _mm256_loadu_ps(C + 2 * ldc + 8);
+        c30 = _mm256_loadu_ps(C + 3 * ldc), c31 = _mm256_loadu_ps(C + 3 * ldc + 8);
+        c40 = _mm256_loadu_ps(C + 4 * ldc), c41 = _mm256_loadu_ps(C + 4 * ldc + 8);
+        c50 = _mm256_loadu_ps(C + 5 * ldc), c51 = _mm256_loadu_ps(C + 5 * ldc + 8);
+    } else {
+        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    }
+    const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda,
+                *a5 = A + 5 * lda;
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_load_ps(B + k * 16), b1 = _mm256_load_ps(B + k * 16 + 8), a;
+        a = _mm256_broadcast_ss(a0 + k);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(a1 + k);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(a2 + k);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(a3 + k);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(a4 + k);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(a5 + k);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    _mm256_storeu_ps(C, c00), _mm256_storeu_ps(C + 8, c01);
+    _mm256_storeu_ps(C + ldc, c10), _mm256_storeu_ps(C + ldc + 8, c11);
+    _mm256_storeu_ps(C + 2 * ldc, c20), _mm256_storeu_ps(C + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(C + 3 * ldc, c30), _mm256_storeu_ps(C + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(C + 4 * ldc, c40), _mm256_storeu_ps(C + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
+}
+
+/* ------------------------------------------------------------------ loading */
+
+/* element offset of dim d of a K/V row starting at `base` (unit lane stride; NZ rows are
+ * 16-dim chunks `cs` apart, ND rows contiguous: cs = 16) */
+static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d) { return base + (d >> 4) * cs + (d & 15); }
+
+static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
+
+static inline __m256 load8_at(const lk_paged *c, int64_t off) {
+    return lk8_load((const char *)c->data + off * (int64_t)lk_dtype_size(c->dtype), c->dtype);
+}
+
+/* 8x8 transpose of r0..r7 in place */
+static inline void transpose8(__m256 *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Kt[p][d][jj % 16] = K[j0 + jj][d] for jj < kb, 0 for kb <= jj < KB */
+static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
+                        float *Kt) {
+    const lk_paged *c = &a->kc;
+    int64_t D = a->Dqk, cs = chunk_stride(c);
+    for (int64_t g = 0; g < KB; g += 8) {
+        int64_t base[8];
+        for (int r = 0; r < 8; r++)
+            base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : -1;
+        float *dst = Kt + (g / 16) * D * 16 + (g % 16);
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 r8[8];
+            for (int r = 0; r < 8; r++)
+                r8[r] = base[r] >= 0 ? load8_at(c, dim_off(base[r], cs, d)) : _mm256_setzero_ps();
+            transpose8(r8);
+            for (int k = 0; k < 8; k++) _mm256_store_ps(dst + (d + k) * 16, r8[k]);
+        }
+    }
+}
+
+/* Vp[d / 16][jj][d % 16] = V[j0 + jj][d]; zero for jj >= kb and Dv <= d < Dvp */
+static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
+                        int64_t Dvp, float *Vp) {
+    const lk_paged *c = &a->vc;
+    int64_t D = a->Dv, cs = chunk_stride(c);
+    for (int64_t jj = 0; jj < KB; jj++) {
+        int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : -1;
+        for (int64_t d = 0; d < Dvp; d += 8) {
+            __m256 v = base >= 0 && d < D ? load8_at(c, dim_off(base, cs, d)) : _mm256_setzero_ps();
+            _mm256_store_ps(Vp + (d / 16) * KB * 16 + jj * 16 + (d % 16), v);
+        }
+    }
+}
+
+/* Qs[r][d] = scale * q[token, head, d] */
+static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float *dst) {
+    const lk_tensor *q = &a->q;
+    int64_t off = t * q->stride[0] + h * q->stride[1], D = a->Dqk;
+    __m256 sc = _mm256_set1_ps(a->scale);
+    if (q->stride[2] == 1) {
+        size_t es = lk_dtype_size(q->dtype);
+        const char *p = (const char *)q->data + off * (int64_t)es;
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(sc, lk8_load(p + d * es, q->dtype)));
+        for (; d < D; d++) dst[d] = a->scale * lk_load_f(p, q->dtype, d);
+    } else {
+        for (int64_t d = 0; d < D; d++) dst[d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+    }
+}
+
+static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const float *o,
+                          lk_online_state st) {
+    const lk_tensor *out = &a->out;
+    float inv = lk_softmax_inv(st.l);
+    int64_t off = t * out->stride[0] + h * out->stride[1], D = a->Dv;
+    if (out->stride[2] == 1) {
+        size_t es = lk_dtype_size(out->dtype);
+        char *p = (char *)out->data + off * (int64_t)es;
+        __m256 vi = _mm256_set1_ps(inv);
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) lk8_store(p + d * es, out->dtype, _mm256_mul_ps(_mm256_loadu_ps(o + d), vi));
+        for (; d < D; d++) lk_store_f(p, out->dtype, d, o[d] * inv);
+    } else {
+        for (int64_t d = 0; d < D; d++) lk_store_f(out->data, out->dtype, off + d * out->stride[2], o[d] * inv);
+    }
+    if (a->has_lse)
+        ((float *)a->lse.data)[t * a->lse.stride[0] + h * a->lse.stride[1]] = lk_online_lse(st);
+}
+
+/* ------------------------------------------------------------------ softmax pieces */
+
+/* softcap * tanh(x / softcap) for 8 lanes: tanh(y) = sign(y) (1 - e) / (1 + e), e = exp(-2|y|) */
+static inline __m256 softcap8(__m256 x, float cap) {
+    __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap));
+    __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
+    __m256 e = lk8_exp(_mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), y), _mm256_set1_ps(-2.0f)));
+    __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return _mm256_mul_ps(_mm256_or_ps(t, sign), _mm256_set1_ps(cap));
+}
+
+/* ------------------------------------------------------------------ prefill path */
+
+typedef struct {
+    const lk_attn_args *a;
+    int64_t qt, G, M, Mp, Dvp;
+    int64_t *unit_b, *unit_kh, *unit_t0; /* [n_units] */
+    char *scratch;                        /* per thread */
+    size_t scratch_bytes;
+} prefill_ctx;
+
+static void prefill_unit(void *vctx, int64_t u, int tid) {
+    prefill_ctx *c = vctx;
+    const lk_attn_args *a = c->a;
+    int64_t b = c->unit_b[u], kh = c->unit_kh[u], t0 = c->unit_t0[u], G = c->G;
+    int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b];
+    int64_t nt = q_len - t0 < c->qt ? q_len - t0 : c->qt; /* tokens in this tile */
+    int64_t M = nt * G, Mp = (M + MR - 1) / MR * MR, Dqk = a->Dqk, Dvp = c->Dvp;
+    float *Kt = (float *)(c->scratch + (size_t)tid * c->scratch_bytes); // [KB/16][Dqk][16]
+    float *Vp = Kt + KB * Dqk;                                          // [Dvp/16][KB][16]
+    float *Qs = Vp + KB * Dvp;                                          // [Mp][Dqk]
+    float *S = Qs + c->Mp * Dqk;                                        // [Mp][KB]
+    float *O = S + c->Mp * KB;                                          // [Mp][Dvp]
+    lk_online_state *st = (lk_online_state *)(O + c->Mp * Dvp);        // [Mp]
+    int64_t *lo = (int64_t *)(st + c->Mp), *hi = lo + c->Mp;            // [Mp] per row
+    int64_t jmin = k_len, jmax = -1;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t l0, h0;
+        lk_attn_window(a, t0 + t, q_len, k_len, &l0, &h0);
+        for (int64_t g = 0; g < G; g++) {
+            int64_t r = t * G + g;
+            lo[r] = l0, hi[r] = h0;
+            load_q_row(a, q0 + t0 + t, kh * G + g, Qs + r * Dqk);
+        }
+        if (l0 <= h0) {
+            if (l0 < jmin) jmin = l0;
+            if (h0 > jmax) jmax = h0;
+        }
+    }
+    for (int64_t r = M; r < Mp; r++) memset(Qs + r * Dqk, 0, sizeof(float) * (size_t)Dqk);
+    memset(O, 0, sizeof(float) * (size_t)(Mp * Dvp));
+    for (int64_t r = 0; r < Mp; r++) st[r] = lk_online_init();
+    for (int64_t j0 = jmin >= 0 ? jmin / KB * KB : 0; j0 <= jmax; j0 += KB) {
+        int64_t kb = k_len - j0 < KB ? k_len - j0 : KB;
+        load_k_tile(a, b, kh, j0, kb, Kt);
+        load_v_tile(a, b, kh, j0, kb, Dvp, Vp);
+        for (int64_t r = 0; r < Mp; r += MR)
+            for (int64_t p = 0; p < KB / 16; p++)
+                mk_6x16(Dqk, Qs + r * Dqk, Dqk, Kt + p * Dqk * 16, S + r * KB + p * 16, KB, 0);
+        for (int64_t r = 0; r < Mp; r++) {
+            float *s = S + r * KB;
+            if (r >= M || hi[r] < j0 || lo[r] > j0 + KB - 1 || lo[r] > hi[r]) {
+                memset(s, 0, sizeof(float) * KB); /* row sees nothing here: P = 0 */
+                continue;
+            }
+            if (a->softcap > 0)
+                for (int jj = 0; jj < KB; jj += 8) _mm256_storeu_ps(s + jj, softcap8(_mm256_loadu_ps(s + jj), a->softcap));
+            if (lo[r] > j0 || hi[r] < j0 + KB - 1)
+                for (int64_t jj = 0; jj < KB; jj++)
+                    if (j0 + jj < lo[r] || j0 + jj > hi[r]) s[jj] = -INFINITY;
+            __m256 mx = _mm256_set1_ps(-INFINITY);
+            for (int jj = 0; jj < KB; jj += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + jj));
+            float alpha = lk_online_rescale(&st[r], lk8_hmax(mx));
+            __m256 vm = _mm256_set1_ps(lk_online_shift(st[r].m)), sum = _mm256_setzero_ps();
+            for (int jj = 0; jj < KB; jj += 8) {
+                __m256 e = lk8_exp(_mm256_sub_ps(_mm256_loadu_ps(s + jj), vm));
+                _mm256_storeu_ps(s + jj, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            lk_online_add(&st[r], lk8_hsum(sum));
+            if (alpha != 1.0f) {
+                __m256 va = _mm256_set1_ps(alpha);
+                float *o = O + r * Dvp;
+                for (int64_t d = 0; d < Dvp; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
+            }
+        }
+        for (int64_t r = 0; r < Mp; r += MR)
+            for (int64_t p = 0; p < Dvp / 16; p++)
+                mk_6x16(KB, S + r * KB, KB, Vp + p * KB * 16, O + r * Dvp + p * 16, Dvp, 1);
+    }
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t r = t * G + g;
+            store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r]);
+        }
+}
+
+/* ------------------------------------------------------------------ decode path */
+
+typedef struct {
+    const lk_attn_args *a;
+    int64_t *unit_b, *unit_c;  /* [n_units] request, chunk index */
+    int64_t *state_base;       /* [B] first state row of request b: rows (chunk, i, h) */
+    lk_online_state *st;       /* [rows] */
+    float *st_o;               /* [rows][Dv] unnormalised outputs */
+    float *qbuf;               /* per thread [q_len_max * Hq][Dqk] */
+    int64_t qbuf_stride;
+    float *sbuf;               /* per thread [Hq] scores */
+} decode_ctx;
+
+static inline float dot8(const float *q, const lk_paged *c, int64_t base, int64_t cs, int64_t D) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_at(c, dim_off(base, cs, d)), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8_at(c, dim_off(base, cs, d + 8)), s1);
+    }
+    if (d < D) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_at(c, dim_off(base, cs, d)), s0);
+    return lk8_hsum(_mm256_add_ps(s0, s1));
+}
+
+static void decode_unit(void *vctx, int64_t u, int tid) {
+    decode_ctx *c = vctx;
+    const lk_attn_args *a = c->a;
+    int64_t b = c->unit_b[u], ch = c->unit_c[u];
+    int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b];
+    int64_t Hq = a->Hq, G = Hq / a->Hk, Dqk = a->Dqk, Dv = a->Dv;
+    int64_t j0 = ch * DECODE_CHUNK, j1 = j0 + DECODE_CHUNK < k_len ? j0 + DECODE_CHUNK : k_len;
+    int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc);
+    float *qs = c->qbuf + (size_t)tid * (size_t)c->qbuf_stride;
+    float *sc = c->sbuf + (size_t)tid * (size_t)Hq;
+    for (int64_t i = 0; i < q_len; i++) {
+        int64_t lo, hi;
+        lk_attn_window(a, i, q_len, k_len, &lo, &hi);
+        if (lo < j0) lo = j0;
+        if (hi > j1 - 1) hi = j1 - 1;
+        int64_t row0 = c->state_base[b] + (ch * q_len + i) * Hq;
+        lk_online_state *st = c->st + row0;
+        float *o = c->st_o + row0 * Dv;
+        for (int64_t h = 0; h < Hq; h++) {
+            st[h] = lk_online_init();
+            memset(o + h * Dv, 0, sizeof(float) * (size_t)Dv);
+            load_q_row(a, q0 + i, h, qs + h * Dqk);
+        }
+        /* keys in memory order (all heads of a key, then the next key); each head's state
+         * absorbs one key at a time, rescaling O only when its running max grows */
+        for (int64_t j = lo; j <= hi; j++) {
+            for (int64_t kh = 0; kh < a->Hk; kh++) {
+                int64_t kb = lk_attn_key_off(a, &a->kc, b, j, kh, 0);
+                for (int64_t g = 0; g < G; g++) {
+                    int64_t h = kh * G + g;
+                    float s = dot8(qs + h * Dqk, &a->kc, kb, kcs, Dqk);
+                    if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+                    sc[h] = s;
+                }
+            }
+            for (int64_t kh = 0; kh < a->Hk; kh++) {
+                int64_t vb = lk_attn_key_off(a, &a->vc, b, j, kh, 0);
+                for (int64_t g = 0; g < G; g++) {
+                    int64_t h = kh * G + g;
+                    float *oh = o + h * Dv;
+                    float alpha = lk_online_rescale(&st[h], sc[h]);
+                    float p = expf(sc[h] - lk_online_shift(st[h].m));
+                    lk_online_add(&st[h], p);
+                    __m256 va = _mm256_set1_ps(alpha), vp = _mm256_set1_ps(p);
+                    for (int64_t d = 0; d < Dv; d += 8) {
+                        __m256 ov = _mm256_loadu_ps(oh + d);
+                        if (alpha != 1.0f) ov = _mm256_mul_ps(ov, va);
+                        _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(vp, load8_at(&a->vc, dim_off(vb, vcs, d)), ov));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ driver */
+
+static int simd_layout_ok(const lk_attn_args *a) {
+    const lk_paged *k = &a->kc, *v = &a->vc;
+    if (a->Dqk % 8 || a->Dv % 8 || k->s3 != 1 || v->s3 != 1) return 0;
+    if (k->layout == LK_KV_NZ && (a->Dqk % 16 || a->Dv % 16)) return 0;
+    return 1;
+}
+
+/* rows outside every request: out = 0, lse = -inf */
+static void zero_padding_rows(const lk_attn_args *a) {
+    const lk_tensor *out = &a->out;
+    for (int64_t t = 0; t < a->q.shape[0]; t++) {
+        if (t >= a->cu_q[0] && t < a->cu_q[a->B]) continue;
+        for (int64_t h = 0; h < a->Hq; h++) {
+            for (int64_t d = 0; d < a->Dv; d++)
+                lk_store_f(out->data, out->dtype, t * out->stride[0] + h * out->stride[1] + d * out->stride[2], 0.0f);
+            if (a->has_lse) ((float *)a->lse.data)[t * a->lse.stride[0] + h * a->lse.stride[1]] = -INFINITY;
+        }
+    }
+}
+
+/* decode path when queries are few compared to keys: q_len <= 4 for every request */
+static int use_decode(const lk_attn_args *a) {
+    int64_t keys = 0;
+    for (int64_t b = 0; b < a->B; b++) {
+        if (a->cu_q[b + 1] - a->cu_q[b] > 4) return 0;
+        keys += a->k_len[b];
+    }
+    return keys > 0;
+}
+
+static lk_status run_decode(const lk_attn_args *a) {
+    int64_t B = a->B, n_units = 0, rows = 0, qmax = 1;
+    int64_t *state_base = malloc(sizeof(int64_t) * (size_t)(B + 1));
+    if (!state_base) return LK_ERR_NOMEM;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t ql = a->cu_q[b + 1] - a->cu_q[b], nch = (a->k_len[b] + DECODE_CHUNK - 1) / DECODE_CHUNK;
+        if (ql == 0) nch = 0;
+        if (nch == 0 && ql > 0) nch = 1; /* empty key range: one empty chunk gives 0 / -inf */
+        state_base[b] = rows;
+        rows += nch * ql * a->Hq;
+        n_units += nch;
+        if (ql > qmax) qmax = ql;
+    }
+    int nt = lk_plan_units(n_units);
+    decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
+                    state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
+                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL};
+    c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
+    c.sbuf = malloc(sizeof(float) * (size_t)(nt * a->Hq));
+    lk_status st = LK_ERR_NOMEM;
+    if (c.unit_b && c.unit_c && c.st && c.st_o && c.qbuf && c.sbuf) {
+        int64_t u = 0;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
+            int64_t nch = ql ? (a->k_len[b] + DECODE_CHUNK - 1) / DECODE_CHUNK : 0;
+            if (ql && !nch) nch = 1;
+            for (int64_t k = 0; k < nch; k++) c.unit_b[u] = b, c.unit_c[u] = k, u++;
+        }
+        lk_parallel_units(n_units, nt, decode_unit, &c);
+        /* combine chunk states in chunk order per (request, query, head) */
+        for (int64_t b = 0; b < B; b++) {
+            int64_t q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0;
+            int64_t nch = ql ? (a->k_len[b] + DECODE_CHUNK - 1) / DECODE_CHUNK : 0;
+            if (ql && !nch) nch = 1;
+            for (int64_t i = 0; i < ql; i++)
+                for (int64_t h = 0; h < a->Hq; h++) {
+                    int64_t r0 = state_base[b] + i * a->Hq + h, step = ql * a->Hq;
+                    lk_online_state acc = c.st[r0];
+                    float *o = c.st_o + r0 * a->Dv;
+                    for (int64_t k = 1; k < nch; k++) {
+                        /* fold chunk k's state (m_k, l_k, O_k) into acc: rescale acc to the
+                         * joint max, then add chunk k scaled from its own shift */
+                        lk_online_state sk = c.st[r0 + k * step];
+                        float *ok = c.st_o + (r0 + k * step) * a->Dv;
+                        float alpha = lk_online_rescale(&acc, sk.m);
+                        float w = sk.l == 0.0f ? 0.0f : expf(lk_online_shift(sk.m) - lk_online_shift(acc.m));
+                        lk_online_add(&acc, sk.l * w);
+                        __m256 va = _mm256_set1_ps(alpha), vw = _mm256_set1_ps(w);
+                        for (int64_t d = 0; d < a->Dv; d += 8)
+                            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(vw, _mm256_loadu_ps(ok + d), _mm256_mul_ps(va, _mm256_loadu_ps(o + d))));
+                    }
+                    store_out_row(a, q0 + i, h, o, acc);
+                }
+        }
+        st = LK_OK;
+    }
+    free(c.unit_b), free(c.unit_c), free(state_base), free(c.st), free(c.st_o);
+    free(c.qbuf), free(c.sbuf);
+    return st;
+}
+
+static lk_status run_prefill(const lk_attn_args *a) {
+    int64_t G = a->Hq / a->Hk, qt = ROWS / G > 0 ? ROWS / G : 1;
+    int64_t Mp = (qt * G + MR - 1) / MR * MR, Dvp = (a->Dv + 15) / 16 * 16, n_units = 0;
+    for (int64_t b = 0; b < a->B; b++) n_units += a->Hk * ((a->cu_q[b + 1] - a->cu_q[b] + qt - 1) / qt);
+    if (n_units == 0) return LK_OK;
+    size_t floats = (size_t)(KB * a->Dqk + KB * Dvp + Mp * a->Dqk + Mp * KB + Mp * Dvp + 2 * Mp) + 4 * (size_t)Mp + 16;
+    size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    int nt = lk_plan_units(n_units);
+    prefill_ctx c = {a, qt, G, qt * G, Mp, Dvp, malloc(sizeof(int64_t) * (size_t)n_units),
+                     malloc(sizeof(int64_t) * (size_t)n_units), malloc(sizeof(int64_t) * (size_t)n_units),
+                     NULL, bytes};
+    void *scratch = NULL;
+    lk_status st = LK_ERR_NOMEM;
+    if (c.unit_b && c.unit_kh && c.unit_t0 && !posix_memalign(&scratch, 64, bytes * (size_t)nt)) {
+        c.scratch = scratch;
+        /* biggest units (longest visible key ranges: last tiles of long requests) first */
+        int64_t u = 0;
+        for (int64_t b = 0; b < a->B; b++) {
+            int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
+            for (int64_t t0 = (ql - 1) / qt * qt; t0 >= 0 && ql > 0; t0 -= qt)
+                for (int64_t kh = 0; kh < a->Hk; kh++) c.unit_b[u] = b, c.unit_kh[u] = kh, c.unit_t0[u] = t0, u++;
+        }
+        lk_parallel_units(n_units, nt, prefill_unit, &c);
+        st = LK_OK;
+    }
+    free(scratch), free(c.unit_b), free(c.unit_kh), free(c.unit_t0);
+    return st;
+}
+
+lk_status lk_avx2_flash_attn(const lk_attn_args *a) {
+    if (!simd_layout_ok(a)) return lk_ref_flash_attn(a);
+    lk_status st = use_decode(a) ? run_decode(a) : run_prefill(a);
+    if (st == LK_OK) zero_padding_rows(a);
+    return st;
+}

@@ -1,0 +1,218 @@
+/*
+ * Public entry lk_flash_attn_varlen: validation of every argument (shapes, dtypes,
+ * index values, overlaps) before any store, contiguous int32 copies of the index
+ * tensors for the kernels, then the kernel of the ISA in use. Contract in
+ * include/llmkern.h; maths in docs/ops.md.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/half.h"
+#include "../cpu/kernels.h"
+
+lk_attn_params lk_attn_params_default(float scale) {
+    lk_attn_params p = {scale, 0, -1, -1, 0.0f, LK_KV_ND};
+    return p;
+}
+
+/* contiguous int32 copy of a 1-D or 2-D index view (row-major); NULL on OOM */
+static int32_t *copy_index(const lk_tensor *t) {
+    int64_t n = lk_numel(t), cols = t->ndim == 2 ? t->shape[1] : n;
+    int32_t *c = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!c) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = t->ndim == 2 ? (i / cols) * t->stride[0] + (i % cols) * t->stride[1]
+                                   : i * t->stride[0];
+        int64_t v = lk_load_index(t->data, t->dtype, off);
+        c[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+    }
+    return c;
+}
+
+typedef struct {
+    int32_t *cu_q, *cu_k, *used, *table;
+} idx_copies;
+
+static void free_copies(idx_copies *c) {
+    free(c->cu_q);
+    free(c->cu_k);
+    free(c->used);
+    free(c->table);
+}
+
+static lk_status check_cu(const int32_t *cu, int64_t n1, int64_t total, const char *name,
+                          const char *tname) {
+    for (int64_t i = 0; i < n1; i++) {
+        if (cu[i] < 0)
+            return lk_fail(LK_ERR_INDEX, "%s: entry %lld is negative (%d)", name, (long long)i, cu[i]);
+        if (i && cu[i] < cu[i - 1])
+            return lk_fail(LK_ERR_INDEX, "%s: not non-decreasing at entry %lld (%d after %d)", name,
+                           (long long)i, cu[i], cu[i - 1]);
+    }
+    if (n1 && cu[n1 - 1] > total)
+        return lk_fail(LK_ERR_INDEX, "%s: last entry %d exceeds the %lld rows of %s", name,
+                       cu[n1 - 1], (long long)total, tname);
+    return LK_OK;
+}
+
+static lk_status check_overlaps(const lk_tensor *w, const char *wn, const lk_tensor *const *in,
+                                const char *const *names, int n) {
+    lk_status s;
+    for (int i = 0; i < n; i++)
+        if (in[i] && (s = lk_check_disjoint(w, wn, in[i], names[i]))) return s;
+    return LK_OK;
+}
+
+static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *out,
+                            const lk_tensor *lse, const lk_tensor *q, const lk_tensor *k,
+                            const lk_tensor *v, const lk_tensor *cu_q, const lk_tensor *cu_k,
+                            const lk_tensor *used, const lk_tensor *table,
+                            const lk_attn_params *p) {
+    lk_status s;
+    if (!p) return lk_fail(LK_ERR_NULL, "params: NULL");
+    if (!isfinite(p->scale)) return lk_fail(LK_ERR_VALUE, "params.scale: must be finite, got %g", (double)p->scale);
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return lk_fail(LK_ERR_VALUE, "params.softcap: must be finite and >= 0, got %g", (double)p->softcap);
+    if (p->window_left < -1 || p->window_right < -1)
+        return lk_fail(LK_ERR_VALUE, "params.window: values must be >= -1, got (%lld, %lld)",
+                       (long long)p->window_left, (long long)p->window_right);
+    if ((s = lk_check_float(q, "q", 3, 3))) return s;
+    if ((s = lk_check_float(out, "out", 3, 3))) return s;
+    if ((s = lk_check_index(cu_q, "cu_seqlens_q", 1, 1))) return s;
+    int64_t Tq = q->shape[0], Hq = q->shape[1], Dqk = q->shape[2], Dv = out->shape[2];
+    if (out->shape[0] != Tq || out->shape[1] != Hq)
+        return lk_fail(LK_ERR_SHAPE, "out: shape %s does not match q %s in tokens and heads",
+                       lk_shape_str(out), lk_shape_str(q));
+    if (Dqk < 1 || Dv < 1) return lk_fail(LK_ERR_SHAPE, "q/out: head dims must be >= 1");
+    if (cu_q->shape[0] < 1) return lk_fail(LK_ERR_SHAPE, "cu_seqlens_q: needs B + 1 >= 1 entries");
+    int64_t B = cu_q->shape[0] - 1;
+    if (lse) {
+        if ((s = lk_check_view(lse, "lse", 2, 2))) return s;
+        if (lse->dtype != LK_F32) return lk_fail(LK_ERR_DTYPE, "lse: must be f32, got %s", lk_dtype_name(lse->dtype));
+        if (lse->shape[0] != Tq || lse->shape[1] != Hq)
+            return lk_fail(LK_ERR_SHAPE, "lse: shape %s, expected [%lld, %lld]", lk_shape_str(lse),
+                           (long long)Tq, (long long)Hq);
+    }
+    int paged = table != NULL;
+    int64_t Hk;
+    if (!paged) {
+        if (used) return lk_fail(LK_ERR_VALUE, "seqused_k: only with a block_table (paged K/V)");
+        if (!cu_k) return lk_fail(LK_ERR_NULL, "cu_seqlens_k: required for dense K/V");
+        if ((s = lk_check_float(k, "k", 3, 3)) || (s = lk_check_float(v, "v", 3, 3))) return s;
+        if ((s = lk_check_index(cu_k, "cu_seqlens_k", 1, 1))) return s;
+        if (cu_k->shape[0] != B + 1)
+            return lk_fail(LK_ERR_SHAPE, "cu_seqlens_k: %lld entries, cu_seqlens_q has %lld",
+                           (long long)cu_k->shape[0], (long long)(B + 1));
+        Hk = k->shape[1];
+        if (k->shape[2] != Dqk)
+            return lk_fail(LK_ERR_SHAPE, "k: head dim %lld does not match q's %lld", (long long)k->shape[2], (long long)Dqk);
+        if (v->shape[0] != k->shape[0] || v->shape[1] != Hk || v->shape[2] != Dv)
+            return lk_fail(LK_ERR_SHAPE, "v: shape %s, expected [%lld, %lld, %lld]", lk_shape_str(v),
+                           (long long)k->shape[0], (long long)Hk, (long long)Dv);
+    } else {
+        if (cu_k) return lk_fail(LK_ERR_VALUE, "cu_seqlens_k: must be NULL with a block_table (use seqused_k)");
+        if (!used) return lk_fail(LK_ERR_NULL, "seqused_k: required with a block_table");
+        if ((s = lk_check_index(table, "block_table", 2, 2))) return s;
+        if ((s = lk_check_index(used, "seqused_k", 1, 1))) return s;
+        if (table->shape[0] != B || used->shape[0] != B)
+            return lk_fail(LK_ERR_SHAPE, "block_table %s / seqused_k %s: need %lld requests",
+                           lk_shape_str(table), lk_shape_str(used), (long long)B);
+        if ((s = lk_check_float(k, "k", 4, 4)) || (s = lk_check_float(v, "v", 4, 4))) return s;
+        if (p->kv_layout == LK_KV_NZ) {
+            if ((k->shape[1] * 16) % Dqk)
+                return lk_fail(LK_ERR_SHAPE, "k: NZ page of %lld values is not a whole number of %lld-dim heads",
+                               (long long)(k->shape[1] * 16), (long long)Dqk);
+            Hk = k->shape[1] * 16 / Dqk;
+        } else {
+            Hk = k->shape[2];
+        }
+    }
+    if (Hk < 1 || Hq % Hk)
+        return lk_fail(LK_ERR_SHAPE, "q: %lld query heads are not a multiple of %lld KV heads",
+                       (long long)Hq, (long long)Hk);
+    lk_kv_layout lay = paged ? p->kv_layout : LK_KV_ND;
+    if (paged) {
+        if ((s = lk_paged_init(&a->kc, k, lay, Hk, Dqk, "k"))) return s;
+        if ((s = lk_paged_init(&a->vc, v, lay, Hk, Dv, "v"))) return s;
+        if (a->kc.num_blocks != a->vc.num_blocks || a->kc.block_size != a->vc.block_size)
+            return lk_fail(LK_ERR_SHAPE, "v: cache pages (%lld x %lld) differ from k's (%lld x %lld)",
+                           (long long)a->vc.num_blocks, (long long)a->vc.block_size,
+                           (long long)a->kc.num_blocks, (long long)a->kc.block_size);
+    } else {
+        /* a dense [Tk, Hk, D] view is one page of Tk slots */
+        a->kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, k->shape[0], Hk, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};
+        a->vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, v->shape[0], Hk, Dv, 0, v->stride[0], v->stride[1], v->stride[2]};
+    }
+    /* outputs: no self overlap, disjoint from every input and from each other */
+    if ((s = lk_check_no_self_overlap(out, "out"))) return s;
+    const lk_tensor *ins[7] = {q, k, v, cu_q, cu_k, used, table};
+    const char *names[7] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table"};
+    if ((s = check_overlaps(out, "out", ins, names, 7))) return s;
+    if (lse) {
+        if ((s = lk_check_no_self_overlap(lse, "lse"))) return s;
+        if ((s = check_overlaps(lse, "lse", ins, names, 7))) return s;
+        if ((s = lk_check_disjoint(lse, "lse", out, "out"))) return s;
+    }
+    /* index values */
+    if (!(cp->cu_q = copy_index(cu_q))) return LK_ERR_NOMEM;
+    if ((s = check_cu(cp->cu_q, B + 1, Tq, "cu_seqlens_q", "q"))) return s;
+    if (!paged) {
+        if (!(cp->cu_k = copy_index(cu_k))) return LK_ERR_NOMEM;
+        if ((s = check_cu(cp->cu_k, B + 1, k->shape[0], "cu_seqlens_k", "k"))) return s;
+        if (!(cp->used = malloc((size_t)(B > 0 ? B : 1) * sizeof(int32_t)))) return LK_ERR_NOMEM;
+        for (int64_t b = 0; b < B; b++) cp->used[b] = cp->cu_k[b + 1] - cp->cu_k[b];
+    } else {
+        if (!(cp->used = copy_index(used)) || !(cp->table = copy_index(table))) return LK_ERR_NOMEM;
+        int64_t maxp = table->shape[1], bs = a->kc.block_size;
+        for (int64_t b = 0; b < B; b++) {
+            if (cp->used[b] < 0 || cp->used[b] > maxp * bs)
+                return lk_fail(LK_ERR_INDEX, "seqused_k: request %lld has %d keys, block_table holds %lld",
+                               (long long)b, cp->used[b], (long long)(maxp * bs));
+            int64_t pages = (cp->used[b] + bs - 1) / bs;
+            for (int64_t j = 0; j < pages; j++) {
+                int32_t pg = cp->table[b * maxp + j];
+                if (pg < 0 || pg >= a->kc.num_blocks)
+                    return lk_fail(LK_ERR_INDEX, "block_table: entry [%lld, %lld] = %d outside [0, %lld)",
+                                   (long long)b, (long long)j, pg, (long long)a->kc.num_blocks);
+            }
+        }
+        a->table_stride = maxp;
+    }
+    a->out = *out;
+    if (lse) a->lse = *lse;
+    a->has_lse = lse != NULL;
+    a->q = *q;
+    a->cu_q = cp->cu_q;
+    a->k_start = paged ? NULL : cp->cu_k;
+    a->k_len = cp->used;
+    a->table = cp->table;
+    a->B = B, a->Hq = Hq, a->Hk = Hk, a->Dqk = Dqk, a->Dv = Dv;
+    a->scale = p->scale;
+    a->softcap = p->softcap;
+    a->wl = p->window_left;
+    a->wr = p->causal ? 0 : p->window_right;
+    if (p->causal && p->window_right > 0) a->wr = 0;
+    return LK_OK;
+}
+
+lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
+                               const lk_tensor *k, const lk_tensor *v, const lk_tensor *cu_seqlens_q,
+                               const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
+                               const lk_tensor *block_table, const lk_attn_params *params) {
+    lk_clear_error();
+    lk_set_op("lk_flash_attn_varlen");
+    if (!out || !q || !k || !v || !cu_seqlens_q)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !out ? "out" : !q ? "q" : !k ? "k" : !v ? "v" : "cu_seqlens_q");
+    lk_attn_args a;
+    memset(&a, 0, sizeof a);
+    idx_copies cp = {0};
+    lk_status s = check_attn(&a, &cp, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             block_table, params);
+    if (s == LK_OK && lk_numel(out) > 0) s = lk_kernels()->flash_attn(&a);
+    else if (s == LK_OK && lse && lk_numel(lse) > 0) s = lk_kernels()->flash_attn(&a);
+    free_copies(&cp);
+    if (s == LK_ERR_NOMEM && !lk_last_error()[0]) lk_fail(s, "out of memory for scratch buffers");
+    return s;
+}

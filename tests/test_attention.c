@@ -1,0 +1,471 @@
+/*
+ * flash_attn_varlen: every ISA against a float64 dense computation (per request:
+ * scores, mask, softmax, PV) and against ref. Dense and paged K/V (ND, HND permuted,
+ * NZ; page sizes 1, 7, 16, 128), GQA/MQA, head dims 64..576, causal, windows, softcap,
+ * fully masked rows, empty requests, padding tokens, strided views with garbage that must
+ * stay untouched (unused cache slots hold NaN: reading them would poison the output),
+ * LSE (also as the transpose of a [H, T] buffer), mixed dtypes, thread-count
+ * determinism, NZ == ND bit for bit, and the bad-input catalogue.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half.h"
+#include "testutil.h"
+
+typedef struct {
+    int B;
+    int64_t ql[12], kl[12];
+    int pad_tokens;              /* extra query rows after the last request */
+    int64_t Hq, Hk, Dqk, Dv;
+    int causal;
+    int64_t wl, wr;
+    float softcap;
+    lk_dtype qt, kt, ot;
+    int paged, bs, hnd;          /* hnd: ND cache stored [blocks, H, bs, D] (permuted view) */
+    lk_kv_layout layout;
+    int pad;                     /* strided views */
+    int lse_t;                   /* lse as the transpose view of a [H, T] buffer */
+    const char *name;
+} acase;
+
+typedef struct {
+    tu_buf q, k, v, out, lse, cuq, cuk, used, table;
+    double *want, *want_lse;     /* [Tq][Hq][Dv], [Tq][Hq] */
+    int64_t Tq;
+} abufs;
+
+static double frand(void) { return tu_uniform(-1, 1); }
+
+/* flat logical index of (page, slot, h, d) in a cache tu_buf */
+static int64_t cache_index(const acase *c, int64_t nb, int64_t page, int64_t slot, int64_t h,
+                           int64_t d, int64_t D) {
+    (void)nb;
+    if (c->layout == LK_KV_NZ) {
+        int64_t C = c->Hk * D, ch = h * D + d;
+        return ((page * (C / 16) + ch / 16) * c->bs + slot) * 16 + ch % 16;
+    }
+    return ((page * c->bs + slot) * c->Hk + h) * D + d;
+}
+
+static tu_buf alloc_cache(const acase *c, int64_t nb, int64_t D, lk_dtype dt) {
+    if (c->layout == LK_KV_NZ)
+        return tu_alloc(dt, 4, (int64_t[]){nb, c->Hk * D / 16, c->bs, 16}, c->pad);
+    if (c->hnd) return tu_alloc_perm(dt, 4, (int64_t[]){nb, c->bs, c->Hk, D}, (int[]){0, 2, 1, 3}, c->pad);
+    return tu_alloc(dt, 4, (int64_t[]){nb, c->bs, c->Hk, D}, c->pad);
+}
+
+static void build(const acase *c, abufs *z) {
+    memset(z, 0, sizeof *z);
+    int64_t Tq = 0, Tk = 0, B = c->B, G = c->Hq / c->Hk;
+    for (int b = 0; b < B; b++) Tq += c->ql[b], Tk += c->kl[b];
+    Tq += c->pad_tokens;
+    z->Tq = Tq;
+    z->q = tu_alloc(c->qt, 3, (int64_t[]){Tq, c->Hq, c->Dqk}, c->pad);
+    tu_fill_uniform(&z->q, -1, 1);
+    z->out = tu_alloc(c->ot, 3, (int64_t[]){Tq, c->Hq, c->Dv}, c->pad);
+    z->lse = c->lse_t ? tu_alloc_perm(LK_F32, 2, (int64_t[]){Tq, c->Hq}, (int[]){1, 0}, c->pad)
+                      : tu_alloc(LK_F32, 2, (int64_t[]){Tq, c->Hq}, c->pad);
+    z->cuq = tu_alloc(LK_I32, 1, (int64_t[]){B + 1}, 0);
+    /* logical K/V per request (rounded to the cache dtype) */
+    double **K = calloc((size_t)B, sizeof(double *)), **V = calloc((size_t)B, sizeof(double *));
+    for (int b = 0; b < B; b++) {
+        K[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dqk + 1));
+        V[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dv + 1));
+        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dqk; i++) K[b][i] = lk_round_to(c->kt, (float)frand());
+        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dv; i++) V[b][i] = lk_round_to(c->kt, (float)frand());
+    }
+    int64_t acc = 0;
+    for (int b = 0; b <= B; b++) {
+        tu_set(&z->cuq, b, (double)acc);
+        if (b < B) acc += c->ql[b];
+    }
+    if (!c->paged) {
+        z->k = tu_alloc(c->kt, 3, (int64_t[]){Tk, c->Hk, c->Dqk}, c->pad);
+        z->v = tu_alloc(c->kt, 3, (int64_t[]){Tk, c->Hk, c->Dv}, c->pad);
+        z->cuk = tu_alloc(LK_I32, 1, (int64_t[]){B + 1}, 0);
+        int64_t r = 0;
+        for (int b = 0; b <= B; b++) {
+            tu_set(&z->cuk, b, (double)r);
+            if (b == B) break;
+            for (int64_t j = 0; j < c->kl[b]; j++, r++) {
+                for (int64_t i = 0; i < c->Hk * c->Dqk; i++) tu_set(&z->k, r * c->Hk * c->Dqk + i, K[b][j * c->Hk * c->Dqk + i]);
+                for (int64_t i = 0; i < c->Hk * c->Dv; i++) tu_set(&z->v, r * c->Hk * c->Dv + i, V[b][j * c->Hk * c->Dv + i]);
+            }
+        }
+    } else {
+        int64_t maxp = 1, total = 0;
+        for (int b = 0; b < B; b++) {
+            int64_t np = (c->kl[b] + c->bs - 1) / c->bs;
+            if (np > maxp) maxp = np;
+            total += np;
+        }
+        maxp += 1; /* a spare column of garbage (-1) */
+        int64_t nb = total + 3;
+        int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb);
+        for (int64_t i = 0; i < nb; i++) perm[i] = i;
+        for (int64_t i = nb - 1; i > 0; i--) {
+            int64_t j = tu_randint(0, i), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        z->k = alloc_cache(c, nb, c->Dqk, c->kt);
+        z->v = alloc_cache(c, nb, c->Dv, c->kt);
+        z->table = tu_alloc(LK_I32, 2, (int64_t[]){B, maxp}, 0);
+        z->used = tu_alloc(LK_I32, 1, (int64_t[]){B}, 0);
+        int64_t next = 0;
+        for (int b = 0; b < B; b++) {
+            tu_set(&z->used, b, (double)c->kl[b]);
+            int64_t np = (c->kl[b] + c->bs - 1) / c->bs;
+            for (int64_t p = 0; p < maxp; p++) tu_set(&z->table, b * maxp + p, p < np ? (double)perm[next + p] : -1.0);
+            for (int64_t j = 0; j < c->kl[b]; j++) {
+                int64_t page = perm[next + j / c->bs], slot = j % c->bs;
+                for (int64_t h = 0; h < c->Hk; h++) {
+                    for (int64_t d = 0; d < c->Dqk; d++)
+                        tu_set(&z->k, cache_index(c, nb, page, slot, h, d, c->Dqk), K[b][(j * c->Hk + h) * c->Dqk + d]);
+                    for (int64_t d = 0; d < c->Dv; d++)
+                        tu_set(&z->v, cache_index(c, nb, page, slot, h, d, c->Dv), V[b][(j * c->Hk + h) * c->Dv + d]);
+                }
+            }
+            next += np;
+        }
+        free(perm);
+    }
+    /* float64 dense reference */
+    z->want = calloc((size_t)(Tq * c->Hq * c->Dv + 1), sizeof(double));
+    z->want_lse = malloc(sizeof(double) * (size_t)(Tq * c->Hq + 1));
+    for (int64_t i = 0; i < Tq * c->Hq; i++) z->want_lse[i] = -INFINITY;
+    double *s = malloc(sizeof(double) * 4096);
+    int64_t q0 = 0;
+    for (int b = 0; b < B; b++) {
+        int64_t ql = c->ql[b], kl = c->kl[b], off = kl - ql;
+        for (int64_t i = 0; i < ql; i++)
+            for (int64_t h = 0; h < c->Hq; h++) {
+                int64_t kh = h / G, t = q0 + i;
+                double m = -INFINITY;
+                for (int64_t j = 0; j < kl; j++) {
+                    int vis = 1;
+                    int64_t wr = c->causal ? 0 : c->wr;
+                    if (c->wl >= 0 && j < i + off - c->wl) vis = 0;
+                    if (wr >= 0 && j > i + off + wr) vis = 0;
+                    if (!vis) {
+                        s[j] = -INFINITY;
+                        continue;
+                    }
+                    double dot = 0;
+                    for (int64_t d = 0; d < c->Dqk; d++)
+                        dot += tu_get(&z->q, (t * c->Hq + h) * c->Dqk + d) * K[b][(j * c->Hk + kh) * c->Dqk + d];
+                    double sc = dot * (double)(float)(1.0 / sqrt((double)c->Dqk));
+                    if (c->softcap > 0) sc = c->softcap * tanh(sc / c->softcap);
+                    s[j] = sc;
+                    if (sc > m) m = sc;
+                }
+                if (m == -INFINITY) continue;
+                double l = 0;
+                for (int64_t j = 0; j < kl; j++) l += exp(s[j] - m);
+                for (int64_t d = 0; d < c->Dv; d++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < kl; j++)
+                        if (s[j] > -INFINITY) o += exp(s[j] - m) * V[b][(j * c->Hk + kh) * c->Dv + d];
+                    z->want[(t * c->Hq + h) * c->Dv + d] = o / l;
+                }
+                z->want_lse[t * c->Hq + h] = m + log(l);
+            }
+        q0 += ql;
+    }
+    free(s);
+    for (int b = 0; b < B; b++) free(K[b]), free(V[b]);
+    free(K), free(V);
+}
+
+static void free_bufs(abufs *z) {
+    tu_free(&z->q), tu_free(&z->k), tu_free(&z->v), tu_free(&z->out), tu_free(&z->lse);
+    tu_free(&z->cuq), tu_free(&z->cuk), tu_free(&z->used), tu_free(&z->table);
+    free(z->want), free(z->want_lse);
+}
+
+static lk_attn_params params_of(const acase *c) {
+    lk_attn_params p = lk_attn_params_default((float)(1.0 / sqrt((double)c->Dqk)));
+    p.causal = c->causal;
+    p.window_left = c->wl;
+    p.window_right = c->wr;
+    p.softcap = c->softcap;
+    p.kv_layout = c->layout;
+    return p;
+}
+
+static lk_status call(const acase *c, abufs *z, int with_lse) {
+    lk_attn_params p = params_of(c);
+    return lk_flash_attn_varlen(&z->out.t, with_lse ? &z->lse.t : NULL, &z->q.t, &z->k.t, &z->v.t,
+                                &z->cuq.t, c->paged ? NULL : &z->cuk.t, c->paged ? &z->used.t : NULL,
+                                c->paged ? &z->table.t : NULL, &p);
+}
+
+static tu_tolerance attn_tol(lk_dtype ot) {
+    tu_tolerance t = tu_tol(ot);
+    if (ot == LK_F32) t.atol = t.rtol = 3e-5; /* f32 sums over up to 10^3 keys, polynomial exp */
+    return t;
+}
+
+/* runs every ISA; returns the out values of the last ISA (caller frees) */
+static double *run_case(const acase *c) {
+    abufs z;
+    build(c, &z);
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    int64_t n = z.Tq * c->Hq * c->Dv;
+    double *first = NULL, *last = NULL;
+    for (int ii = 0; ii < nisa; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_snapshot(&z.out), tu_snapshot(&z.lse), tu_snapshot(&z.q), tu_snapshot(&z.k), tu_snapshot(&z.v);
+        lk_status st = call(c, &z, 1);
+        double *got = tu_values(&z.out), *gl = tu_values(&z.lse);
+        double e = tu_err(got, z.want, n, attn_tol(c->ot));
+        double el = tu_err(gl, z.want_lse, z.Tq * c->Hq, (tu_tolerance){1e-4, 1e-4});
+        int intact = tu_outside_intact(&z.out) && tu_outside_intact(&z.lse) && tu_intact(&z.q) &&
+                     tu_intact(&z.k) && tu_intact(&z.v);
+        tu_check(st == LK_OK && e <= 1 && el <= 1 && intact,
+                 "attn %s %s: B=%d Hq=%lld Hk=%lld D=%lld/%lld %s/%s/%s err=%.3g lse_err=%.3g intact=%d %s",
+                 lk_isa_name(isas[ii]), c->name, c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Dqk,
+                 (long long)c->Dv, lk_dtype_name(c->qt), lk_dtype_name(c->kt), lk_dtype_name(c->ot), e, el,
+                 intact, st ? lk_last_error() : "");
+        if (ii == 0) {
+            first = got;
+        } else {
+            tu_tolerance t = attn_tol(c->ot);
+            if (c->ot != LK_F32) t.atol = t.rtol = c->ot == LK_F16 ? 1e-3 : 8e-3;
+            tu_check(tu_err(got, first, n, t) <= 1, "attn %s vs ref %s", lk_isa_name(isas[ii]), c->name);
+        }
+        free(gl);
+        if (ii == nisa - 1) last = got;
+        else if (ii) free(got);
+    }
+    if (nisa > 1) free(first);
+    lk_set_isa(lk_isa_best());
+    free_bufs(&z);
+    return last;
+}
+
+static acase base_case(void) {
+    acase c;
+    memset(&c, 0, sizeof c);
+    c.B = 1, c.ql[0] = 7, c.kl[0] = 7, c.Hq = 2, c.Hk = 1, c.Dqk = 64, c.Dv = 64;
+    c.wl = c.wr = -1;
+    c.qt = c.kt = c.ot = LK_BF16;
+    c.bs = 16;
+    c.name = "base";
+    return c;
+}
+
+static void test_grid(void) {
+    acase c;
+    /* sequence lengths, causal and not, dense */
+    const int64_t lens[] = {0, 1, 2, 7, 64, 257};
+    for (int qi = 0; qi < 6; qi++)
+        for (int ki = 0; ki < 6; ki++)
+            for (int causal = 0; causal <= 1; causal++) {
+                c = base_case();
+                c.ql[0] = lens[qi], c.kl[0] = lens[ki], c.causal = causal;
+                c.name = causal ? "lens causal" : "lens";
+                free(run_case(&c));
+            }
+    /* long: 1000 x 1000 causal, and decode over 1000 / 1500 keys (several chunks) */
+    c = base_case();
+    c.ql[0] = 1000, c.kl[0] = 1000, c.causal = 1, c.Hq = 1, c.Dqk = c.Dv = 32, c.name = "1000^2 causal";
+    free(run_case(&c));
+    c = base_case();
+    c.B = 3, c.ql[0] = 1, c.ql[1] = 1, c.ql[2] = 3, c.kl[0] = 1000, c.kl[1] = 1500, c.kl[2] = 517;
+    c.causal = 1, c.paged = 1, c.Hq = 8, c.Hk = 2, c.name = "decode paged multi-chunk";
+    free(run_case(&c));
+    /* GQA ratios and MQA */
+    const int64_t hq[] = {4, 8, 8, 8, 8}, hk[] = {4, 4, 2, 1, 8};
+    for (int i = 0; i < 5; i++) {
+        c = base_case();
+        c.Hq = hq[i], c.Hk = hk[i], c.ql[0] = 33, c.kl[0] = 40, c.causal = 1, c.name = "gqa";
+        free(run_case(&c));
+    }
+    /* head dims */
+    const int64_t dq[] = {64, 80, 96, 128, 256, 192, 576}, dv[] = {64, 80, 96, 128, 256, 128, 512};
+    for (int i = 0; i < 7; i++) {
+        c = base_case();
+        c.Dqk = dq[i], c.Dv = dv[i], c.ql[0] = 9, c.kl[0] = 70, c.causal = 1, c.Hq = 2, c.Hk = 1, c.name = "head dims";
+        free(run_case(&c));
+    }
+    /* q_len > k_len causal: fully masked rows; windows */
+    c = base_case();
+    c.ql[0] = 20, c.kl[0] = 5, c.causal = 1, c.name = "q>k causal (masked rows)";
+    free(run_case(&c));
+    const int64_t wls[] = {3, 16, 0, 5}, wrs[] = {0, 4, 0, -1};
+    for (int i = 0; i < 4; i++) {
+        c = base_case();
+        c.ql[0] = 70, c.kl[0] = 130, c.wl = wls[i], c.wr = wrs[i], c.name = "window";
+        free(run_case(&c));
+        c.ql[0] = 1, c.name = "window decode";
+        free(run_case(&c));
+    }
+    c = base_case();
+    c.ql[0] = 30, c.kl[0] = 10, c.wl = 2, c.wr = 1, c.name = "window excluding rows";
+    free(run_case(&c));
+    /* softcap */
+    c = base_case();
+    c.ql[0] = 40, c.kl[0] = 90, c.softcap = 2.0f, c.causal = 1, c.name = "softcap";
+    free(run_case(&c));
+    c.ql[0] = 2, c.name = "softcap decode";
+    free(run_case(&c));
+    /* dtypes, mixed */
+    const lk_dtype dts[][3] = {{LK_F32, LK_F32, LK_F32}, {LK_F16, LK_F16, LK_F16}, {LK_BF16, LK_BF16, LK_BF16},
+                               {LK_F32, LK_BF16, LK_F16}, {LK_F16, LK_F32, LK_BF16}};
+    for (int i = 0; i < 5; i++)
+        for (int paged = 0; paged <= 1; paged++) {
+            c = base_case();
+            c.qt = dts[i][0], c.kt = dts[i][1], c.ot = dts[i][2], c.ql[0] = 45, c.kl[0] = 100, c.causal = 1;
+            c.paged = paged, c.name = "dtypes";
+            free(run_case(&c));
+        }
+    /* batches mixing empty requests, padding tokens, strided everything, LSE transposed */
+    c = base_case();
+    c.B = 5;
+    int64_t ql[5] = {3, 0, 17, 1, 0}, kl[5] = {3, 9, 0, 30, 0};
+    memcpy(c.ql, ql, sizeof ql), memcpy(c.kl, kl, sizeof kl);
+    c.pad_tokens = 2, c.pad = 1, c.lse_t = 1, c.Hq = 4, c.Hk = 2, c.causal = 1;
+    for (int paged = 0; paged <= 1; paged++) {
+        c.paged = paged, c.name = paged ? "mixed batch paged strided" : "mixed batch dense strided";
+        free(run_case(&c));
+    }
+}
+
+/* page sizes, ND / HND / NZ, NZ == ND bit for bit */
+static void test_paged(void) {
+    const int bss[] = {1, 7, 16, 128};
+    for (int i = 0; i < 4; i++)
+        for (int decode = 0; decode <= 1; decode++) {
+            acase c = base_case();
+            c.B = 2, c.ql[0] = decode ? 1 : 19, c.ql[1] = decode ? 2 : 40, c.kl[0] = 150, c.kl[1] = 41;
+            c.causal = 1, c.paged = 1, c.bs = bss[i], c.Hq = 4, c.Hk = 2, c.Dqk = 128, c.Dv = 128;
+            tu_seed(1000 + i);
+            c.name = "paged ND";
+            double *nd = run_case(&c);
+            tu_seed(1000 + i);
+            c.layout = LK_KV_NZ, c.name = "paged NZ";
+            double *nz = run_case(&c);
+            tu_seed(1000 + i);
+            c.layout = LK_KV_ND, c.hnd = 1, c.pad = 1, c.name = "paged HND strided";
+            double *hnd = run_case(&c);
+            int64_t n = (c.ql[0] + c.ql[1]) * c.Hq * c.Dv;
+            tu_check(memcmp(nd, nz, sizeof(double) * (size_t)n) == 0 && memcmp(nd, hnd, sizeof(double) * (size_t)n) == 0,
+                     "attn page size %d %s: NZ and HND outputs bit-identical to ND", bss[i], decode ? "decode" : "prefill");
+            free(nd), free(nz), free(hnd);
+        }
+}
+
+static void test_threads(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 150, c.ql[1] = 1, c.kl[0] = 300, c.kl[1] = 1200, c.Hq = 4, c.Hk = 2, c.causal = 1;
+    c.paged = 1;
+    for (int decode = 0; decode <= 1; decode++) {
+        if (decode) c.ql[0] = 2;
+        abufs z;
+        build(&c, &z);
+        tu_buf ref = tu_alloc(c.ot, 3, (int64_t[]){z.Tq, c.Hq, c.Dv}, 0);
+        lk_set_num_threads(1);
+        call(&c, &z, 1);
+        double *v1 = tu_values(&z.out), *l1 = tu_values(&z.lse);
+        int same = 1;
+        for (int nt = 2; nt <= 4; nt++) {
+            lk_set_num_threads(nt);
+            call(&c, &z, 1);
+            double *v = tu_values(&z.out), *l = tu_values(&z.lse);
+            same &= memcmp(v, v1, sizeof(double) * (size_t)(z.Tq * c.Hq * c.Dv)) == 0;
+            same &= memcmp(l, l1, sizeof(double) * (size_t)(z.Tq * c.Hq)) == 0;
+            free(v), free(l);
+        }
+        tu_check(same, "attn %s: bitwise identical for 1..4 threads", decode ? "decode" : "prefill");
+        lk_set_num_threads(0);
+        free(v1), free(l1);
+        tu_free(&ref);
+        free_bufs(&z);
+    }
+}
+
+static void test_bad_inputs(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 3, c.ql[1] = 4, c.kl[0] = 20, c.kl[1] = 5, c.paged = 1, c.bs = 4, c.causal = 1;
+    c.Hq = 4, c.Hk = 2;
+    abufs z;
+    build(&c, &z);
+    lk_attn_params p = params_of(&c);
+    struct {
+        const char *what, *arg;
+        lk_status want;
+    } r;
+#define EXPECT(W, A, S, CALL)                                                                        \
+    do {                                                                                             \
+        r.what = W, r.arg = A, r.want = S;                                                           \
+        tu_snapshot(&z.out), tu_snapshot(&z.lse), tu_snapshot(&z.k), tu_snapshot(&z.table);          \
+        lk_status st_ = CALL;                                                                        \
+        tu_check(st_ == r.want && strstr(lk_last_error(), r.arg) && tu_intact(&z.out) &&             \
+                     tu_intact(&z.lse) && tu_intact(&z.k) && tu_intact(&z.table),                    \
+                 "attn bad input '%s' -> %s (%s)", r.what, lk_status_str(st_), lk_last_error());     \
+    } while (0)
+#define ATTN(OUT, Q, K, TABLE, USED, CUQ, PP) \
+    lk_flash_attn_varlen(OUT, &z.lse.t, Q, K, &z.v.t, CUQ, NULL, USED, TABLE, PP)
+    /* block_table entry out of range (only entries of used pages are checked) */
+    int32_t *tb = (int32_t *)z.table.t.data;
+    int32_t keep = tb[0];
+    tb[0] = 9999;
+    EXPECT("block_table entry out of range", "block_table", LK_ERR_INDEX, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    tb[0] = -5;
+    EXPECT("block_table entry negative", "block_table", LK_ERR_INDEX, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    tb[0] = keep;
+    int32_t *used = (int32_t *)z.used.t.data;
+    int32_t ku = used[1];
+    used[1] = (int32_t)(z.table.t.shape[1] * c.bs + 1);
+    EXPECT("key length exceeds the table's capacity", "seqused_k", LK_ERR_INDEX, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    used[1] = ku;
+    int32_t *cu = (int32_t *)z.cuq.t.data;
+    int32_t k1 = cu[1];
+    cu[1] = 5, cu[2] = 4;
+    EXPECT("cu_seqlens_q decreasing", "cu_seqlens_q", LK_ERR_INDEX, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    cu[1] = k1, cu[2] = 7;
+    cu[2] = 100;
+    EXPECT("cu_seqlens_q beyond q", "cu_seqlens_q", LK_ERR_INDEX, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    cu[2] = 7;
+    lk_tensor q3 = z.q.t, o3 = z.out.t, l3 = z.lse.t; /* 3 of the 4 heads vs 2 KV heads */
+    q3.shape[1] = o3.shape[1] = l3.shape[1] = 3;
+    EXPECT("heads not divisible", "q", LK_ERR_SHAPE, lk_flash_attn_varlen(&o3, &l3, &q3, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t, &p));
+    lk_tensor kbad = z.k.t;
+    kbad.shape[3] = 32;
+    EXPECT("k head dim mismatch", "k", LK_ERR_SHAPE, ATTN(&z.out.t, &z.q.t, &kbad, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    lk_tensor obad = z.out.t;
+    obad.shape[0] = 6;
+    EXPECT("out tokens mismatch", "out", LK_ERR_SHAPE, ATTN(&obad, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    lk_tensor tbad = z.table.t;
+    tbad.dtype = LK_F32;
+    EXPECT("block_table float", "block_table", LK_ERR_DTYPE, ATTN(&z.out.t, &z.q.t, &z.k.t, &tbad, &z.used.t, &z.cuq.t, &p));
+    lk_attn_params pb = p;
+    pb.scale = NAN;
+    EXPECT("scale NaN", "scale", LK_ERR_VALUE, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &pb));
+    pb = p;
+    pb.window_left = -3;
+    EXPECT("window < -1", "window", LK_ERR_VALUE, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &pb));
+    EXPECT("params NULL", "params", LK_ERR_NULL, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, NULL));
+    EXPECT("out aliases q", "out", LK_ERR_ALIAS, ATTN(&z.q.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &p));
+    EXPECT("lse overlaps out", "lse", LK_ERR_ALIAS,
+           lk_flash_attn_varlen(&z.out.t, &(lk_tensor){z.out.t.data, LK_F32, 2, {z.Tq, c.Hq}, {c.Hq, 1}}, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t, &p));
+    EXPECT("paged without seqused_k", "seqused_k", LK_ERR_NULL, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, NULL, &z.cuq.t, &p));
+    pb = p;
+    pb.kv_layout = LK_KV_NZ; /* the ND cache's dims do not describe an NZ page */
+    EXPECT("ND cache passed as NZ", "k", LK_ERR_SHAPE, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &pb));
+#undef ATTN
+#undef EXPECT
+    free_bufs(&z);
+}
+
+int main(void) {
+    tu_init();
+    test_grid();
+    test_paged();
+    test_threads();
+    test_bad_inputs();
+    return tu_finish("test_attention");
+}
