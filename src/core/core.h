@@ -83,9 +83,14 @@ static inline void lk_rowit_next(lk_rowit *it) {
 /* Number of rows (product of the leading ndim - inner dims). */
 int64_t lk_rows(const lk_tensor *t, int inner);
 
+/* Element size of a dtype already validated (inlined: used inside hot loops). */
+static inline int64_t lk_esize(lk_dtype dt) {
+    return dt == LK_I64 ? 8 : (dt == LK_F32 || dt == LK_I32) ? 4 : 2;
+}
+
 /* Byte address of element offset off of t. */
 static inline void *lk_at(const lk_tensor *t, int64_t off) {
-    return (char *)t->data + off * (int64_t)lk_dtype_size(t->dtype);
+    return (char *)t->data + off * lk_esize(t->dtype);
 }
 
 /* ---- threads ----

@@ -92,7 +92,7 @@ static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d) { return base
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
 
 static inline __m256 load8_at(const lk_paged *c, int64_t off) {
-    return lk8_load((const char *)c->data + off * (int64_t)lk_dtype_size(c->dtype), c->dtype);
+    return lk8_load((const char *)c->data + off * lk_esize(c->dtype), c->dtype);
 }
 
 /* 8x8 transpose of r0..r7 in place */
@@ -131,16 +131,17 @@ static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
     }
 }
 
-/* Vp[d / 16][jj][d % 16] = V[j0 + jj][d]; zero for jj >= kb and Dv <= d < Dvp */
+/* Vp[d / 16][jj][d % 16] = V[j0 + jj][d] (panels `ps` floats apart); zero for jj >= kb
+ * and Dv <= d < Dvp */
 static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
-                        int64_t Dvp, float *Vp) {
+                        int64_t Dvp, int64_t ps, float *Vp) {
     const lk_paged *c = &a->vc;
     int64_t D = a->Dv, cs = chunk_stride(c);
     for (int64_t jj = 0; jj < KB; jj++) {
         int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : -1;
         for (int64_t d = 0; d < Dvp; d += 8) {
             __m256 v = base >= 0 && d < D ? load8_at(c, dim_off(base, cs, d)) : _mm256_setzero_ps();
-            _mm256_store_ps(Vp + (d / 16) * KB * 16 + jj * 16 + (d % 16), v);
+            _mm256_store_ps(Vp + (d / 16) * ps + jj * 16 + (d % 16), v);
         }
     }
 }
@@ -151,8 +152,8 @@ static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float *dst) 
     int64_t off = t * q->stride[0] + h * q->stride[1], D = a->Dqk;
     __m256 sc = _mm256_set1_ps(a->scale);
     if (q->stride[2] == 1) {
-        size_t es = lk_dtype_size(q->dtype);
-        const char *p = (const char *)q->data + off * (int64_t)es;
+        int64_t es = lk_esize(q->dtype);
+        const char *p = (const char *)q->data + off * es;
         int64_t d = 0;
         for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(sc, lk8_load(p + d * es, q->dtype)));
         for (; d < D; d++) dst[d] = a->scale * lk_load_f(p, q->dtype, d);
@@ -167,8 +168,8 @@ static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const flo
     float inv = lk_softmax_inv(st.l);
     int64_t off = t * out->stride[0] + h * out->stride[1], D = a->Dv;
     if (out->stride[2] == 1) {
-        size_t es = lk_dtype_size(out->dtype);
-        char *p = (char *)out->data + off * (int64_t)es;
+        int64_t es = lk_esize(out->dtype);
+        char *p = (char *)out->data + off * es;
         __m256 vi = _mm256_set1_ps(inv);
         int64_t d = 0;
         for (; d + 8 <= D; d += 8) lk8_store(p + d * es, out->dtype, _mm256_mul_ps(_mm256_loadu_ps(o + d), vi));
@@ -191,26 +192,49 @@ static inline __m256 softcap8(__m256 x, float cap) {
     return _mm256_mul_ps(_mm256_or_ps(t, sign), _mm256_set1_ps(cap));
 }
 
-/* ------------------------------------------------------------------ prefill path */
+/* ------------------------------------------------------------------ prefill path
+ * Requests are processed in groups whose packed K/V fit PACK_BUDGET bytes: phase 1
+ * converts each (request, KV head) "slab" of the group once into f32 panels
+ *   Kt [kpad/16][Dqk][16] and Vp [Dvp/16][kpad][16]   (kpad = k_len rounded up to KB),
+ * phase 2 runs the (request, KV head, query tile) units over those panels. */
+
+#define PACK_BUDGET ((int64_t)64 << 20)
 
 typedef struct {
     const lk_attn_args *a;
-    int64_t qt, G, M, Mp, Dvp;
-    int64_t *unit_b, *unit_kh, *unit_t0; /* [n_units] */
+    int64_t qt, G, Mp, Dvp;
+    int64_t *slab_b, *slab_kh, *slab_off; /* [n_slabs] request, KV head, float offset */
+    int64_t *tile_slab, *tile_j0;         /* pack units */
+    int64_t *unit_slab, *unit_t0;         /* compute units */
+    float *pack;                          /* packed K/V of the group */
     char *scratch;                        /* per thread */
     size_t scratch_bytes;
 } prefill_ctx;
 
+static inline int64_t kpad_of(int64_t k_len) { return (k_len + KB - 1) / KB * KB; }
+
+static void pack_unit(void *vctx, int64_t u, int tid) {
+    (void)tid;
+    prefill_ctx *c = vctx;
+    const lk_attn_args *a = c->a;
+    int64_t sl = c->tile_slab[u], b = c->slab_b[sl], kh = c->slab_kh[sl], j0 = c->tile_j0[u];
+    int64_t k_len = a->k_len[b], kpad = kpad_of(k_len), kb = k_len - j0 < KB ? k_len - j0 : KB;
+    float *Kt = c->pack + c->slab_off[sl];   // [kpad/16][Dqk][16]
+    float *Vp = Kt + kpad * a->Dqk;         // [Dvp/16][kpad][16]
+    load_k_tile(a, b, kh, j0, kb, Kt + j0 * a->Dqk);
+    load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * 16, Vp + j0 * 16);
+}
+
 static void prefill_unit(void *vctx, int64_t u, int tid) {
     prefill_ctx *c = vctx;
     const lk_attn_args *a = c->a;
-    int64_t b = c->unit_b[u], kh = c->unit_kh[u], t0 = c->unit_t0[u], G = c->G;
-    int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b];
+    int64_t sl = c->unit_slab[u], b = c->slab_b[sl], kh = c->slab_kh[sl], t0 = c->unit_t0[u], G = c->G;
+    int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b], kpad = kpad_of(k_len);
     int64_t nt = q_len - t0 < c->qt ? q_len - t0 : c->qt; /* tokens in this tile */
     int64_t M = nt * G, Mp = (M + MR - 1) / MR * MR, Dqk = a->Dqk, Dvp = c->Dvp;
-    float *Kt = (float *)(c->scratch + (size_t)tid * c->scratch_bytes); // [KB/16][Dqk][16]
-    float *Vp = Kt + KB * Dqk;                                          // [Dvp/16][KB][16]
-    float *Qs = Vp + KB * Dvp;                                          // [Mp][Dqk]
+    const float *Kt = c->pack + c->slab_off[sl];                        // [kpad/16][Dqk][16]
+    const float *Vp = Kt + kpad * Dqk;                                  // [Dvp/16][kpad][16]
+    float *Qs = (float *)(c->scratch + (size_t)tid * c->scratch_bytes); // [Mp][Dqk]
     float *S = Qs + c->Mp * Dqk;                                        // [Mp][KB]
     float *O = S + c->Mp * KB;                                          // [Mp][Dvp]
     lk_online_state *st = (lk_online_state *)(O + c->Mp * Dvp);        // [Mp]
@@ -233,12 +257,10 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     memset(O, 0, sizeof(float) * (size_t)(Mp * Dvp));
     for (int64_t r = 0; r < Mp; r++) st[r] = lk_online_init();
     for (int64_t j0 = jmin >= 0 ? jmin / KB * KB : 0; j0 <= jmax; j0 += KB) {
-        int64_t kb = k_len - j0 < KB ? k_len - j0 : KB;
-        load_k_tile(a, b, kh, j0, kb, Kt);
-        load_v_tile(a, b, kh, j0, kb, Dvp, Vp);
+        const float *Ktile = Kt + j0 * Dqk; /* 4 panels of [Dqk][16] */
         for (int64_t r = 0; r < Mp; r += MR)
             for (int64_t p = 0; p < KB / 16; p++)
-                mk_6x16(Dqk, Qs + r * Dqk, Dqk, Kt + p * Dqk * 16, S + r * KB + p * 16, KB, 0);
+                mk_6x16(Dqk, Qs + r * Dqk, Dqk, Ktile + p * Dqk * 16, S + r * KB + p * 16, KB, 0);
         for (int64_t r = 0; r < Mp; r++) {
             float *s = S + r * KB;
             if (r >= M || hi[r] < j0 || lo[r] > j0 + KB - 1 || lo[r] > hi[r]) {
@@ -268,13 +290,84 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
         }
         for (int64_t r = 0; r < Mp; r += MR)
             for (int64_t p = 0; p < Dvp / 16; p++)
-                mk_6x16(KB, S + r * KB, KB, Vp + p * KB * 16, O + r * Dvp + p * 16, Dvp, 1);
+                mk_6x16(KB, S + r * KB, KB, Vp + p * kpad * 16 + j0 * 16, O + r * Dvp + p * 16, Dvp, 1);
     }
     for (int64_t t = 0; t < nt; t++)
         for (int64_t g = 0; g < G; g++) {
             int64_t r = t * G + g;
             store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r]);
         }
+}
+
+/* run phase 1 and 2 for the slabs [s0, s1) (already laid out from float offset 0) */
+static void run_group(prefill_ctx *c, int64_t s0, int64_t s1, int nt) {
+    const lk_attn_args *a = c->a;
+    int64_t n_pack = 0, n_units = 0;
+    for (int64_t sl = s0; sl < s1; sl++) {
+        int64_t b = c->slab_b[sl], ql = a->cu_q[b + 1] - a->cu_q[b];
+        for (int64_t j0 = 0; j0 < a->k_len[b]; j0 += KB) c->tile_slab[n_pack] = sl, c->tile_j0[n_pack++] = j0;
+        /* longest units (last query tiles: most visible keys under causal masks) first */
+        for (int64_t t0 = ql > 0 ? (ql - 1) / c->qt * c->qt : -1; t0 >= 0; t0 -= c->qt)
+            c->unit_slab[n_units] = sl, c->unit_t0[n_units++] = t0;
+    }
+    lk_parallel_units(n_pack, nt, pack_unit, c);
+    lk_parallel_units(n_units, nt, prefill_unit, c);
+}
+
+static lk_status run_prefill(const lk_attn_args *a) {
+    int64_t G = a->Hq / a->Hk, qt = ROWS / G > 0 ? ROWS / G : 1;
+    int64_t Mp = (qt * G + MR - 1) / MR * MR, Dvp = (a->Dv + 15) / 16 * 16;
+    int64_t n_slabs = 0, max_tiles = 0, max_units = 0, max_slab = 0;
+    for (int64_t b = 0; b < a->B; b++) {
+        int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
+        if (ql == 0) continue;
+        n_slabs += a->Hk;
+        max_tiles += a->Hk * (kpad_of(a->k_len[b]) / KB);
+        max_units += a->Hk * ((ql + qt - 1) / qt);
+        int64_t sz = kpad_of(a->k_len[b]) * (a->Dqk + Dvp);
+        if (sz > max_slab) max_slab = sz;
+    }
+    if (n_slabs == 0) return LK_OK;
+    int64_t budget = PACK_BUDGET / (int64_t)sizeof(float);
+    if (budget < max_slab) budget = max_slab;
+    size_t floats = (size_t)(Mp * a->Dqk + Mp * KB + Mp * Dvp) + 6 * (size_t)Mp + 16;
+    size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    int nt = lk_plan_units(max_units);
+    prefill_ctx c;
+    memset(&c, 0, sizeof c);
+    c.a = a, c.qt = qt, c.G = G, c.Mp = Mp, c.Dvp = Dvp, c.scratch_bytes = bytes;
+    int64_t *ix = malloc(sizeof(int64_t) * (size_t)(3 * n_slabs + 2 * max_tiles + 2 * max_units + 1));
+    void *scratch = NULL, *pack = NULL;
+    lk_status st = LK_ERR_NOMEM;
+    int64_t total = 0;
+    for (int64_t b = 0; b < a->B; b++)
+        if (a->cu_q[b + 1] > a->cu_q[b]) total += a->Hk * kpad_of(a->k_len[b]) * (a->Dqk + Dvp);
+    if (budget > total) budget = total;
+    if (ix && !posix_memalign(&scratch, 64, bytes * (size_t)nt) &&
+        !posix_memalign(&pack, 64, sizeof(float) * (size_t)(budget > 0 ? budget : 1))) {
+        c.slab_b = ix, c.slab_kh = ix + n_slabs, c.slab_off = ix + 2 * n_slabs;
+        c.tile_slab = ix + 3 * n_slabs, c.tile_j0 = c.tile_slab + max_tiles;
+        c.unit_slab = c.tile_j0 + max_tiles, c.unit_t0 = c.unit_slab + max_units;
+        c.pack = pack, c.scratch = scratch;
+        /* slabs in (request, KV head) order; a group ends where the budget is full */
+        int64_t sl = 0, g0 = 0, used = 0;
+        for (int64_t b = 0; b < a->B; b++) {
+            if (a->cu_q[b + 1] == a->cu_q[b]) continue;
+            int64_t sz = kpad_of(a->k_len[b]) * (a->Dqk + Dvp);
+            for (int64_t kh = 0; kh < a->Hk; kh++) {
+                if (used + sz > budget) {
+                    run_group(&c, g0, sl, nt);
+                    g0 = sl, used = 0;
+                }
+                c.slab_b[sl] = b, c.slab_kh[sl] = kh, c.slab_off[sl] = used;
+                used += sz, sl++;
+            }
+        }
+        run_group(&c, g0, sl, nt);
+        st = LK_OK;
+    }
+    free(scratch), free(pack), free(ix);
+    return st;
 }
 
 /* ------------------------------------------------------------------ decode path */
@@ -446,35 +539,6 @@ static lk_status run_decode(const lk_attn_args *a) {
     }
     free(c.unit_b), free(c.unit_c), free(state_base), free(c.st), free(c.st_o);
     free(c.qbuf), free(c.sbuf);
-    return st;
-}
-
-static lk_status run_prefill(const lk_attn_args *a) {
-    int64_t G = a->Hq / a->Hk, qt = ROWS / G > 0 ? ROWS / G : 1;
-    int64_t Mp = (qt * G + MR - 1) / MR * MR, Dvp = (a->Dv + 15) / 16 * 16, n_units = 0;
-    for (int64_t b = 0; b < a->B; b++) n_units += a->Hk * ((a->cu_q[b + 1] - a->cu_q[b] + qt - 1) / qt);
-    if (n_units == 0) return LK_OK;
-    size_t floats = (size_t)(KB * a->Dqk + KB * Dvp + Mp * a->Dqk + Mp * KB + Mp * Dvp + 2 * Mp) + 4 * (size_t)Mp + 16;
-    size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-    int nt = lk_plan_units(n_units);
-    prefill_ctx c = {a, qt, G, qt * G, Mp, Dvp, malloc(sizeof(int64_t) * (size_t)n_units),
-                     malloc(sizeof(int64_t) * (size_t)n_units), malloc(sizeof(int64_t) * (size_t)n_units),
-                     NULL, bytes};
-    void *scratch = NULL;
-    lk_status st = LK_ERR_NOMEM;
-    if (c.unit_b && c.unit_kh && c.unit_t0 && !posix_memalign(&scratch, 64, bytes * (size_t)nt)) {
-        c.scratch = scratch;
-        /* biggest units (longest visible key ranges: last tiles of long requests) first */
-        int64_t u = 0;
-        for (int64_t b = 0; b < a->B; b++) {
-            int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
-            for (int64_t t0 = (ql - 1) / qt * qt; t0 >= 0 && ql > 0; t0 -= qt)
-                for (int64_t kh = 0; kh < a->Hk; kh++) c.unit_b[u] = b, c.unit_kh[u] = kh, c.unit_t0[u] = t0, u++;
-        }
-        lk_parallel_units(n_units, nt, prefill_unit, &c);
-        st = LK_OK;
-    }
-    free(scratch), free(c.unit_b), free(c.unit_kh), free(c.unit_t0);
     return st;
 }
 
