@@ -19,6 +19,7 @@ static const struct {
 } BENCHES[] = {
     {"rms_norm", bench_rms_norm},
     /* activations */
+    {"activation", bench_activation},
 
     /* rotary */
 

@@ -124,8 +124,14 @@ LK_API lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *resi
 
 /* ---------------------------------------------------------------- activations */
 
-/* x: [..., 2d], out: [..., d]; out = act(x[..., :d]) * x[..., d:].
- * out must not overlap x. */
+/* x: [..., 2d], out: [..., d]; out = act(x[..., :d]) * x[..., d:] (the first half is
+ * the gate), any rank >= 1, leading dims of any strides, every f32/f16/bf16 pairing.
+ *   silu(g)      = g / (1 + exp(-g))
+ *   gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))  (PyTorch approximate='tanh',
+ *                  evaluated as g / (1 + exp(-2u)): no cancellation for any g)
+ * act(-inf) = -0 (the limit; so act(-inf) * y = -0 * y), act(+inf) = +inf, NaN propagates.
+ * Errors: x's last dim odd or out's shape not x's with the last dim halved (LK_ERR_SHAPE),
+ * out overlapping x or itself (LK_ERR_ALIAS). */
 LK_API lk_status lk_silu_and_mul(const lk_tensor *out, const lk_tensor *x);
 LK_API lk_status lk_gelu_tanh_and_mul(const lk_tensor *out, const lk_tensor *x);
 

@@ -23,6 +23,8 @@ static void fill_tables(void) {
     r->rms_norm = lk_ref_rms_norm;
     r->fused_add_rms_norm = lk_ref_fused_add_rms_norm;
     /* -- activations -- */
+    r->silu_and_mul = lk_ref_silu_and_mul;
+    r->gelu_tanh_and_mul = lk_ref_gelu_tanh_and_mul;
 
     /* -- rotary -- */
 
@@ -42,6 +44,8 @@ static void fill_tables(void) {
     a2->rms_norm = lk_avx2_rms_norm;
     a2->fused_add_rms_norm = lk_avx2_fused_add_rms_norm;
     /* -- activations -- */
+    a2->silu_and_mul = lk_avx2_silu_and_mul;
+    a2->gelu_tanh_and_mul = lk_avx2_gelu_tanh_and_mul;
 
     /* -- rotary -- */
 
@@ -61,6 +65,8 @@ static void fill_tables(void) {
     a5->rms_norm = lk_avx512_rms_norm;
     a5->fused_add_rms_norm = lk_avx512_fused_add_rms_norm;
     /* -- activations -- */
+    a5->silu_and_mul = lk_avx512_silu_and_mul;
+    a5->gelu_tanh_and_mul = lk_avx512_gelu_tanh_and_mul;
 
     /* -- rotary -- */
 
