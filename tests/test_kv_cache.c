@@ -460,6 +460,11 @@ static void test_bad_inputs(void) {
     CASE("slot INT64_MAX", "slot_mapping", LK_ERR_INDEX, k.t, v.t, kc.t, vc.t, sm_huge.t);
     CASE("duplicate slot (pairwise)", "slot_mapping", LK_ERR_INDEX, k.t, v.t, kc.t, vc.t, sm_dup.t);
     CASE("duplicate slot (bitmap)", "slot_mapping", LK_ERR_INDEX, k2.t, v2.t, kc2.t, vc2.t, sm_dup2.t);
+    {
+        lk_tensor a = kc.t, b = vc.t;
+        a.shape[0] = b.shape[0] = 0;
+        CASE("slot in a cache of 0 blocks", "slot_mapping", LK_ERR_INDEX, k.t, v.t, a, b, sm.t);
+    }
     t = k.t; t.ndim = 2;
     CASE("k rank 2", "k", LK_ERR_RANK, t, v.t, kc.t, vc.t, sm.t);
     t = kc.t; t.ndim = 3;
