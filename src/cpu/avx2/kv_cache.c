@@ -111,13 +111,16 @@ static int unit_last(const lk_tensor *t) {
 }
 
 lk_status lk_avx2_reshape_and_cache_flash(const lk_cache_args *a) {
-    if (!unit_last(&a->k) || !unit_last(&a->v) || !unit_last(&a->k_cache) || !unit_last(&a->v_cache))
+    if (!unit_last(&a->k) || !unit_last(&a->v) || !unit_last(&a->k_cache) ||
+        !unit_last(&a->v_cache))
         return lk_ref_reshape_and_cache_flash(a);
-    int64_t N = a->slot_mapping.shape[0], H = a->k.shape[1], Dk = a->k.shape[2], Dv = a->v.shape[2];
-    int64_t kes = (int64_t)lk_dtype_size(a->k_cache.dtype), ves = (int64_t)lk_dtype_size(a->v_cache.dtype);
-    int64_t wbytes = H * (Dk * kes + Dv * ves); /* cache bytes per token */
-    int64_t bytes = wbytes + H * (Dk * (int64_t)lk_dtype_size(a->k.dtype) + Dv * (int64_t)lk_dtype_size(a->v.dtype));
+    int64_t N = a->slot_mapping.shape[0], H = a->k.shape[1];
+    int64_t Dk = a->k.shape[2], Dv = a->v.shape[2];
+    int64_t wbytes = H * (Dk * (int64_t)lk_dtype_size(a->k_cache.dtype) +
+                          Dv * (int64_t)lk_dtype_size(a->v_cache.dtype)); /* per token */
+    int64_t rbytes = H * (Dk * (int64_t)lk_dtype_size(a->k.dtype) +
+                          Dv * (int64_t)lk_dtype_size(a->v.dtype));
     cache_ctx c = {a, wbytes >= LK_KV_STREAM_BYTES / N};
-    lk_parallel_for(N, bytes, cache_tokens, &c);
+    lk_parallel_for(N, rbytes + wbytes, cache_tokens, &c);
     return LK_OK;
 }
