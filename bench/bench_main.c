@@ -24,6 +24,7 @@ static const struct {
     /* rotary */
 
     /* kv cache */
+    {"kv_cache", bench_kv_cache},
 
     /* merge */
 

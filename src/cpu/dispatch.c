@@ -29,6 +29,7 @@ static void fill_tables(void) {
     /* -- rotary -- */
 
     /* -- kv cache -- */
+    r->reshape_and_cache_flash = lk_ref_reshape_and_cache_flash;
 
     /* -- merge -- */
 
@@ -50,6 +51,7 @@ static void fill_tables(void) {
     /* -- rotary -- */
 
     /* -- kv cache -- */
+    a2->reshape_and_cache_flash = lk_avx2_reshape_and_cache_flash;
 
     /* -- merge -- */
 
@@ -71,6 +73,7 @@ static void fill_tables(void) {
     /* -- rotary -- */
 
     /* -- kv cache -- */
+    a5->reshape_and_cache_flash = lk_avx512_reshape_and_cache_flash;
 
     /* -- merge -- */
 
