@@ -25,8 +25,10 @@ static const struct {
     /* kv cache */
 
     /* merge */
+    {"merge", bench_merge},
 
     /* softmax */
+    {"softmax", bench_softmax},
 
 };
 

@@ -29,8 +29,10 @@ static void fill_tables(void) {
     /* -- kv cache -- */
 
     /* -- merge -- */
+    r->merge_attn_states = lk_ref_merge_attn_states;
 
     /* -- softmax -- */
+    r->causal_softmax = lk_ref_causal_softmax;
 
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
@@ -45,8 +47,10 @@ static void fill_tables(void) {
     /* -- kv cache -- */
 
     /* -- merge -- */
+    a2->merge_attn_states = lk_avx2_merge_attn_states;
 
     /* -- softmax -- */
+    a2->causal_softmax = lk_avx2_causal_softmax;
 
     /* ================ AVX-512 overrides ================ */
     *a5 = *a2;
@@ -61,8 +65,10 @@ static void fill_tables(void) {
     /* -- kv cache -- */
 
     /* -- merge -- */
+    a5->merge_attn_states = lk_avx512_merge_attn_states;
 
     /* -- softmax -- */
+    a5->causal_softmax = lk_avx512_causal_softmax;
 
     lk_isa isa = lk_isa_best();
     const char *env = getenv("LLMKERN_ISA");

@@ -1,0 +1,114 @@
+/*
+ * causal_softmax, AVX-512 (F/BW/DQ/VL).
+ *
+ * Same formula, rules (src/common/attn_state.h), shapes, work split and passes as
+ * avx2/softmax.c: per row max, exp (lk16_exp) + f32 sum keeping the exps in f32 (out
+ * itself when f32, else a stack buffer of SOFTMAX_SCRATCH floats, longer rows
+ * recompute), then scale and round once; 16 lanes, masked loads/stores for the tail.
+ * Fast path: last-dim stride 1 on x and out, else the reference. out may be x itself.
+ */
+#include <math.h>
+
+#include "../../common/attn_state.h"
+#include "../kernels.h"
+#include "simd.h"
+
+#define SOFTMAX_SCRATCH 8192
+
+/* max of x[0, nv) (NaN lanes skipped by VMAXPS; the sum catches them) */
+static float row_max(const char *x, lk_dtype dt, int64_t nv) {
+    size_t es = lk_dtype_size(dt);
+    __m512 ninf = _mm512_set1_ps(-INFINITY), m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    int64_t j = 0;
+    for (; j + 64 <= nv; j += 64) {
+        m0 = _mm512_max_ps(lk16_load(x + j * es, dt, 16), m0);
+        m1 = _mm512_max_ps(lk16_load(x + (j + 16) * es, dt, 16), m1);
+        m2 = _mm512_max_ps(lk16_load(x + (j + 32) * es, dt, 16), m2);
+        m3 = _mm512_max_ps(lk16_load(x + (j + 48) * es, dt, 16), m3);
+    }
+    for (; j < nv; j += 16) {
+        __mmask16 k = lk16_mask(nv - j);
+        m0 = _mm512_mask_max_ps(m0, k, lk16_load(x + j * es, dt, nv - j), m0);
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
+/* sum of exp(x[j] - shift) over [0, nv); the terms are stored to e (f32) unless NULL */
+static float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float *e) {
+    size_t es = lk_dtype_size(dt);
+    __m512 sh = _mm512_set1_ps(shift), s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t j = 0;
+    for (; j + 64 <= nv; j += 64) {
+        __m512 p0 = lk16_exp(_mm512_sub_ps(lk16_load(x + j * es, dt, 16), sh));
+        __m512 p1 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 16) * es, dt, 16), sh));
+        __m512 p2 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 32) * es, dt, 16), sh));
+        __m512 p3 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 48) * es, dt, 16), sh));
+        if (e) {
+            _mm512_storeu_ps(e + j, p0), _mm512_storeu_ps(e + j + 16, p1);
+            _mm512_storeu_ps(e + j + 32, p2), _mm512_storeu_ps(e + j + 48, p3);
+        }
+        s0 = _mm512_add_ps(s0, p0), s1 = _mm512_add_ps(s1, p1);
+        s2 = _mm512_add_ps(s2, p2), s3 = _mm512_add_ps(s3, p3);
+    }
+    for (; j < nv; j += 16) {
+        __mmask16 k = lk16_mask(nv - j);
+        __m512 p = _mm512_maskz_mov_ps(k, lk16_exp(_mm512_sub_ps(lk16_load(x + j * es, dt, nv - j), sh)));
+        if (e) lk16_store(e + j, LK_F32, p, nv - j);
+        s0 = _mm512_add_ps(s0, p);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+/* out[j] = p_j * inv over [0, nv): p_j = src[j] (f32 exps, recompute = 0) or
+ * exp(src[j] - shift) (src = x of dtype st, recompute = 1) */
+static void write_probs(char *orow, lk_dtype ot, const char *src, lk_dtype st, int recompute,
+                        float shift, float inv, int64_t nv) {
+    size_t oes = lk_dtype_size(ot), ses = lk_dtype_size(st);
+    __m512 sh = _mm512_set1_ps(shift), vinv = _mm512_set1_ps(inv);
+    for (int64_t j = 0; j < nv; j += 16) {
+        __m512 p = lk16_load(src + j * ses, st, nv - j);
+        if (recompute) p = lk16_exp(_mm512_sub_ps(p, sh));
+        lk16_store(orow + j * oes, ot, _mm512_mul_ps(p, vinv), nv - j);
+    }
+}
+
+static void zero_fill(char *orow, lk_dtype ot, int64_t n) {
+    size_t oes = lk_dtype_size(ot);
+    for (int64_t j = 0; j < n; j += 16) lk16_store(orow + j * oes, ot, _mm512_setzero_ps(), n - j);
+}
+
+static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lk_softmax_args *a = ctx;
+    const lk_tensor *x = &a->x, *out = &a->out;
+    int nd = x->ndim;
+    int64_t q_len = x->shape[nd - 2], k_len = x->shape[nd - 1];
+    size_t oes = lk_dtype_size(out->dtype);
+    float scratch[SOFTMAX_SCRATCH];
+    lk_rowit xi, oi;
+    lk_rowit_init(&xi, x, 1, r0);
+    lk_rowit_init(&oi, out, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
+        const char *xr = lk_at(x, xi.off); // [k_len]
+        char *orow = lk_at(out, oi.off);   // [k_len]
+        int64_t i = r % q_len, nv = i + k_len - q_len + 1;
+        if (nv < 0) nv = 0;
+        if (nv > 0) {
+            float shift = lk_online_shift(row_max(xr, x->dtype, nv));
+            float *e = out->dtype == LK_F32 ? (float *)orow : nv <= SOFTMAX_SCRATCH ? scratch : NULL;
+            float inv = lk_softmax_inv(exp_sum(xr, x->dtype, nv, shift, e));
+            if (e) write_probs(orow, out->dtype, (const char *)e, LK_F32, 0, shift, inv, nv);
+            else write_probs(orow, out->dtype, xr, x->dtype, 1, shift, inv, nv);
+        }
+        zero_fill(orow + nv * oes, out->dtype, k_len - nv);
+    }
+}
+
+lk_status lk_avx512_causal_softmax(const lk_softmax_args *a) {
+    int nd = a->x.ndim;
+    int64_t k_len = a->x.shape[nd - 1];
+    if ((a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1) && k_len > 1)
+        return lk_ref_causal_softmax(a);
+    int64_t bytes = k_len * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->out.dtype));
+    lk_parallel_for(lk_rows(&a->x, 1), bytes, softmax_rows, (void *)a);
+    return LK_OK;
+}
