@@ -18,6 +18,8 @@
 
 #define MAXN 40
 
+static const int PERM_D_OUTER[3] = {0, 2, 1};
+
 /* LSE category of state i in row r: 0 finite, 1 -inf, 2 +inf, 3 NaN */
 typedef double (*lse_fn)(int i, int64_t row, int n);
 
@@ -26,6 +28,8 @@ typedef struct {
     int64_t T, H, D;
     lk_dtype sdt[MAXN], odt;
     int pad;        /* padded (strided) states and out */
+    int d_outer;    /* stored [T, D, H] (last-dim stride != 1, ref path): 1 even states,
+                       2 even states and out, 3 out only */
     int lse_mode;   /* 0 contiguous [T, H]; 1 transposed view of [H, T]; 2 transposed + pad */
     int with_lse;   /* pass out_lse */
     lse_fn lse;     /* value of lses[i][row] */
@@ -116,7 +120,7 @@ static void run_case(const mcase *c, const char *what) {
     tu_buf st[MAXN], ls[MAXN];
     double *vals[MAXN], *lvals[MAXN];
     for (int i = 0; i < n; i++) {
-        st[i] = tu_alloc(c->sdt[i], 3, shape, c->pad);
+        st[i] = tu_alloc_perm(c->sdt[i], 3, shape, (c->d_outer == 1 || c->d_outer == 2) && i % 2 == 0 ? PERM_D_OUTER : NULL, c->pad);
         tu_fill_uniform(&st[i], c->lo, c->hi);
         ls[i] = alloc_lse(c);
         for (int64_t r = 0; r < R; r++) tu_set(&ls[i], r, c->lse(i, r, n));
@@ -135,7 +139,8 @@ static void run_case(const mcase *c, const char *what) {
     tu_buf ref_lse = alloc_lse(c);
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
-        tu_buf o = tu_alloc(c->odt, 3, shape, c->pad), ol = alloc_lse(c);
+        tu_buf o = tu_alloc_perm(c->odt, 3, shape, c->d_outer >= 2 ? PERM_D_OUTER : NULL, c->pad);
+        tu_buf ol = alloc_lse(c);
         tu_snapshot(&o);
         tu_snapshot(&ol);
         lk_status s = n == 2 && ii % 2 == 0
@@ -265,6 +270,19 @@ static void test_many_states(void) {
             c.pad = di == 0;
             c.lse_mode = di;
             run_case(&c, "many");
+        }
+}
+
+/* states or out with last-dim stride != 1: every ISA falls back to the reference */
+static void test_noncontiguous(void) {
+    for (int mode = 1; mode <= 3; mode++)
+        for (int n = 2; n <= 3; n++) {
+            mcase c = base_case(n, 3, 4, 13, LK_BF16, mode == 1 ? LK_F32 : LK_F16);
+            c.sdt[1] = LK_F32;
+            c.d_outer = mode;
+            c.pad = n == 3;
+            c.lse_mode = 1;
+            run_case(&c, "noncontig");
         }
 }
 
@@ -514,6 +532,13 @@ static void test_bad_inputs(void) {
     s = lk_merge_attn_states_n(&o.t, &ol.t, 3, sv, lv);
     tu_check(s == LK_ERR_DTYPE && strstr(lk_last_error(), "lses[1]"), "lses[1] dtype (%s)", lk_last_error());
     lv[1].dtype = LK_F32;
+    {
+        lk_tensor sv12[12], lv12[12];
+        for (int i = 0; i < 12; i++) sv12[i] = a.t, lv12[i] = la.t;
+        lv12[11].shape[0] = 3;
+        s = lk_merge_attn_states_n(&o.t, &ol.t, 12, sv12, lv12);
+        tu_check(s == LK_ERR_SHAPE && strstr(lk_last_error(), "lses[11]:"), "lses[11] shape (%s)", lk_last_error());
+    }
     s = lk_merge_attn_states_n(&o.t, &ol.t, 3, sv, lv);
     tu_check(s == LK_OK && lk_last_error()[0] == 0, "valid N-way call clears lk_last_error");
     int intact = 1;
@@ -529,6 +554,7 @@ int main(void) {
     test_rules();
     test_grid();
     test_many_states();
+    test_noncontiguous();
     test_two_way_is_n_way();
     test_threads();
     test_empty();

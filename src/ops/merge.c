@@ -11,24 +11,37 @@
  *
  * Zero-sized work: T * H == 0 does nothing; D == 0 writes only out_lse (if given).
  */
-#include <stdio.h>
+#include <string.h>
 
 #include "../cpu/kernels.h"
 
 typedef struct {
-    char state[32], lse[32];
+    char state[24], lse[24];
 } merge_names;
+
+/* "<prefix>[i]" into buf (no printf: this runs on every call, decode included) */
+static void indexed_name(char *buf, const char *prefix, int i) {
+    char digits[12];
+    int nd = 0;
+    do digits[nd++] = (char)('0' + i % 10), i /= 10;
+    while (i > 0);
+    while (*prefix) *buf++ = *prefix++;
+    *buf++ = '[';
+    while (nd > 0) *buf++ = digits[--nd];
+    *buf++ = ']';
+    *buf = '\0';
+}
 
 /* argument names for messages: "a"/"lse_a", "b"/"lse_b" for the 2-way form,
  * "states[i]"/"lses[i]" for the N-way form */
 static merge_names names_of(int two_way, int i) {
     merge_names nm;
     if (two_way) {
-        snprintf(nm.state, sizeof nm.state, "%s", i ? "b" : "a");
-        snprintf(nm.lse, sizeof nm.lse, "%s", i ? "lse_b" : "lse_a");
+        memcpy(nm.state, i ? "b" : "a", 2);
+        memcpy(nm.lse, i ? "lse_b" : "lse_a", 6);
     } else {
-        snprintf(nm.state, sizeof nm.state, "states[%d]", i);
-        snprintf(nm.lse, sizeof nm.lse, "lses[%d]", i);
+        indexed_name(nm.state, "states", i);
+        indexed_name(nm.lse, "lses", i);
     }
     return nm;
 }

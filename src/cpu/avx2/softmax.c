@@ -9,11 +9,13 @@
  *
  * Shapes: x, out [..., q_len, k_len], each its own float dtype. Fast path: last-dim
  * stride 1 on x and out, else the reference. Work split: the rows (leading dims x
- * q_len), contiguous chunks per thread (lk_parallel_for). Per row: pass 1 max (lk8
- * lanes, tail lanes -inf), pass 2 exp (lk8_exp) and f32 sum, keeping exp(x - shift)
- * in f32 (in out itself when out is f32, else in a stack buffer of SOFTMAX_SCRATCH
- * floats; longer rows recompute it, same bits), pass 3 scales by inv and rounds once
- * to out's dtype. out may be x itself: each block is loaded before it is stored.
+ * q_len), contiguous chunks per thread (lk_parallel_for). Per row: pass 1 max and NaN
+ * test (lk8 lanes, tail lanes -inf; a NaN or +inf row is filled with NaN, so the
+ * others only need exp of arguments <= 0, lk8_exp_nonpos), pass 2 exp and f32 sum,
+ * keeping exp(x - shift) in f32 (in out itself when out is f32, else in a stack buffer
+ * of SOFTMAX_SCRATCH floats; longer rows recompute it, same bits), pass 3 scales by inv
+ * and rounds once to out's dtype. out may be x itself: each block is loaded before it
+ * is stored.
  */
 #include <math.h>
 
@@ -29,36 +31,46 @@ static inline __m256 lanes_below(int n) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
 }
 
-/* max of x[0, nv) (NaN lanes skipped by MAXPS; the sum catches them) */
-static float row_max(const char *x, lk_dtype dt, int64_t nv) {
+/* max of x[0, nv) with NaNs skipped (MAXPS keeps its second operand); *any_nan tells
+ * whether one was seen */
+static float row_max(const char *x, lk_dtype dt, int64_t nv, int *any_nan) {
     size_t es = lk_dtype_size(dt);
     __m256 ninf = _mm256_set1_ps(-INFINITY), m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    __m256 nan = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 32 <= nv; j += 32) {
-        m0 = _mm256_max_ps(lk8_load(x + j * es, dt), m0);
-        m1 = _mm256_max_ps(lk8_load(x + (j + 8) * es, dt), m1);
-        m2 = _mm256_max_ps(lk8_load(x + (j + 16) * es, dt), m2);
-        m3 = _mm256_max_ps(lk8_load(x + (j + 24) * es, dt), m3);
+        __m256 a = lk8_load(x + j * es, dt), b = lk8_load(x + (j + 8) * es, dt);
+        __m256 c = lk8_load(x + (j + 16) * es, dt), d = lk8_load(x + (j + 24) * es, dt);
+        m0 = _mm256_max_ps(a, m0), m1 = _mm256_max_ps(b, m1);
+        m2 = _mm256_max_ps(c, m2), m3 = _mm256_max_ps(d, m3);
+        nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q)));
     }
-    for (; j + 8 <= nv; j += 8) m0 = _mm256_max_ps(lk8_load(x + j * es, dt), m0);
-    if (j < nv) {
+    for (; j + 8 <= nv; j += 8) {
+        __m256 a = lk8_load(x + j * es, dt);
+        m0 = _mm256_max_ps(a, m0);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    }
+    if (j < nv) { /* lanes past the row are 0 from the load, -inf for the max */
         int w = (int)(nv - j);
-        __m256 v = _mm256_blendv_ps(ninf, lk8_load_part(x + j * es, dt, w), lanes_below(w));
-        m1 = _mm256_max_ps(v, m1);
+        __m256 a = lk8_load_part(x + j * es, dt, w);
+        m1 = _mm256_max_ps(_mm256_blendv_ps(ninf, a, lanes_below(w)), m1);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
     }
+    *any_nan = _mm256_movemask_ps(nan) != 0;
     return lk8_hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
 }
 
-/* sum of exp(x[j] - shift) over [0, nv); the terms are stored to e (f32) unless NULL */
+/* sum of exp(x[j] - shift) over [0, nv) (arguments <= 0: the row is not NaN); the
+ * terms are stored to e (f32) unless NULL */
 static float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float *e) {
     size_t es = lk_dtype_size(dt);
     __m256 sh = _mm256_set1_ps(shift), s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t j = 0;
     for (; j + 32 <= nv; j += 32) {
-        __m256 p0 = lk8_exp(_mm256_sub_ps(lk8_load(x + j * es, dt), sh));
-        __m256 p1 = lk8_exp(_mm256_sub_ps(lk8_load(x + (j + 8) * es, dt), sh));
-        __m256 p2 = lk8_exp(_mm256_sub_ps(lk8_load(x + (j + 16) * es, dt), sh));
-        __m256 p3 = lk8_exp(_mm256_sub_ps(lk8_load(x + (j + 24) * es, dt), sh));
+        __m256 p0 = lk8_exp_nonpos(_mm256_sub_ps(lk8_load(x + j * es, dt), sh));
+        __m256 p1 = lk8_exp_nonpos(_mm256_sub_ps(lk8_load(x + (j + 8) * es, dt), sh));
+        __m256 p2 = lk8_exp_nonpos(_mm256_sub_ps(lk8_load(x + (j + 16) * es, dt), sh));
+        __m256 p3 = lk8_exp_nonpos(_mm256_sub_ps(lk8_load(x + (j + 24) * es, dt), sh));
         if (e) {
             _mm256_storeu_ps(e + j, p0), _mm256_storeu_ps(e + j + 8, p1);
             _mm256_storeu_ps(e + j + 16, p2), _mm256_storeu_ps(e + j + 24, p3);
@@ -67,14 +79,14 @@ static float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float 
         s2 = _mm256_add_ps(s2, p2), s3 = _mm256_add_ps(s3, p3);
     }
     for (; j + 8 <= nv; j += 8) {
-        __m256 p = lk8_exp(_mm256_sub_ps(lk8_load(x + j * es, dt), sh));
+        __m256 p = lk8_exp_nonpos(_mm256_sub_ps(lk8_load(x + j * es, dt), sh));
         if (e) _mm256_storeu_ps(e + j, p);
         s0 = _mm256_add_ps(s0, p);
     }
     if (j < nv) {
         int w = (int)(nv - j);
         __m256 v = lk8_load_part(x + j * es, dt, w);
-        __m256 p = _mm256_and_ps(lk8_exp(_mm256_sub_ps(v, sh)), lanes_below(w));
+        __m256 p = _mm256_and_ps(lk8_exp_nonpos(_mm256_sub_ps(v, sh)), lanes_below(w));
         if (e) lk8_store_part(e + j, LK_F32, p, w);
         s1 = _mm256_add_ps(s1, p);
     }
@@ -90,23 +102,24 @@ static void write_probs(char *orow, lk_dtype ot, const char *src, lk_dtype st, i
     int64_t j = 0;
     for (; j + 8 <= nv; j += 8) {
         __m256 p = lk8_load(src + j * ses, st);
-        if (recompute) p = lk8_exp(_mm256_sub_ps(p, sh));
+        if (recompute) p = lk8_exp_nonpos(_mm256_sub_ps(p, sh));
         lk8_store(orow + j * oes, ot, _mm256_mul_ps(p, vinv));
     }
     if (j < nv) {
         int w = (int)(nv - j);
         __m256 p = lk8_load_part(src + j * ses, st, w);
-        if (recompute) p = lk8_exp(_mm256_sub_ps(p, sh));
+        if (recompute) p = lk8_exp_nonpos(_mm256_sub_ps(p, sh));
         lk8_store_part(orow + j * oes, ot, _mm256_mul_ps(p, vinv), w);
     }
 }
 
-static void zero_fill(char *orow, lk_dtype ot, int64_t n) {
+/* out[0, n) = value */
+static void fill(char *orow, lk_dtype ot, int64_t n, float value) {
     size_t oes = lk_dtype_size(ot);
-    __m256 z = _mm256_setzero_ps();
+    __m256 v = _mm256_set1_ps(value);
     int64_t j = 0;
-    for (; j + 8 <= n; j += 8) lk8_store(orow + j * oes, ot, z);
-    if (j < n) lk8_store_part(orow + j * oes, ot, z, (int)(n - j));
+    for (; j + 8 <= n; j += 8) lk8_store(orow + j * oes, ot, v);
+    if (j < n) lk8_store_part(orow + j * oes, ot, v, (int)(n - j));
 }
 
 static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -124,14 +137,18 @@ static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
         char *orow = lk_at(out, oi.off);   // [k_len]
         int64_t i = r % q_len, nv = i + k_len - q_len + 1;
         if (nv < 0) nv = 0;
-        if (nv > 0) {
-            float shift = lk_online_shift(row_max(xr, x->dtype, nv));
+        int any_nan;
+        float m = nv > 0 ? row_max(xr, x->dtype, nv, &any_nan) : 0.0f;
+        if (nv > 0 && lk_softmax_row_nan(m, any_nan)) {
+            fill(orow, out->dtype, nv, NAN);
+        } else if (nv > 0) {
+            float shift = lk_online_shift(m);
             float *e = out->dtype == LK_F32 ? (float *)orow : nv <= SOFTMAX_SCRATCH ? scratch : NULL;
             float inv = lk_softmax_inv(exp_sum(xr, x->dtype, nv, shift, e));
             if (e) write_probs(orow, out->dtype, (const char *)e, LK_F32, 0, shift, inv, nv);
             else write_probs(orow, out->dtype, xr, x->dtype, 1, shift, inv, nv);
         }
-        zero_fill(orow + nv * oes, out->dtype, k_len - nv);
+        fill(orow + nv * oes, out->dtype, k_len - nv, 0.0f);
     }
 }
 

@@ -2,9 +2,10 @@
  * causal_softmax, AVX-512 (F/BW/DQ/VL).
  *
  * Same formula, rules (src/common/attn_state.h), shapes, work split and passes as
- * avx2/softmax.c: per row max, exp (lk16_exp) + f32 sum keeping the exps in f32 (out
- * itself when f32, else a stack buffer of SOFTMAX_SCRATCH floats, longer rows
- * recompute), then scale and round once; 16 lanes, masked loads/stores for the tail.
+ * avx2/softmax.c: per row max + NaN test (NaN rows filled with NaN), exp
+ * (lk16_exp_nonpos) + f32 sum keeping the exps in f32 (out itself when f32, else a
+ * stack buffer of SOFTMAX_SCRATCH floats, longer rows recompute), then scale and round
+ * once; 16 lanes, masked loads/stores for the tail.
  * Fast path: last-dim stride 1 on x and out, else the reference. out may be x itself.
  */
 #include <math.h>
@@ -15,34 +16,41 @@
 
 #define SOFTMAX_SCRATCH 8192
 
-/* max of x[0, nv) (NaN lanes skipped by VMAXPS; the sum catches them) */
-static float row_max(const char *x, lk_dtype dt, int64_t nv) {
+/* max of x[0, nv) with NaNs skipped (VMAXPS keeps its second operand); *any_nan tells
+ * whether one was seen */
+static float row_max(const char *x, lk_dtype dt, int64_t nv, int *any_nan) {
     size_t es = lk_dtype_size(dt);
     __m512 ninf = _mm512_set1_ps(-INFINITY), m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    __mmask16 nan = 0;
     int64_t j = 0;
     for (; j + 64 <= nv; j += 64) {
-        m0 = _mm512_max_ps(lk16_load(x + j * es, dt, 16), m0);
-        m1 = _mm512_max_ps(lk16_load(x + (j + 16) * es, dt, 16), m1);
-        m2 = _mm512_max_ps(lk16_load(x + (j + 32) * es, dt, 16), m2);
-        m3 = _mm512_max_ps(lk16_load(x + (j + 48) * es, dt, 16), m3);
+        __m512 a = lk16_load(x + j * es, dt, 16), b = lk16_load(x + (j + 16) * es, dt, 16);
+        __m512 c = lk16_load(x + (j + 32) * es, dt, 16), d = lk16_load(x + (j + 48) * es, dt, 16);
+        m0 = _mm512_max_ps(a, m0), m1 = _mm512_max_ps(b, m1);
+        m2 = _mm512_max_ps(c, m2), m3 = _mm512_max_ps(d, m3);
+        nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q);
     }
-    for (; j < nv; j += 16) {
+    for (; j < nv; j += 16) { /* lanes past the row: 0 from the load, skipped by the mask */
         __mmask16 k = lk16_mask(nv - j);
-        m0 = _mm512_mask_max_ps(m0, k, lk16_load(x + j * es, dt, nv - j), m0);
+        __m512 a = lk16_load(x + j * es, dt, nv - j);
+        m0 = _mm512_mask_max_ps(m0, k, a, m0);
+        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
     }
+    *any_nan = nan != 0;
     return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
 }
 
-/* sum of exp(x[j] - shift) over [0, nv); the terms are stored to e (f32) unless NULL */
+/* sum of exp(x[j] - shift) over [0, nv) (arguments <= 0: the row is not NaN); the
+ * terms are stored to e (f32) unless NULL */
 static float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float *e) {
     size_t es = lk_dtype_size(dt);
     __m512 sh = _mm512_set1_ps(shift), s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t j = 0;
     for (; j + 64 <= nv; j += 64) {
-        __m512 p0 = lk16_exp(_mm512_sub_ps(lk16_load(x + j * es, dt, 16), sh));
-        __m512 p1 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 16) * es, dt, 16), sh));
-        __m512 p2 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 32) * es, dt, 16), sh));
-        __m512 p3 = lk16_exp(_mm512_sub_ps(lk16_load(x + (j + 48) * es, dt, 16), sh));
+        __m512 p0 = lk16_exp_nonpos(_mm512_sub_ps(lk16_load(x + j * es, dt, 16), sh));
+        __m512 p1 = lk16_exp_nonpos(_mm512_sub_ps(lk16_load(x + (j + 16) * es, dt, 16), sh));
+        __m512 p2 = lk16_exp_nonpos(_mm512_sub_ps(lk16_load(x + (j + 32) * es, dt, 16), sh));
+        __m512 p3 = lk16_exp_nonpos(_mm512_sub_ps(lk16_load(x + (j + 48) * es, dt, 16), sh));
         if (e) {
             _mm512_storeu_ps(e + j, p0), _mm512_storeu_ps(e + j + 16, p1);
             _mm512_storeu_ps(e + j + 32, p2), _mm512_storeu_ps(e + j + 48, p3);
@@ -52,7 +60,7 @@ static float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float 
     }
     for (; j < nv; j += 16) {
         __mmask16 k = lk16_mask(nv - j);
-        __m512 p = _mm512_maskz_mov_ps(k, lk16_exp(_mm512_sub_ps(lk16_load(x + j * es, dt, nv - j), sh)));
+        __m512 p = _mm512_maskz_mov_ps(k, lk16_exp_nonpos(_mm512_sub_ps(lk16_load(x + j * es, dt, nv - j), sh)));
         if (e) lk16_store(e + j, LK_F32, p, nv - j);
         s0 = _mm512_add_ps(s0, p);
     }
@@ -67,14 +75,16 @@ static void write_probs(char *orow, lk_dtype ot, const char *src, lk_dtype st, i
     __m512 sh = _mm512_set1_ps(shift), vinv = _mm512_set1_ps(inv);
     for (int64_t j = 0; j < nv; j += 16) {
         __m512 p = lk16_load(src + j * ses, st, nv - j);
-        if (recompute) p = lk16_exp(_mm512_sub_ps(p, sh));
+        if (recompute) p = lk16_exp_nonpos(_mm512_sub_ps(p, sh));
         lk16_store(orow + j * oes, ot, _mm512_mul_ps(p, vinv), nv - j);
     }
 }
 
-static void zero_fill(char *orow, lk_dtype ot, int64_t n) {
+/* out[0, n) = value */
+static void fill(char *orow, lk_dtype ot, int64_t n, float value) {
     size_t oes = lk_dtype_size(ot);
-    for (int64_t j = 0; j < n; j += 16) lk16_store(orow + j * oes, ot, _mm512_setzero_ps(), n - j);
+    __m512 v = _mm512_set1_ps(value);
+    for (int64_t j = 0; j < n; j += 16) lk16_store(orow + j * oes, ot, v, n - j);
 }
 
 static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -92,14 +102,18 @@ static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
         char *orow = lk_at(out, oi.off);   // [k_len]
         int64_t i = r % q_len, nv = i + k_len - q_len + 1;
         if (nv < 0) nv = 0;
-        if (nv > 0) {
-            float shift = lk_online_shift(row_max(xr, x->dtype, nv));
+        int any_nan;
+        float m = nv > 0 ? row_max(xr, x->dtype, nv, &any_nan) : 0.0f;
+        if (nv > 0 && lk_softmax_row_nan(m, any_nan)) {
+            fill(orow, out->dtype, nv, NAN);
+        } else if (nv > 0) {
+            float shift = lk_online_shift(m);
             float *e = out->dtype == LK_F32 ? (float *)orow : nv <= SOFTMAX_SCRATCH ? scratch : NULL;
             float inv = lk_softmax_inv(exp_sum(xr, x->dtype, nv, shift, e));
             if (e) write_probs(orow, out->dtype, (const char *)e, LK_F32, 0, shift, inv, nv);
             else write_probs(orow, out->dtype, xr, x->dtype, 1, shift, inv, nv);
         }
-        zero_fill(orow + nv * oes, out->dtype, k_len - nv);
+        fill(orow + nv * oes, out->dtype, k_len - nv, 0.0f);
     }
 }
 

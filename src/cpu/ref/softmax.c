@@ -2,12 +2,11 @@
  * causal_softmax, scalar reference.
  *
  *   off = k_len - q_len; query row i sees keys j < nv(i) = clamp(i + off + 1, 0, k_len)
- *   m = max_{j < nv} x[i, j]    (NaN skipped here; it reaches the row through the sum)
+ *   m = max_{j < nv} x[i, j]; a NaN or +inf among them: out[i, j < nv] = NaN
  *   shift = m, or 0 if m = -inf; l = sum_{j < nv} exp(x[i, j] - shift)
  *   out[i, j] = exp(x[i, j] - shift) * inv(l) for j < nv, 0 for j >= nv
  * with inv(l) = 1 / l, or 0 when l = 0 (no visible key, or all visible entries -inf:
- * the row is all 0, never NaN). A NaN or +inf among the visible entries makes the
- * visible part NaN (rules in src/common/attn_state.h).
+ * the row is all 0, never NaN). Rules in src/common/attn_state.h.
  *
  * Shapes: x, out [..., q_len, k_len] (leading dims and q_len walked as rows, any
  * strides, each its own float dtype). The sum is accumulated in double; one rounding
@@ -34,16 +33,24 @@ lk_status lk_ref_causal_softmax(const lk_softmax_args *a) {
         int64_t i = r % q_len, nv = i + k_len - q_len + 1;
         if (nv < 0) nv = 0;
         float m = -INFINITY;
+        int any_nan = 0;
         for (int64_t j = 0; j < nv; j++) {
             float v = lk_load_f(xr, x->dtype, j * xs);
-            if (v > m) m = v;
+            if (isnan(v)) any_nan = 1;
+            else if (v > m) m = v;
         }
-        float shift = lk_online_shift(m);
-        double l = 0.0;
-        for (int64_t j = 0; j < nv; j++) l += expf(lk_load_f(xr, x->dtype, j * xs) - shift);
-        float inv = lk_softmax_inv((float)l);
-        for (int64_t j = 0; j < nv; j++)
-            lk_store_f(orow, out->dtype, j * os, expf(lk_load_f(xr, x->dtype, j * xs) - shift) * inv);
+        if (lk_softmax_row_nan(m, any_nan)) {
+            for (int64_t j = 0; j < nv; j++) lk_store_f(orow, out->dtype, j * os, NAN);
+        } else {
+            float shift = lk_online_shift(m);
+            double l = 0.0;
+            for (int64_t j = 0; j < nv; j++) l += expf(lk_load_f(xr, x->dtype, j * xs) - shift);
+            float inv = lk_softmax_inv((float)l);
+            for (int64_t j = 0; j < nv; j++) {
+                float p = expf(lk_load_f(xr, x->dtype, j * xs) - shift);
+                lk_store_f(orow, out->dtype, j * os, p * inv);
+            }
+        }
         for (int64_t j = nv; j < k_len; j++) lk_store_f(orow, out->dtype, j * os, 0.0f);
     }
     return LK_OK;
