@@ -21,11 +21,15 @@
 #include "simd.h"
 
 #define MERGE_TILE 256
+#define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* elements [d0, d0 + len) of the row: v = (first ? 0 : tile) + sum_k c_k * p_k, then
- * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j) */
-static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
-                       int last, char *orow, lk_dtype ot) {
+ * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j).
+ * sdt: the dtype of every state of the group, or -1 for mixed dtypes (each state's own);
+ * inlined with literal ot and sdt (accumulate below) so the loops carry no dtype tests */
+LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len,
+                                      float *tile, int first, int last, char *orow, lk_dtype ot,
+                                      int sdt) {
     size_t oes = (size_t)lk_merge_es(ot);
     int64_t j = 0;
     for (; j + 32 <= len; j += 32) {
@@ -38,7 +42,7 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
         for (int k = 0; k < g->n; k++) {
             __m256 c = _mm256_set1_ps(g->c[k]);
             const char *p = g->p[k] + (d0 + j) * g->es[k];
-            lk_dtype dt = g->dt[k];
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
             int es = g->es[k];
             v0 = _mm256_fmadd_ps(c, lk8_load(p, dt), v0);
             v1 = _mm256_fmadd_ps(c, lk8_load(p + 8 * es, dt), v1);
@@ -59,7 +63,8 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
     for (; j + 8 <= len; j += 8) {
         __m256 v = first ? _mm256_setzero_ps() : _mm256_loadu_ps(tile + j);
         for (int k = 0; k < g->n; k++) {
-            __m256 x = lk8_load(g->p[k] + (d0 + j) * g->es[k], g->dt[k]);
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
+            __m256 x = lk8_load(g->p[k] + (d0 + j) * g->es[k], dt);
             v = _mm256_fmadd_ps(_mm256_set1_ps(g->c[k]), x, v);
         }
         if (last) lk8_store(orow + (d0 + j) * oes, ot, v);
@@ -69,11 +74,36 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
         int w = (int)(len - j);
         __m256 v = first ? _mm256_setzero_ps() : lk8_load_part(tile + j, LK_F32, w);
         for (int k = 0; k < g->n; k++) {
-            __m256 x = lk8_load_part(g->p[k] + (d0 + j) * g->es[k], g->dt[k], w);
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
+            __m256 x = lk8_load_part(g->p[k] + (d0 + j) * g->es[k], dt, w);
             v = _mm256_fmadd_ps(_mm256_set1_ps(g->c[k]), x, v);
         }
         if (last) lk8_store_part(orow + (d0 + j) * oes, ot, v, w);
         else lk8_store_part(tile + j, LK_F32, v, w);
+    }
+}
+
+LK_ALWAYS_INLINE void accumulate_out(const lk_merge_group *g, int64_t d0, int64_t len,
+                                     float *tile, int first, int last, char *orow, lk_dtype ot,
+                                     int sdt) {
+    switch (sdt) {
+    case LK_F32: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F32); break;
+    case LK_F16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F16); break;
+    case LK_BF16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_BF16); break;
+    default: accumulate_body(g, d0, len, tile, first, last, orow, ot, -1); break;
+    }
+}
+
+/* accumulate_body specialised for out's dtype and the group's common state dtype */
+static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
+                       int last, char *orow, lk_dtype ot) {
+    int sdt = g->n > 0 ? (int)g->dt[0] : LK_F32;
+    for (int k = 1; k < g->n; k++)
+        if ((int)g->dt[k] != sdt) sdt = -1;
+    switch (ot) {
+    case LK_F32: accumulate_out(g, d0, len, tile, first, last, orow, LK_F32, sdt); break;
+    case LK_F16: accumulate_out(g, d0, len, tile, first, last, orow, LK_F16, sdt); break;
+    default: accumulate_out(g, d0, len, tile, first, last, orow, LK_BF16, sdt); break;
     }
 }
 

@@ -14,11 +14,15 @@
 #include "simd.h"
 
 #define MERGE_TILE 256
+#define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* elements [d0, d0 + len) of the row: v = (first ? 0 : tile) + sum_k c_k * p_k, then
- * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j) */
-static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
-                       int last, char *orow, lk_dtype ot) {
+ * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j).
+ * sdt: the dtype of every state of the group, or -1 for mixed dtypes (each state's own);
+ * inlined with literal ot and sdt (accumulate below) so the loops carry no dtype tests */
+LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len,
+                                      float *tile, int first, int last, char *orow, lk_dtype ot,
+                                      int sdt) {
     size_t oes = (size_t)lk_merge_es(ot);
     int64_t j = 0;
     for (; j + 64 <= len; j += 64) {
@@ -31,7 +35,7 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
         for (int k = 0; k < g->n; k++) {
             __m512 c = _mm512_set1_ps(g->c[k]);
             const char *p = g->p[k] + (d0 + j) * g->es[k];
-            lk_dtype dt = g->dt[k];
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
             int es = g->es[k];
             v0 = _mm512_fmadd_ps(c, lk16_load(p, dt, 16), v0);
             v1 = _mm512_fmadd_ps(c, lk16_load(p + 16 * es, dt, 16), v1);
@@ -53,11 +57,36 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
         int64_t w = len - j;
         __m512 v = first ? _mm512_setzero_ps() : lk16_load(tile + j, LK_F32, w);
         for (int k = 0; k < g->n; k++) {
-            __m512 x = lk16_load(g->p[k] + (d0 + j) * g->es[k], g->dt[k], w);
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
+            __m512 x = lk16_load(g->p[k] + (d0 + j) * g->es[k], dt, w);
             v = _mm512_fmadd_ps(_mm512_set1_ps(g->c[k]), x, v);
         }
         if (last) lk16_store(orow + (d0 + j) * oes, ot, v, w);
         else lk16_store(tile + j, LK_F32, v, w);
+    }
+}
+
+LK_ALWAYS_INLINE void accumulate_out(const lk_merge_group *g, int64_t d0, int64_t len,
+                                     float *tile, int first, int last, char *orow, lk_dtype ot,
+                                     int sdt) {
+    switch (sdt) {
+    case LK_F32: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F32); break;
+    case LK_F16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F16); break;
+    case LK_BF16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_BF16); break;
+    default: accumulate_body(g, d0, len, tile, first, last, orow, ot, -1); break;
+    }
+}
+
+/* accumulate_body specialised for out's dtype and the group's common state dtype */
+static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
+                       int last, char *orow, lk_dtype ot) {
+    int sdt = g->n > 0 ? (int)g->dt[0] : LK_F32;
+    for (int k = 1; k < g->n; k++)
+        if ((int)g->dt[k] != sdt) sdt = -1;
+    switch (ot) {
+    case LK_F32: accumulate_out(g, d0, len, tile, first, last, orow, LK_F32, sdt); break;
+    case LK_F16: accumulate_out(g, d0, len, tile, first, last, orow, LK_F16, sdt); break;
+    default: accumulate_out(g, d0, len, tile, first, last, orow, LK_BF16, sdt); break;
     }
 }
 
