@@ -21,6 +21,7 @@ static const struct {
     /* activations */
 
     /* rotary */
+    {"rotary", bench_rotary},
 
     /* kv cache */
 

@@ -25,6 +25,7 @@ static void fill_tables(void) {
     /* -- activations -- */
 
     /* -- rotary -- */
+    r->rotary_embedding = lk_ref_rotary_embedding;
 
     /* -- kv cache -- */
 
@@ -41,6 +42,7 @@ static void fill_tables(void) {
     /* -- activations -- */
 
     /* -- rotary -- */
+    a2->rotary_embedding = lk_avx2_rotary_embedding;
 
     /* -- kv cache -- */
 
@@ -57,6 +59,7 @@ static void fill_tables(void) {
     /* -- activations -- */
 
     /* -- rotary -- */
+    a5->rotary_embedding = lk_avx512_rotary_embedding;
 
     /* -- kv cache -- */
 
