@@ -4,7 +4,7 @@
  * rotary (rot < D), q only, q + k with GQA head counts, head dims 64/80/128/256 and odd
  * ones, rot/2 not a multiple of the vector width, rot/2 beyond one staging block,
  * odd token counts, strided views with garbage padding, q and k as slices of one fused
- * qkv buffer, a transposed view (reference fallback), every dtype and mixed dtypes,
+ * qkv buffer, a transposed view (reference fallback), a negative token stride, every dtype and mixed dtypes,
  * i32/i64 (and strided) positions, empty inputs, thread-count independence, and the
  * bad-input catalogue (incl. an out-of-range position on the last token).
  *
@@ -296,6 +296,42 @@ static void test_threads(void) {
     }
 }
 
+/* q with a negative token stride (tokens stored in reverse) equals the contiguous call
+ * with the positions reversed, bit for bit, on every ISA */
+static void test_negative_stride(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    int64_t T = 9, H = 3, D = 48;
+    tu_buf cache = make_cache(LK_F32, 64, 32, 0);
+    tu_buf pos = tu_alloc(LK_I32, 1, &T, 0), rpos = tu_alloc(LK_I32, 1, &T, 0);
+    for (int64_t t = 0; t < T; t++) {
+        int64_t v = tu_randint(0, 63);
+        tu_set(&pos, t, (double)v);
+        tu_set(&rpos, T - 1 - t, (double)v);
+    }
+    for (int ii = 0; ii < nisa; ii++)
+        for (int neox = 0; neox <= 1; neox++) {
+            lk_set_isa(isas[ii]);
+            tu_buf a = tu_alloc(LK_BF16, 3, (int64_t[]){T, H, D}, 0), b = tu_alloc(LK_BF16, 3, (int64_t[]){T, H, D}, 0);
+            tu_fill_uniform(&a, -2, 2);
+            memcpy(b.base, a.base, a.bytes);
+            lk_tensor rev = a.t;
+            rev.data = (uint16_t *)a.t.data + (T - 1) * H * D;
+            rev.stride[0] = -H * D;
+            lk_status s1 = lk_rotary_embedding(&pos.t, &rev, NULL, &cache.t, neox);
+            lk_status s2 = lk_rotary_embedding(&rpos.t, &b.t, NULL, &cache.t, neox);
+            tu_check(s1 == LK_OK && s2 == LK_OK && memcmp(a.base, b.base, a.bytes) == 0,
+                     "rotary %s %s negative token stride == reversed positions", lk_isa_name(isas[ii]),
+                     neox ? "neox" : "gptj");
+            tu_free(&a);
+            tu_free(&b);
+        }
+    lk_set_isa(lk_isa_best());
+    tu_free(&cache);
+    tu_free(&pos);
+    tu_free(&rpos);
+}
+
 /* T = 0, no heads, rot = 0: no-ops that write nothing (positions still validated) */
 static void test_empty(void) {
     tu_buf q = tu_alloc(LK_F32, 3, (int64_t[]){3, 2, 8}, 0), k = tu_alloc(LK_F32, 3, (int64_t[]){3, 0, 8}, 0);
@@ -458,6 +494,7 @@ int main(void) {
     tu_init();
     test_cases();
     test_threads();
+    test_negative_stride();
     test_empty();
     test_bad_inputs();
     return tu_finish("test_rotary");
