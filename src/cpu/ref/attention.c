@@ -35,7 +35,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
     for (int64_t b = 0; b < a->B; b++)
         if (a->k_len[b] > maxk) maxk = a->k_len[b];
     double *s = malloc(sizeof(double) * (size_t)maxk);        // [k_len]
-    double *acc = malloc(sizeof(double) * (size_t)a->Dv);     // [Dv]
+    double *acc = calloc((size_t)a->Dv, sizeof(double));        // [Dv]
     if (!s || !acc) {
         free(s);
         free(acc);
