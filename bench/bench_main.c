@@ -28,6 +28,7 @@ static const struct {
 
     /* softmax */
 
+    {"mla_cache", bench_mla_cache},
 };
 
 int main(int argc, char **argv) {

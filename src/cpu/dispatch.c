@@ -32,6 +32,10 @@ static void fill_tables(void) {
 
     /* -- softmax -- */
 
+    /* -- mla cache -- */
+    r->concat_and_cache_mla = lk_ref_concat_and_cache_mla;
+    r->gather_cache = lk_ref_gather_cache;
+
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
     a2->isa = LK_ISA_AVX2;
@@ -48,6 +52,10 @@ static void fill_tables(void) {
 
     /* -- softmax -- */
 
+    /* -- mla cache -- */
+    a2->concat_and_cache_mla = lk_avx2_concat_and_cache_mla;
+    a2->gather_cache = lk_avx2_gather_cache;
+
     /* ================ AVX-512 overrides ================ */
     *a5 = *a2;
     a5->isa = LK_ISA_AVX512;
@@ -63,6 +71,10 @@ static void fill_tables(void) {
     /* -- merge -- */
 
     /* -- softmax -- */
+
+    /* -- mla cache -- */
+    a5->concat_and_cache_mla = lk_avx512_concat_and_cache_mla;
+    a5->gather_cache = lk_avx512_gather_cache;
 
     lk_isa isa = lk_isa_best();
     const char *env = getenv("LLMKERN_ISA");
