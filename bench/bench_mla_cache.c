@@ -5,7 +5,7 @@
  *    bf16 (and f32 for prefill);
  *  - gather_cache: the 8192-token prefix of 2 requests (4096 each) in shuffled pages,
  *    page 128 and 16, ND and NZ, bf16 and f32;
- *  - one case of each far beyond the L3 (32768 written tokens, a 65536-token prefix) for
+ *  - one case of each far beyond the L3 (32768 written tokens, a 49152-token prefix) for
  *    the bandwidth ceiling.
  * Bytes = read + written: tokens x 576 x (source + destination element size).
  * Max error: the whole cache (concat) or out (gather) against the ref kernel.
@@ -136,9 +136,9 @@ void bench_mla_cache(void) {
             gather_case(4096, 2, pages[p], LK_BF16, (lk_kv_layout)L);
             if (pages[p] == 128 || BENCH.full) gather_case(4096, 2, pages[p], LK_F32, (lk_kv_layout)L);
         }
-    /* beyond the L3: 2 x 36 MiB written / 2 x 72 MiB gathered */
+    /* beyond the L3: 36 MiB read + 36 MiB written (concat), 54 + 54 MiB (gather) */
     for (int L = 0; L <= 1; L++) {
         concat_case(32768, 128, LK_BF16, (lk_kv_layout)L);
-        gather_case(32768, 2, 128, LK_BF16, (lk_kv_layout)L);
+        gather_case(24576, 2, 128, LK_BF16, (lk_kv_layout)L);
     }
 }

@@ -112,6 +112,28 @@ static void random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding
     free(all);
 }
 
+/* prefill-like slots: runs of consecutive slots through pages in shuffled order, with
+ * padding tokens and small jumps, so tokens come in groups of consecutive slots that
+ * start and end anywhere in a page */
+static void prefill_slots(tu_buf *sm, int64_t N, int64_t nb, int64_t bs) {
+    int64_t *pages = malloc(sizeof(int64_t) * (size_t)nb), pos = tu_randint(0, bs - 1);
+    for (int64_t i = 0; i < nb; i++) pages[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = pages[i];
+        pages[i] = pages[j], pages[j] = x;
+    }
+    for (int64_t i = 0; i < N; i++) {
+        if (tu_randint(0, 12) == 0) pos += tu_randint(1, 3);
+        if (tu_randint(0, 8) == 0 || pos >= nb * bs) {
+            tu_set(sm, i, -1);
+            continue;
+        }
+        tu_set(sm, i, (double)(pages[pos / bs] * bs + pos % bs));
+        pos++;
+    }
+    free(pages);
+}
+
 /* ---------------------------------------------------------------- concat_and_cache_mla */
 
 typedef struct {
@@ -121,6 +143,7 @@ typedef struct {
     lk_dtype kt, pt, ct, ct2; /* kv_c, k_pe, cache (kv_c_cache), k_pe_cache */
     int pad, perm;
     lk_dtype st;            /* slot_mapping i32/i64 */
+    int prefill;            /* prefill-like slots (else random) */
 } mla_case;
 
 /* expected caches: the initial ones with every token's entry written */
@@ -143,13 +166,14 @@ static void mla_expect(tcache *e1, tcache *e2, const tu_buf *kv, const tu_buf *p
 static void run_mla_case(const mla_case *m) {
     lk_isa isas[3];
     int nisa = tu_isas(isas);
-    int64_t nb = (m->T + m->bs - 1) / m->bs + 2;
+    int64_t nb = 2 * ((m->T + m->bs - 1) / m->bs) + 2;
     tu_buf kv = tu_alloc(m->kt, 2, (int64_t[]){m->T, m->Dl}, m->pad);
     tu_buf pe = tu_alloc(m->pt, 2, (int64_t[]){m->T, m->Dr}, m->pad);
     tu_buf sm = tu_alloc(m->st, 1, (int64_t[]){m->N}, m->pad);
     tu_fill_uniform(&kv, -3, 3);
     tu_fill_uniform(&pe, -3, 3);
-    random_slots(&sm, m->N, nb * m->bs, 1);
+    if (m->prefill) prefill_slots(&sm, m->N, nb, m->bs);
+    else random_slots(&sm, m->N, nb * m->bs, 1);
     int64_t D1 = m->two ? m->Dl : m->Dl + m->Dr;
     tcache c1 = make_cache(m->layout, m->ct, nb, m->bs, 1, D1, 0, m->pad, m->perm);
     tcache c2 = m->two ? make_cache(m->layout, m->ct2, nb, m->bs, 1, m->Dr, 0, m->pad, m->perm) : c1;
@@ -169,11 +193,11 @@ static void run_mla_case(const mla_case *m) {
         lk_status st = lk_concat_and_cache_mla(&kv.t, &pe.t, &w1.b.t, m->two ? &w2.b.t : NULL, &sm.t, m->layout);
         int ok = st == LK_OK && same_alloc(&w1.b, &e1.b) && (!m->two || same_alloc(&w2.b, &e2.b)) &&
                  tu_intact(&kv) && tu_intact(&pe) && tu_intact(&sm);
-        tu_check(ok, "concat_and_cache_mla %s %s %s bs=%lld Dl=%lld Dr=%lld T=%lld N=%lld kv_c=%s k_pe=%s cache=%s/%s pad=%d perm=%d %s",
+        tu_check(ok, "concat_and_cache_mla %s %s %s bs=%lld Dl=%lld Dr=%lld T=%lld N=%lld kv_c=%s k_pe=%s cache=%s/%s pad=%d perm=%d prefill=%d %s",
                  lk_isa_name(isas[ii]), m->layout == LK_KV_NZ ? "NZ" : "ND", m->two ? "two" : "one",
                  (long long)m->bs, (long long)m->Dl, (long long)m->Dr, (long long)m->T, (long long)m->N,
                  lk_dtype_name(m->kt), lk_dtype_name(m->pt), lk_dtype_name(m->ct),
-                 lk_dtype_name(m->two ? m->ct2 : m->ct), m->pad, m->perm, lk_last_error());
+                 lk_dtype_name(m->two ? m->ct2 : m->ct), m->pad, m->perm, m->prefill, lk_last_error());
         if (ii == 0) {
             r1 = w1.b;
             r2 = w2.b;
@@ -205,7 +229,7 @@ static void test_concat_cases(void) {
                         for (int pad = 0; pad <= 1; pad++, k++) {
                             mla_case m = {L ? LK_KV_NZ : LK_KV_ND, two, page[p], 512, 64, 37, 33,
                                           combos[c][0], combos[c][1], combos[c][2], combos[c][3], pad, 0,
-                                          k & 1 ? LK_I32 : LK_I64};
+                                          k & 1 ? LK_I32 : LK_I64, (k >> 1) & 1};
                             if (dims == 1) { /* odd dims: ND any; NZ one buffer: sum % 16; two: each % 16 */
                                 m.Dl = L ? (two ? 16 : 5) : 5;
                                 m.Dr = L ? (two ? 48 : 11) : 3;
@@ -218,7 +242,7 @@ static void test_concat_cases(void) {
     /* permuted caches (dim / lane stride != 1): the SIMD kernels hand them to ref */
     for (int L = 0; L <= 1; L++)
         for (int two = 0; two <= 1; two++) {
-            mla_case m = {L ? LK_KV_NZ : LK_KV_ND, two, 7, 32, 16, 20, 17, LK_BF16, LK_F32, LK_BF16, LK_F16, 1, 1, LK_I64};
+            mla_case m = {L ? LK_KV_NZ : LK_KV_ND, two, 7, 32, 16, 20, 17, LK_BF16, LK_F32, LK_BF16, LK_F16, 1, 1, LK_I64, two};
             run_mla_case(&m);
         }
     /* transposed kv_c (last-dim stride != 1) */
@@ -361,9 +385,9 @@ static void test_gather_cases(void) {
                         gather_case g = {views[v][0], views[v][1], views[v][2], bs, 1, 576, 1, {0}, 0, 0, pad, 0};
                         const lk_dtype *dt = combos[cc ? 1 + k % 5 : 0];
                         g.ct = dt[0], g.ot = dt[1];
-                        if (set & 1) { /* small entries: ND 3 x 7, NZ 2 x 24 */
+                        if (set & 1) { /* small entries: ND 3 x 11 (33 = 4 x 8 + 1), NZ 2 x 24 */
                             g.H = g.layout == LK_KV_NZ ? 2 : 3;
-                            g.D = g.layout == LK_KV_NZ ? 24 : 7;
+                            g.D = g.layout == LK_KV_NZ ? 24 : 11;
                         }
                         switch (set) {
                         case 0: g.B = 1, g.lens[0] = 0; break;             /* empty request */
@@ -558,6 +582,13 @@ static void test_tight_allocation(void) {
 /* Outputs of 16 MiB or more take the non-temporal store path: same bits as ref, for a
  * same-dtype and a converting copy, into an aligned and a misaligned (by one element)
  * destination. */
+static unsigned char *zalloc64(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) abort();
+    memset(p, 0, bytes);
+    return p;
+}
+
 static void test_streaming(void) {
     lk_isa isas[3];
     int nisa = tu_isas(isas);
@@ -578,7 +609,7 @@ static void test_streaming(void) {
             unsigned char *rc = NULL, *ro = NULL;
             for (int ii = 0; ii < nisa; ii++) {
                 lk_set_isa(isas[ii]);
-                unsigned char *cache = calloc(cache_bytes, 1), *out = calloc(out_bytes, 1);
+                unsigned char *cache = zalloc64(cache_bytes), *out = zalloc64(out_bytes);
                 /* mis: the cache starts one element off (concat streams misaligned), else out */
                 uint16_t *cd = (uint16_t *)(cache + 64) + mis, *od = (uint16_t *)(out + 64) + !mis;
                 lk_tensor tc = L ? lk_tensor_make(cd, LK_BF16, 4, (int64_t[]){nb, C / 16, bs, 16})

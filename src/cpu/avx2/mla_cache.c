@@ -60,7 +60,9 @@ static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st,
  * issued before its stores. The chunks of one token share their address bits 0-11
  * (chunk stride = block_size x 16 elements, 4 KiB for page 128 in 16-bit), so a
  * run-by-run loop has about a quarter of its loads 4K-alias a store still in flight
- * (3-4x slower on Zen 3); batching 4 runs cuts that to a few percent. */
+ * (3-4x slower on Zen 3); batching 4 runs cuts that to a few percent. Into an NZ
+ * cache, 16-bit chunks of 2 consecutive slots make one 64-byte line: they are stored
+ * back to back, so a streamed line is complete at once (about 20% faster at 16+ MiB). */
 static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
     int64_t ces = esize(g->ct), res = esize(g->rt);
     lk_dtype dt = g->to_cache ? g->ct : g->rt, st = g->to_cache ? g->rt : g->ct;
@@ -75,8 +77,20 @@ static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
         s[k] = g->to_cache ? rp : cp;
         stream &= !((uintptr_t)d[k] & 31);
     }
-    for (int64_t i = 0; i < g->ntok; i++, d[0] += db, d[1] += db, d[2] += db, d[3] += db, s[0] += sb,
-                 s[1] += sb, s[2] += sb, s[3] += sb) {
+    int64_t i = 0;
+    if (dt == st && des == 2 && db == 32) /* into NZ: 2 tokens fill a line, store them together */
+        for (; i + 2 <= g->ntok; i += 2) {
+            __m256i v[8];
+            for (int k = 0; k < 4; k++)
+                v[2 * k] = _mm256_loadu_si256((const __m256i *)s[k]),
+                v[2 * k + 1] = _mm256_loadu_si256((const __m256i *)(s[k] + sb));
+            for (int k = 0; k < 4; k++)
+                if (stream) _mm256_stream_si256((__m256i *)d[k], v[2 * k]), _mm256_stream_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
+                else _mm256_storeu_si256((__m256i *)d[k], v[2 * k]), _mm256_storeu_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
+            for (int k = 0; k < 4; k++) d[k] += 2 * db, s[k] += 2 * sb;
+        }
+    for (; i < g->ntok; i++, d[0] += db, d[1] += db, d[2] += db, d[3] += db, s[0] += sb, s[1] += sb,
+                        s[2] += sb, s[3] += sb) {
         if (dt != st) { /* 8 lanes through f32, one rounding */
             __m256 v[8];
             for (int k = 0; k < 4; k++) v[2 * k] = lk8_load(s[k], st), v[2 * k + 1] = lk8_load(s[k] + 8 * ses, st);

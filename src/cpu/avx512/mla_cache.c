@@ -49,7 +49,8 @@ static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st,
 }
 
 /* 4 runs of 16 elements (4 NZ chunks) for every token of the group, each token's loads
- * issued before its stores (4K aliasing, see avx2/mla_cache.c) */
+ * issued before its stores (4K aliasing, see avx2/mla_cache.c); into an NZ cache, the
+ * 16-bit chunks of 2 consecutive slots are one 64-byte store */
 static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
     int64_t ces = esize(g->ct), res = esize(g->rt);
     lk_dtype dt = g->to_cache ? g->ct : g->rt, st = g->to_cache ? g->rt : g->ct;
@@ -64,8 +65,20 @@ static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
         s[k] = g->to_cache ? rp : cp;
         stream &= !((uintptr_t)d[k] & (uintptr_t)align);
     }
-    for (int64_t i = 0; i < g->ntok; i++, d[0] += db, d[1] += db, d[2] += db, d[3] += db, s[0] += sb,
-                 s[1] += sb, s[2] += sb, s[3] += sb) {
+    int64_t i = 0;
+    if (dt == st && des == 2 && db == 32) /* into NZ: 2 tokens fill a line, one 64-byte store */
+        for (; i + 2 <= g->ntok; i += 2) {
+            __m512i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)s[k])),
+                                          _mm256_loadu_si256((const __m256i *)(s[k] + sb)), 1);
+            for (int k = 0; k < 4; k++)
+                if (stream && !((uintptr_t)d[k] & 63)) _mm512_stream_si512((void *)d[k], v[k]);
+                else _mm512_storeu_si512(d[k], v[k]);
+            for (int k = 0; k < 4; k++) d[k] += 2 * db, s[k] += 2 * sb;
+        }
+    for (; i < g->ntok; i++, d[0] += db, d[1] += db, d[2] += db, d[3] += db, s[0] += sb, s[1] += sb,
+                        s[2] += sb, s[3] += sb) {
         if (dt != st) { /* 16 lanes through f32, one rounding */
             __m512 v[4];
             for (int k = 0; k < 4; k++) v[k] = lk16_load(s[k], st, 16);
