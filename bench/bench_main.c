@@ -22,6 +22,7 @@ static const struct {
     {"activation", bench_activation},
 
     /* rotary */
+    {"rotary", bench_rotary},
 
     /* kv cache */
 

@@ -137,9 +137,14 @@ LK_API lk_status lk_gelu_tanh_and_mul(const lk_tensor *out, const lk_tensor *x);
 
 /* ---------------------------------------------------------------- rotary */
 
-/* In place. positions: [T] (i64 or i32); q: [T, Hq, D]; k: [T, Hk, D] or NULL;
+/* In place. positions: [T] (i64 or i32), each in [0, max_pos) (else LK_ERR_INDEX, nothing
+ * written); q: [T, Hq, D]; k: [T, Hk, D] or NULL;
  * cos_sin_cache: [max_pos, rot] = [cos(0..rot/2) | sin(0..rot/2)], rot even, rot <= D.
- * is_neox: pairs (i, i + rot/2); else GPT-J pairs (2i, 2i + 1). */
+ * is_neox: pairs (i, i + rot/2); else GPT-J pairs (2i, 2i + 1); both use cos[i], sin[i]:
+ * x' = x*cos - y*sin, y' = y*cos + x*sin. Dims [rot, D) are not touched.
+ * q, k and the cache may each be f32/f16/bf16; q and k may have different head counts and
+ * may be slices of one fused qkv buffer (any token/head strides); they must not overlap
+ * each other, the cache or the positions. */
 LK_API lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor *q,
                                      const lk_tensor *k, const lk_tensor *cos_sin_cache,
                                      int is_neox);

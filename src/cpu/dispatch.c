@@ -27,6 +27,7 @@ static void fill_tables(void) {
     r->gelu_tanh_and_mul = lk_ref_gelu_tanh_and_mul;
 
     /* -- rotary -- */
+    r->rotary_embedding = lk_ref_rotary_embedding;
 
     /* -- kv cache -- */
 
@@ -48,6 +49,7 @@ static void fill_tables(void) {
     a2->gelu_tanh_and_mul = lk_avx2_gelu_tanh_and_mul;
 
     /* -- rotary -- */
+    a2->rotary_embedding = lk_avx2_rotary_embedding;
 
     /* -- kv cache -- */
 
@@ -69,6 +71,7 @@ static void fill_tables(void) {
     a5->gelu_tanh_and_mul = lk_avx512_gelu_tanh_and_mul;
 
     /* -- rotary -- */
+    a5->rotary_embedding = lk_avx512_rotary_embedding;
 
     /* -- kv cache -- */
 

@@ -1,0 +1,180 @@
+/*
+ * rotary_embedding, AVX2 + FMA + F16C.
+ *
+ *   c = cache[pos[t], i], s = cache[pos[t], rot/2 + i]       for i in [0, rot/2)
+ *   NeoX  pair (x, y) = (row[i], row[i + rot/2]);  GPT-J pair (x, y) = (row[2i], row[2i + 1])
+ *   x' = x*c - y*s;  y' = y*c + x*s
+ * Products are rounded to f32, then subtracted / added: no FMA (the op is memory-bound;
+ * the ISO C build mode keeps the compiler from contracting), so every ISA matches
+ * ref/rotary.c bit for bit and the tests compare them bitwise.
+ *
+ * Shapes: positions [T]; q [T, Hq, D]; k [T, Hk, D] (optional); cos_sin [max_pos, rot].
+ * Fast path needs last-dim stride 1 on q, k and the cache; token and head strides are
+ * free (q and k may be slices of one fused qkv buffer). Other layouts go to the reference.
+ *
+ * Work split: tokens, contiguous ranges per thread (lk_parallel_for). Per token the
+ * cache row is converted to f32 once into a staging block of up to CHUNK pairs, then
+ * every head of q and k is rotated from it (rot/2 > CHUNK is done in CHUNK pieces).
+ *
+ * Variants:
+ *  - NeoX: x and y are two contiguous half-rows; 8 pairs per step, plain vector maths.
+ *  - GPT-J: 16 interleaved values v0, v1 are split in-lane with shufps into x (even)
+ *    and y (odd); shufps leaves the pairs in the lane order 0 1 4 5 | 2 3 6 7, so the
+ *    staged cos/sin are stored in that same order (one vpermpd per 8 pairs per token,
+ *    not per head), and unpcklps/unpckhps put x', y' back into v0, v1 order.
+ */
+#include "../kernels.h"
+#include "simd.h"
+
+#define CHUNK 256 /* pairs per staging block (multiple of 8) */
+
+typedef struct {
+    float c[CHUNK], s[CHUNK]; /* f32 cos / sin of pairs [i0, i0 + n), zero-padded to 8 */
+} cs_block;
+
+/* 8-pair order produced by the GPT-J shufps split: pairs 0 1 4 5 2 3 6 7 */
+static inline __m256 gptj_lane_order(__m256 v) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* stage cache pairs [i0, i0 + n) of row cs (cos at [0, half), sin at [half, 2 half)) */
+static void stage(cs_block *b, const char *cs, lk_dtype dt, int64_t half, int64_t i0, int64_t n,
+                  int gptj) {
+    size_t es = lk_dtype_size(dt);
+    const char *pc = cs + i0 * es, *ps = cs + (half + i0) * es; // [n] each
+    for (int64_t j = 0; j < n; j += 8) {
+        int m = n - j < 8 ? (int)(n - j) : 8;
+        __m256 c = m == 8 ? lk8_load(pc + j * es, dt) : lk8_load_part(pc + j * es, dt, m);
+        __m256 s = m == 8 ? lk8_load(ps + j * es, dt) : lk8_load_part(ps + j * es, dt, m);
+        if (gptj) {
+            c = gptj_lane_order(c);
+            s = gptj_lane_order(s);
+        }
+        _mm256_storeu_ps(b->c + j, c);
+        _mm256_storeu_ps(b->s + j, s);
+    }
+}
+
+static inline size_t es_of(lk_dtype dt) { return dt == LK_F32 ? 4 : 2; }
+
+/* store a (8 values) to pa and b to pb, rounded once to dt; for bf16 one pack and one
+ * permute serve both vectors (lk8_store would pack each half on its own) */
+static inline void store2(void *pa, void *pb, lk_dtype dt, __m256 a, __m256 b) {
+    if (dt != LK_BF16) {
+        lk8_store(pa, dt, a);
+        lk8_store(pb, dt, b);
+        return;
+    }
+    __m256i ab = _mm256_packus_epi32(lk8_bf16_bits(a), lk8_bf16_bits(b)); /* a0-3 b0-3 | a4-7 b4-7 */
+    ab = _mm256_permute4x64_epi64(ab, _MM_SHUFFLE(3, 1, 2, 0));             /* a0-7 | b0-7 */
+    _mm_storeu_si128((__m128i *)pa, _mm256_castsi256_si128(ab));
+    _mm_storeu_si128((__m128i *)pb, _mm256_extracti128_si256(ab, 1));
+}
+
+/* x' = x*c - y*s, y' = y*c + x*s on 8 pairs */
+static inline void rot8(__m256 *x, __m256 *y, const float *c, const float *s) {
+    __m256 vc = _mm256_loadu_ps(c), vs = _mm256_loadu_ps(s);
+    __m256 xo = _mm256_sub_ps(_mm256_mul_ps(*x, vc), _mm256_mul_ps(*y, vs));
+    __m256 yo = _mm256_add_ps(_mm256_mul_ps(*y, vc), _mm256_mul_ps(*x, vs));
+    *x = xo;
+    *y = yo;
+}
+
+/* NeoX: pairs (i, half + i) for i in [i0, i0 + n) of one head row */
+static inline void rot_neox(char *row, lk_dtype dt, int64_t half, int64_t i0, int64_t n,
+                            const cs_block *b) {
+    size_t es = es_of(dt);
+    char *px = row + i0 * es, *py = row + (half + i0) * es; // [n] each
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = lk8_load(px + j * es, dt), y = lk8_load(py + j * es, dt);
+        rot8(&x, &y, b->c + j, b->s + j);
+        store2(px + j * es, py + j * es, dt, x, y);
+    }
+    if (j < n) {
+        int m = (int)(n - j);
+        __m256 x = lk8_load_part(px + j * es, dt, m), y = lk8_load_part(py + j * es, dt, m);
+        rot8(&x, &y, b->c + j, b->s + j);
+        lk8_store_part(px + j * es, dt, x, m);
+        lk8_store_part(py + j * es, dt, y, m);
+    }
+}
+
+/* GPT-J on 16 interleaved values v0 = row[0..8), v1 = row[8..16) (8 pairs) */
+static inline void rot8_gptj(__m256 *v0, __m256 *v1, const float *c, const float *s) {
+    __m256 x = _mm256_shuffle_ps(*v0, *v1, _MM_SHUFFLE(2, 0, 2, 0)); /* pairs 0 1 4 5 | 2 3 6 7 */
+    __m256 y = _mm256_shuffle_ps(*v0, *v1, _MM_SHUFFLE(3, 1, 3, 1));
+    rot8(&x, &y, c, s);
+    *v0 = _mm256_unpacklo_ps(x, y);
+    *v1 = _mm256_unpackhi_ps(x, y);
+}
+
+/* GPT-J: pairs (2i, 2i + 1) for i in [i0, i0 + n) of one head row */
+static inline void rot_gptj(char *row, lk_dtype dt, int64_t i0, int64_t n, const cs_block *b) {
+    size_t es = es_of(dt);
+    char *p = row + 2 * i0 * es; // [2n]
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        char *p0 = p + 2 * j * es, *p1 = p0 + 8 * es;
+        __m256 v0 = lk8_load(p0, dt), v1 = lk8_load(p1, dt);
+        rot8_gptj(&v0, &v1, b->c + j, b->s + j);
+        store2(p0, p1, dt, v0, v1);
+    }
+    if (j < n) {
+        int m = (int)(2 * (n - j)); /* values left: 2 .. 14 */
+        char *p0 = p + 2 * j * es, *p1 = p0 + 8 * es;
+        __m256 v0 = m >= 8 ? lk8_load(p0, dt) : lk8_load_part(p0, dt, m);
+        __m256 v1 = m > 8 ? lk8_load_part(p1, dt, m - 8) : _mm256_setzero_ps();
+        rot8_gptj(&v0, &v1, b->c + j, b->s + j);
+        if (m >= 8) lk8_store(p0, dt, v0);
+        else lk8_store_part(p0, dt, v0, m);
+        if (m > 8) lk8_store_part(p1, dt, v1, m - 8);
+    }
+}
+
+/* pairs [i0, i0 + n) of every head of x[t] (x: [T, H, D]); inlined once per dtype so
+ * the dtype tests in the load/store helpers fold away */
+static inline __attribute__((always_inline)) void
+rotate_heads_dt(const lk_tensor *x, lk_dtype dt, int64_t t, int64_t half, int64_t i0, int64_t n,
+                const cs_block *b, int is_neox) {
+    for (int64_t h = 0; h < x->shape[1]; h++) {
+        char *row = lk_at(x, t * x->stride[0] + h * x->stride[1]); // [D]
+        if (is_neox) rot_neox(row, dt, half, i0, n, b);
+        else rot_gptj(row, dt, i0, n, b);
+    }
+}
+
+static void rotate_heads(const lk_tensor *x, int64_t t, int64_t half, int64_t i0, int64_t n,
+                         const cs_block *b, int is_neox) {
+    if (x->dtype == LK_F32) rotate_heads_dt(x, LK_F32, t, half, i0, n, b, is_neox);
+    else if (x->dtype == LK_F16) rotate_heads_dt(x, LK_F16, t, half, i0, n, b, is_neox);
+    else rotate_heads_dt(x, LK_BF16, t, half, i0, n, b, is_neox);
+}
+
+static void rotary_tokens(void *ctx, int64_t t0, int64_t t1) {
+    const lk_rotary_args *a = ctx;
+    const lk_tensor *p = &a->positions, *cs = &a->cos_sin;
+    int64_t half = cs->shape[1] / 2;
+    cs_block b;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t pos = lk_load_index(p->data, p->dtype, t * p->stride[0]);
+        const char *row = lk_at(cs, pos * cs->stride[0]); // [rot]
+        for (int64_t i0 = 0; i0 < half; i0 += CHUNK) {
+            int64_t n = half - i0 < CHUNK ? half - i0 : CHUNK;
+            stage(&b, row, cs->dtype, half, i0, n, !a->is_neox);
+            rotate_heads(&a->q, t, half, i0, n, &b, a->is_neox);
+            if (a->has_k) rotate_heads(&a->k, t, half, i0, n, &b, a->is_neox);
+        }
+    }
+}
+
+lk_status lk_avx2_rotary_embedding(const lk_rotary_args *a) {
+    if (a->q.stride[2] != 1 || (a->has_k && a->k.stride[2] != 1) || a->cos_sin.stride[1] != 1)
+        return lk_ref_rotary_embedding(a);
+    int64_t rot = a->cos_sin.shape[1];
+    int64_t bytes = rot * (int64_t)lk_dtype_size(a->cos_sin.dtype) +
+                    2 * rot * a->q.shape[1] * (int64_t)lk_dtype_size(a->q.dtype);
+    if (a->has_k) bytes += 2 * rot * a->k.shape[1] * (int64_t)lk_dtype_size(a->k.dtype);
+    lk_parallel_for(a->positions.shape[0], bytes, rotary_tokens, (void *)a);
+    return LK_OK;
+}
