@@ -25,6 +25,7 @@ static const struct {
     {"rotary", bench_rotary},
 
     /* kv cache */
+    {"kv_cache", bench_kv_cache},
 
     /* merge */
 

@@ -30,6 +30,7 @@ static void fill_tables(void) {
     r->rotary_embedding = lk_ref_rotary_embedding;
 
     /* -- kv cache -- */
+    r->reshape_and_cache_flash = lk_ref_reshape_and_cache_flash;
 
     /* -- merge -- */
 
@@ -52,6 +53,7 @@ static void fill_tables(void) {
     a2->rotary_embedding = lk_avx2_rotary_embedding;
 
     /* -- kv cache -- */
+    a2->reshape_and_cache_flash = lk_avx2_reshape_and_cache_flash;
 
     /* -- merge -- */
 
@@ -74,6 +76,7 @@ static void fill_tables(void) {
     a5->rotary_embedding = lk_avx512_rotary_embedding;
 
     /* -- kv cache -- */
+    a5->reshape_and_cache_flash = lk_avx512_reshape_and_cache_flash;
 
     /* -- merge -- */
 

@@ -1,0 +1,43 @@
+/*
+ * reshape_and_cache_flash, scalar reference.
+ *
+ *   for t < N with slot = slot_mapping[t] >= 0, b = slot / bs, o = slot % bs:
+ *     k_cache[b, o, h, d] = round(k[t, h, d]),  v_cache[b, o, h, d] = round(v[t, h, d])
+ *
+ * Shapes: k [T, H, Dk], v [T, H, Dv], k_cache [NB, bs, H, Dk], v_cache [NB, bs, H, Dv],
+ * slot_mapping [N], every stride honoured. Same dtype: the element's bits are copied
+ * (NaN payloads included); otherwise one rounding f32 -> cache dtype (f16 and bf16
+ * widen to f32 exactly). No threads; slots were validated (in range, distinct).
+ */
+#include <string.h>
+
+#include "../../core/half.h"
+#include "../kernels.h"
+
+/* dst[b, o, :, :] = src[t, :, :] */
+static void copy_token(const lk_tensor *dst, const lk_tensor *src, int64_t t, int64_t b,
+                       int64_t o) {
+    int64_t H = src->shape[1], D = src->shape[2];
+    size_t es = lk_dtype_size(src->dtype);
+    int same = src->dtype == dst->dtype;
+    for (int64_t h = 0; h < H; h++) {
+        const char *s = lk_at(src, t * src->stride[0] + h * src->stride[1]);    // [D] stride src->stride[2]
+        char *d = lk_at(dst, b * dst->stride[0] + o * dst->stride[1] + h * dst->stride[2]); // [D] stride dst->stride[3]
+        for (int64_t i = 0; i < D; i++) {
+            if (same) memcpy(d + i * dst->stride[3] * (int64_t)es, s + i * src->stride[2] * (int64_t)es, es);
+            else lk_store_f(d, dst->dtype, i * dst->stride[3], lk_load_f(s, src->dtype, i * src->stride[2]));
+        }
+    }
+}
+
+lk_status lk_ref_reshape_and_cache_flash(const lk_cache_args *a) {
+    const lk_tensor *sm = &a->slot_mapping; // [N]
+    int64_t N = sm->shape[0], bs = a->k_cache.shape[1];
+    for (int64_t t = 0; t < N; t++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
+        if (slot < 0) continue; /* padding */
+        copy_token(&a->k_cache, &a->k, t, slot / bs, slot % bs);
+        copy_token(&a->v_cache, &a->v, t, slot / bs, slot % bs);
+    }
+    return LK_OK;
+}
