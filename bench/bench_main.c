@@ -28,8 +28,10 @@ static const struct {
     {"kv_cache", bench_kv_cache},
 
     /* merge */
+    {"merge", bench_merge},
 
     /* softmax */
+    {"softmax", bench_softmax},
 
     {"attention", bench_attention},
 };

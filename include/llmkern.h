@@ -162,17 +162,28 @@ LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor 
 
 /* out[T, H, D] (+ out_lse[T, H] or NULL) = LSE merge of two partial states
  * (a, lse_a) and (b, lse_b); a, b: [T, H, D]; lse_*: [T, H] f32 (any strides,
- * so a [H, T] buffer is passed as its transpose view). */
+ * so a [H, T] buffer is passed as its transpose view).
+ *   m = max(lse_a, lse_b); wa = exp(lse_a - m); wb = exp(lse_b - m)
+ *   out = (wa * a + wb * b) / (wa + wb); out_lse = m + log(wa + wb)   (f32)
+ * A state whose LSE is +inf or -inf is empty (weight 0, its values are not read); all
+ * empty: out = 0, out_lse = -inf. A NaN LSE: out = NaN, out_lse = NaN. a, b and out may
+ * each be f32/f16/bf16, any strides. out must not overlap the inputs; out_lse must not
+ * overlap anything. T * H == 0 does nothing; D == 0 writes only out_lse. */
 LK_API lk_status lk_merge_attn_states(const lk_tensor *out, const lk_tensor *out_lse,
                                       const lk_tensor *a, const lk_tensor *lse_a,
                                       const lk_tensor *b, const lk_tensor *lse_b);
-/* N-way form: states[i]: [T, H, D], lses[i]: [T, H], n >= 1. */
+/* N-way form: states[i]: [T, H, D], lses[i]: [T, H], n >= 1 (LK_ERR_VALUE otherwise);
+ * m = max over the finite LSEs, w_i = exp(lse_i - m), out = sum w_i states_i / sum w_i,
+ * out_lse = m + log(sum w_i), same rules as above. */
 LK_API lk_status lk_merge_attn_states_n(const lk_tensor *out, const lk_tensor *out_lse, int n,
                                         const lk_tensor *states, const lk_tensor *lses);
 
 /* out[..., q_len, k_len] = softmax over the last dim of x with the bottom-right causal
  * mask (key j visible to query i iff j <= i + k_len - q_len); masked entries are 0,
- * rows that see no key are all 0. out may be x itself. */
+ * rows that see no key are all 0. out may be x itself (identical view); any other
+ * overlap is an error. Rank >= 2, any strides, x and out each f32/f16/bf16.
+ * Special values among the visible entries: -inf gets weight 0; all visible -inf gives
+ * a row of 0; a NaN or +inf makes the visible part of the row NaN (as torch.softmax). */
 LK_API lk_status lk_causal_softmax(const lk_tensor *out, const lk_tensor *x);
 
 /* ---------------------------------------------------------------- paged caches

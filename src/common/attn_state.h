@@ -125,6 +125,14 @@ LK_HOSTDEV static inline float lk_online_shift(float m) { return m == -INFINITY 
 /* 1 / l, or 0 when l = 0 (the row saw no key or only -inf scores); NaN stays NaN. */
 LK_HOSTDEV static inline float lk_softmax_inv(float l) { return l == 0.0f ? 0.0f : 1.0f / l; }
 
+/* A softmax row (over its visible scores) is NaN when a score is NaN, or +inf
+ * (+inf - +inf): every visible output is then NaN. m = max of the scores with NaNs
+ * skipped, any_nan = whether one was NaN. Kernels that test this up front may use an
+ * exp for arguments <= 0 only. */
+LK_HOSTDEV static inline int lk_softmax_row_nan(float m, int any_nan) {
+    return any_nan || m == INFINITY;
+}
+
 /* Online softmax state of one query row. */
 typedef struct {
     float m; /* running max of the scores seen (-inf: none visible yet) */

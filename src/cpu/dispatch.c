@@ -33,8 +33,10 @@ static void fill_tables(void) {
     r->reshape_and_cache_flash = lk_ref_reshape_and_cache_flash;
 
     /* -- merge -- */
+    r->merge_attn_states = lk_ref_merge_attn_states;
 
     /* -- softmax -- */
+    r->causal_softmax = lk_ref_causal_softmax;
 
     /* -- attention -- */
     r->flash_attn = lk_ref_flash_attn;
@@ -56,8 +58,10 @@ static void fill_tables(void) {
     a2->reshape_and_cache_flash = lk_avx2_reshape_and_cache_flash;
 
     /* -- merge -- */
+    a2->merge_attn_states = lk_avx2_merge_attn_states;
 
     /* -- softmax -- */
+    a2->causal_softmax = lk_avx2_causal_softmax;
 
     /* -- attention -- */
     a2->flash_attn = lk_avx2_flash_attn;
@@ -79,8 +83,10 @@ static void fill_tables(void) {
     a5->reshape_and_cache_flash = lk_avx512_reshape_and_cache_flash;
 
     /* -- merge -- */
+    a5->merge_attn_states = lk_avx512_merge_attn_states;
 
     /* -- softmax -- */
+    a5->causal_softmax = lk_avx512_causal_softmax;
 
     /* -- attention: the AVX2 kernel (inherited) -- */
 

@@ -1,0 +1,147 @@
+/*
+ * merge_attn_states (N-way; the 2-way op is n = 2), AVX-512 (F/BW/DQ/VL).
+ *
+ * Same formula, rules, shapes, work split and summation order as avx2/merge.c: per
+ * (t, h) row the scalar weights and out_lse from src/cpu/merge_row.h, then
+ * out = sum_i c_i * states_i in state order with FMA, 16 lanes, masked loads/stores for
+ * the row tail; more than LK_MERGE_GROUP non-empty states go through an f32 tile.
+ * Fast path: last-dim stride 1 on out and every state, else the reference. Work split:
+ * (token, head) rows, contiguous chunks per thread (lk_parallel_for).
+ */
+#include <math.h>
+
+#include "../merge_row.h"
+#include "simd.h"
+
+#define MERGE_TILE 256
+#define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* elements [d0, d0 + len) of the row: v = (first ? 0 : tile) + sum_k c_k * p_k, then
+ * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j).
+ * sdt: the dtype of every state of the group, or -1 for mixed dtypes (each state's own);
+ * inlined with literal ot and sdt (accumulate below) so the loops carry no dtype tests */
+LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len,
+                                      float *tile, int first, int last, char *orow, lk_dtype ot,
+                                      int sdt) {
+    size_t oes = (size_t)lk_merge_es(ot);
+    int64_t j = 0;
+    for (; j + 64 <= len; j += 64) {
+        __m512 v0, v1, v2, v3;
+        if (first) v0 = v1 = v2 = v3 = _mm512_setzero_ps();
+        else {
+            v0 = _mm512_loadu_ps(tile + j), v1 = _mm512_loadu_ps(tile + j + 16);
+            v2 = _mm512_loadu_ps(tile + j + 32), v3 = _mm512_loadu_ps(tile + j + 48);
+        }
+        for (int k = 0; k < g->n; k++) {
+            __m512 c = _mm512_set1_ps(g->c[k]);
+            const char *p = g->p[k] + (d0 + j) * g->es[k];
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
+            int es = g->es[k];
+            v0 = _mm512_fmadd_ps(c, lk16_load(p, dt, 16), v0);
+            v1 = _mm512_fmadd_ps(c, lk16_load(p + 16 * es, dt, 16), v1);
+            v2 = _mm512_fmadd_ps(c, lk16_load(p + 32 * es, dt, 16), v2);
+            v3 = _mm512_fmadd_ps(c, lk16_load(p + 48 * es, dt, 16), v3);
+        }
+        if (last) {
+            char *o = orow + (d0 + j) * oes;
+            lk16_store(o, ot, v0, 16);
+            lk16_store(o + 16 * oes, ot, v1, 16);
+            lk16_store(o + 32 * oes, ot, v2, 16);
+            lk16_store(o + 48 * oes, ot, v3, 16);
+        } else {
+            _mm512_storeu_ps(tile + j, v0), _mm512_storeu_ps(tile + j + 16, v1);
+            _mm512_storeu_ps(tile + j + 32, v2), _mm512_storeu_ps(tile + j + 48, v3);
+        }
+    }
+    for (; j < len; j += 16) { /* up to 3 full vectors, then a masked tail */
+        int64_t w = len - j;
+        __m512 v = first ? _mm512_setzero_ps() : lk16_load(tile + j, LK_F32, w);
+        for (int k = 0; k < g->n; k++) {
+            lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
+            __m512 x = lk16_load(g->p[k] + (d0 + j) * g->es[k], dt, w);
+            v = _mm512_fmadd_ps(_mm512_set1_ps(g->c[k]), x, v);
+        }
+        if (last) lk16_store(orow + (d0 + j) * oes, ot, v, w);
+        else lk16_store(tile + j, LK_F32, v, w);
+    }
+}
+
+LK_ALWAYS_INLINE void accumulate_out(const lk_merge_group *g, int64_t d0, int64_t len,
+                                     float *tile, int first, int last, char *orow, lk_dtype ot,
+                                     int sdt) {
+    switch (sdt) {
+    case LK_F32: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F32); break;
+    case LK_F16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F16); break;
+    case LK_BF16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_BF16); break;
+    default: accumulate_body(g, d0, len, tile, first, last, orow, ot, -1); break;
+    }
+}
+
+/* accumulate_body specialised for out's dtype and the group's common state dtype */
+static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
+                       int last, char *orow, lk_dtype ot) {
+    int sdt = g->n > 0 ? (int)g->dt[0] : LK_F32;
+    for (int k = 1; k < g->n; k++)
+        if ((int)g->dt[k] != sdt) sdt = -1;
+    switch (ot) {
+    case LK_F32: accumulate_out(g, d0, len, tile, first, last, orow, LK_F32, sdt); break;
+    case LK_F16: accumulate_out(g, d0, len, tile, first, last, orow, LK_F16, sdt); break;
+    default: accumulate_out(g, d0, len, tile, first, last, orow, LK_BF16, sdt); break;
+    }
+}
+
+/* the whole row set to value (0 for an all-empty row, NaN for a NaN LSE) */
+static void fill_row(char *orow, lk_dtype ot, int64_t D, float value) {
+    size_t oes = (size_t)lk_merge_es(ot);
+    __m512 v = _mm512_set1_ps(value);
+    for (int64_t j = 0; j < D; j += 16) lk16_store(orow + j * oes, ot, v, D - j);
+}
+
+static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lk_merge_args *a = ctx;
+    const lk_tensor *out = &a->out;
+    int64_t H = out->shape[1], D = out->shape[2];
+    int64_t t = r0 / H, h = r0 % H;
+    for (int64_t r = r0; r < r1; r++, h = h + 1 == H ? 0 : h + 1, t += h == 0) {
+        lk_merge_row row;
+        lk_merge_row_init(&row, a, t, h); /* also writes out_lse[t, h] */
+        if (D == 0) continue;
+        char *orow = lk_merge_row_ptr(out, t, h); // [D]
+        if (row.kind != LK_MERGE_NORMAL) {
+            fill_row(orow, out->dtype, D, row.kind == LK_MERGE_NAN ? NAN : 0.0f);
+            continue;
+        }
+        lk_merge_group g;
+        int i = 0;
+        lk_merge_next_group(a, &row, t, h, &i, &g);
+        if (i >= a->n) { /* every non-empty state in one group: registers only */
+            accumulate(&g, 0, D, NULL, 1, 1, orow, out->dtype);
+            continue;
+        }
+        float tile[MERGE_TILE];
+        for (int64_t d0 = 0; d0 < D; d0 += MERGE_TILE) {
+            int64_t len = D - d0 < MERGE_TILE ? D - d0 : MERGE_TILE;
+            int first = 1, last;
+            i = 0;
+            do {
+                lk_merge_next_group(a, &row, t, h, &i, &g);
+                last = i >= a->n;
+                accumulate(&g, d0, len, tile, first, last, orow, out->dtype);
+                first = 0;
+            } while (!last);
+        }
+    }
+}
+
+lk_status lk_avx512_merge_attn_states(const lk_merge_args *a) {
+    int64_t D = a->out.shape[2];
+    int64_t bytes = D * lk_merge_es(a->out.dtype) + 4;
+    int fast = a->out.stride[2] == 1 || D <= 1;
+    for (int i = 0; i < a->n; i++) {
+        fast &= a->states[i].stride[2] == 1 || D <= 1;
+        bytes += D * lk_merge_es(a->states[i].dtype) + 4;
+    }
+    if (!fast) return lk_ref_merge_attn_states(a);
+    lk_parallel_for(a->out.shape[0] * a->out.shape[1], bytes, merge_rows, (void *)a);
+    return LK_OK;
+}
