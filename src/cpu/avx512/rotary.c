@@ -2,8 +2,8 @@
  * rotary_embedding, AVX-512 (F/BW/DQ/VL).
  *
  * Same formula, shapes, rounding (no FMA: bit-identical to ref/rotary.c), fast-path
- * condition and work split as avx2/rotary.c; 16 pairs per step, masked loads/stores
- * for the row tail.
+ * condition, work split and software prefetch of short-run rows as avx2/rotary.c;
+ * 16 pairs per step, masked loads/stores for the row tail.
  *
  * GPT-J: 32 interleaved values v0, v1 are split in-lane with vshufps into x (even) and
  * y (odd); per 128-bit lane L that holds pairs 2L, 2L+1, 8+2L, 9+2L, i.e. pair order
@@ -108,14 +108,44 @@ static void rotate_heads(const lk_tensor *x, int64_t t, int64_t half, int64_t i0
     else rotate_heads_dt(x, LK_BF16, t, half, i0, n, b, is_neox);
 }
 
+/* Rows whose rotated bytes form short runs in memory (q_pe inside q, partial rotary,
+ * a single k head in a wide kv buffer) defeat the hardware stream prefetchers and leave
+ * the loop waiting on one miss after another; those get a software prefetch (into L2)
+ * of the next token's rows. Long contiguous runs are left to the hardware. */
+static int wants_prefetch(const lk_tensor *x, int64_t rot) {
+    int64_t H = x->shape[1], run = rot;
+    if (H == 1 || x->stride[1] == rot) {
+        run = H * rot;
+        if (x->shape[0] == 1 || x->stride[0] == run) return 0; /* one stream */
+    }
+    return run * (int64_t)es_of(x->dtype) < 4096;
+}
+
+static void prefetch_token(const lk_tensor *x, int64_t t, int64_t rot) {
+    int64_t bytes = rot * (int64_t)es_of(x->dtype);
+    for (int64_t h = 0; h < x->shape[1]; h++) {
+        const char *row = lk_at(x, t * x->stride[0] + h * x->stride[1]); // [D]
+        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T1);
+        _mm_prefetch(row + bytes - 1, _MM_HINT_T1);
+    }
+}
+
+typedef struct {
+    const lk_rotary_args *a;
+    int prefetch_q, prefetch_k;
+} rotary_ctx;
+
 static void rotary_tokens(void *ctx, int64_t t0, int64_t t1) {
-    const lk_rotary_args *a = ctx;
+    const rotary_ctx *rc = ctx;
+    const lk_rotary_args *a = rc->a;
     const lk_tensor *p = &a->positions, *cs = &a->cos_sin;
     int64_t half = cs->shape[1] / 2;
     cs_block b;
     for (int64_t t = t0; t < t1; t++) {
         int64_t pos = lk_load_index(p->data, p->dtype, t * p->stride[0]);
         const char *row = lk_at(cs, pos * cs->stride[0]); // [rot]
+        if (t + 1 < t1 && rc->prefetch_q) prefetch_token(&a->q, t + 1, 2 * half);
+        if (t + 1 < t1 && rc->prefetch_k) prefetch_token(&a->k, t + 1, 2 * half);
         for (int64_t i0 = 0; i0 < half; i0 += CHUNK) {
             int64_t n = half - i0 < CHUNK ? half - i0 : CHUNK;
             stage(&b, row, cs->dtype, half, i0, n, !a->is_neox);
@@ -132,6 +162,7 @@ lk_status lk_avx512_rotary_embedding(const lk_rotary_args *a) {
     int64_t bytes = rot * (int64_t)lk_dtype_size(a->cos_sin.dtype) +
                     2 * rot * a->q.shape[1] * (int64_t)lk_dtype_size(a->q.dtype);
     if (a->has_k) bytes += 2 * rot * a->k.shape[1] * (int64_t)lk_dtype_size(a->k.dtype);
-    lk_parallel_for(a->positions.shape[0], bytes, rotary_tokens, (void *)a);
+    rotary_ctx rc = {a, wants_prefetch(&a->q, rot), a->has_k && wants_prefetch(&a->k, rot)};
+    lk_parallel_for(a->positions.shape[0], bytes, rotary_tokens, &rc);
     return LK_OK;
 }
