@@ -151,9 +151,14 @@ LK_API lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor
 
 /* ---------------------------------------------------------------- KV cache */
 
-/* k, v: [T, H, D]; k_cache, v_cache: [num_blocks, block_size, H, D] (any strides);
- * slot_mapping: [N <= T] (i64 or i32). Token t < N goes to block slot / block_size,
- * offset slot % block_size; slot < 0 is skipped. */
+/* k: [T, H, Dk], v: [T, H, Dv]; k_cache: [num_blocks, block_size, H, Dk], v_cache:
+ * [num_blocks, block_size, H, Dv] (any strides: an HND cache is passed as a permuted
+ * view; block_size >= 1; Dv may differ from Dk); slot_mapping: [N <= T] (i64 or i32).
+ * Token t < N goes to block slot / block_size, offset slot % block_size; slot < 0 is
+ * skipped (padding). A slot >= num_blocks * block_size or used by two tokens is
+ * LK_ERR_INDEX. The caches' dtypes may differ from k's and v's (one rounding); equal
+ * dtypes copy the bits. The caches must not overlap each other (interleaved views of
+ * one [num_blocks, 2, ...] buffer are fine), themselves, k, v or slot_mapping. */
 LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
                                             const lk_tensor *k_cache, const lk_tensor *v_cache,
                                             const lk_tensor *slot_mapping);

@@ -280,11 +280,52 @@ static void test_special_layouts(void) {
                      layouts[l], 0, 0, 0, 1};
         run_case(&c);
     }
+    /* >= 8 MiB of cache rows per call: the streaming-store variant of the SIMD kernels,
+     * rows at unaligned addresses (padded ND) and per-head rows (HND) */
+    kv_case s1 = {LK_F32, LK_F32, LK_F32, LK_F32, LK_I64, 1100, 1090, 8, 128, 128, 16,
+                  L_ND_PAD, 0, 0, 50, 0};
+    run_case(&s1);
+    kv_case s2 = {LK_F32, LK_F32, LK_F32, LK_F32, LK_I32, 1030, 1030, 8, 128, 128, 16,
+                  L_HND, 1, 0, 0, 0};
+    run_case(&s2);
     /* Dk = 0: only v is written; MLA-like Dk 576 / Dv 512, one head */
     kv_case z = {LK_F32, LK_F32, LK_F16, LK_F16, LK_I64, 6, 5, 2, 0, 9, 7, L_ND, 0, 0, 0, 0};
     run_case(&z);
     kv_case m = {LK_BF16, LK_BF16, LK_BF16, LK_BF16, LK_I64, 5, 4, 1, 576, 512, 3, L_ND_PAD, 1, 0, 0, 0};
     run_case(&m);
+}
+
+/* k and v sliced out of one fused qkv projection [T, (Hq + 2 Hk) D] (how engines pass
+ * them), into FlashInfer-interleaved caches; k and v may share a buffer, only the
+ * caches are written */
+static void test_qkv_slices(void) {
+    int64_t T = 21, N = 19, Hq = 4, Hk = 2, D = 16, bs = 5, NB = 9, W = (Hq + 2 * Hk) * D;
+    tu_buf qkv = tu_alloc(LK_BF16, 2, (int64_t[]){T, W}, 0);
+    fill_source(&qkv, 1);
+    lk_tensor k = {(uint16_t *)qkv.t.data + Hq * D, LK_BF16, 3, {T, Hk, D}, {W, D, 1}};
+    lk_tensor v = {(uint16_t *)qkv.t.data + (Hq + Hk) * D, LK_BF16, 3, {T, Hk, D}, {W, D, 1}};
+    tu_buf buf = tu_alloc(LK_BF16, 5, (int64_t[]){NB, 2, bs, Hk, D}, 0);
+    tu_fill_uniform(&buf, -1, 1);
+    lk_tensor kc = slice5(&buf, 1, 0), vc = slice5(&buf, 1, 1);
+    int64_t *s = make_slots(N, NB * bs, 6);
+    tu_buf sm = slot_buf(s, N, LK_I32, 0);
+    tu_snapshot(&qkv);
+    tu_snapshot(&buf);
+    lk_status st = lk_reshape_and_cache_flash(&k, &v, &kc, &vc, &sm.t);
+    int ok = st == LK_OK && tu_intact(&qkv);
+    for (int64_t t = 0; t < N && ok; t++)
+        for (int64_t i = 0; i < Hk * D && ok; i++) {
+            int64_t h = i / D, d = i % D;
+            if (s[t] < 0) continue;
+            const uint16_t *kp = (const uint16_t *)kc.data + off4(&kc, s[t] / bs, s[t] % bs, h, d);
+            const uint16_t *vp = (const uint16_t *)vc.data + off4(&vc, s[t] / bs, s[t] % bs, h, d);
+            ok = *kp == ((const uint16_t *)qkv.t.data)[t * W + Hq * D + i] &&
+                 *vp == ((const uint16_t *)qkv.t.data)[t * W + (Hq + Hk) * D + i];
+        }
+    tu_check(ok, "k, v sliced from fused qkv into interleaved caches: %s %s", lk_status_str(st),
+             lk_last_error());
+    free(s);
+    tu_free(&qkv), tu_free(&buf), tu_free(&sm);
 }
 
 /* a huge sparse cache: the duplicate check sorts instead of using a bitmap */
@@ -419,6 +460,11 @@ static void test_bad_inputs(void) {
     CASE("slot INT64_MAX", "slot_mapping", LK_ERR_INDEX, k.t, v.t, kc.t, vc.t, sm_huge.t);
     CASE("duplicate slot (pairwise)", "slot_mapping", LK_ERR_INDEX, k.t, v.t, kc.t, vc.t, sm_dup.t);
     CASE("duplicate slot (bitmap)", "slot_mapping", LK_ERR_INDEX, k2.t, v2.t, kc2.t, vc2.t, sm_dup2.t);
+    {
+        lk_tensor a = kc.t, b = vc.t;
+        a.shape[0] = b.shape[0] = 0;
+        CASE("slot in a cache of 0 blocks", "slot_mapping", LK_ERR_INDEX, k.t, v.t, a, b, sm.t);
+    }
     t = k.t; t.ndim = 2;
     CASE("k rank 2", "k", LK_ERR_RANK, t, v.t, kc.t, vc.t, sm.t);
     t = kc.t; t.ndim = 3;
@@ -526,6 +572,7 @@ int main(void) {
     tu_init();
     test_grid();
     test_special_layouts();
+    test_qkv_slices();
     test_sparse_cache();
     test_threads();
     test_empty();

@@ -18,14 +18,13 @@
 static void copy_token(const lk_tensor *dst, const lk_tensor *src, int64_t t, int64_t b,
                        int64_t o) {
     int64_t H = src->shape[1], D = src->shape[2];
-    size_t es = lk_dtype_size(src->dtype);
-    int same = src->dtype == dst->dtype;
+    int64_t es = (int64_t)lk_dtype_size(src->dtype), ss = src->stride[2], ds = dst->stride[3];
     for (int64_t h = 0; h < H; h++) {
-        const char *s = lk_at(src, t * src->stride[0] + h * src->stride[1]);    // [D] stride src->stride[2]
-        char *d = lk_at(dst, b * dst->stride[0] + o * dst->stride[1] + h * dst->stride[2]); // [D] stride dst->stride[3]
+        const char *s = lk_at(src, t * src->stride[0] + h * src->stride[1]); // [D] stride ss
+        char *d = lk_at(dst, b * dst->stride[0] + o * dst->stride[1] + h * dst->stride[2]); // [D] stride ds
         for (int64_t i = 0; i < D; i++) {
-            if (same) memcpy(d + i * dst->stride[3] * (int64_t)es, s + i * src->stride[2] * (int64_t)es, es);
-            else lk_store_f(d, dst->dtype, i * dst->stride[3], lk_load_f(s, src->dtype, i * src->stride[2]));
+            if (src->dtype == dst->dtype) memcpy(d + i * ds * es, s + i * ss * es, (size_t)es);
+            else lk_store_f(d, dst->dtype, i * ds, lk_load_f(s, src->dtype, i * ss));
         }
     }
 }
