@@ -20,10 +20,13 @@
  * literal cases) so that their loops carry no dtype tests */
 #define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* element size of a validated float dtype; inline, so literal dtypes fold */
+static inline size_t float_size(lk_dtype dt) { return dt == LK_F32 ? 4 : 2; }
+
 /* max of x[0, nv) with NaNs skipped (VMAXPS keeps its second operand); *any_nan tells
  * whether one was seen */
 LK_ALWAYS_INLINE float row_max(const char *x, lk_dtype dt, int64_t nv, int *any_nan) {
-    size_t es = lk_dtype_size(dt);
+    size_t es = float_size(dt);
     __m512 ninf = _mm512_set1_ps(-INFINITY), m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
     __mmask16 nan = 0;
     int64_t j = 0;
@@ -47,7 +50,7 @@ LK_ALWAYS_INLINE float row_max(const char *x, lk_dtype dt, int64_t nv, int *any_
 /* sum of exp(x[j] - shift) over [0, nv) (arguments <= 0: the row is not NaN); the
  * terms are stored to e (f32) unless NULL */
 LK_ALWAYS_INLINE float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shift, float *e) {
-    size_t es = lk_dtype_size(dt);
+    size_t es = float_size(dt);
     __m512 sh = _mm512_set1_ps(shift), s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t j = 0;
     for (; j + 64 <= nv; j += 64) {
@@ -75,7 +78,7 @@ LK_ALWAYS_INLINE float exp_sum(const char *x, lk_dtype dt, int64_t nv, float shi
  * exp(src[j] - shift) (src = x of dtype st, recompute = 1) */
 LK_ALWAYS_INLINE void write_probs(char *orow, lk_dtype ot, const char *src, lk_dtype st,
                                   int recompute, float shift, float inv, int64_t nv) {
-    size_t oes = lk_dtype_size(ot), ses = lk_dtype_size(st);
+    size_t oes = float_size(ot), ses = float_size(st);
     __m512 sh = _mm512_set1_ps(shift), vinv = _mm512_set1_ps(inv);
     for (int64_t j = 0; j < nv; j += 16) {
         __m512 p = lk16_load(src + j * ses, st, nv - j);
@@ -86,7 +89,7 @@ LK_ALWAYS_INLINE void write_probs(char *orow, lk_dtype ot, const char *src, lk_d
 
 /* out[0, n) = value; +0 (the masked part of every row) is all-zero bits in each dtype */
 static void fill(char *orow, lk_dtype ot, int64_t n, float value) {
-    size_t oes = lk_dtype_size(ot);
+    size_t oes = float_size(ot);
     if (value == 0.0f && !signbit(value)) {
         memset(orow, 0, (size_t)n * oes);
         return;
@@ -131,7 +134,7 @@ static void softmax_rows(void *ctx, int64_t r0, int64_t r1) {
     const lk_tensor *x = &a->x, *out = &a->out;
     int nd = x->ndim;
     int64_t q_len = x->shape[nd - 2], k_len = x->shape[nd - 1];
-    size_t oes = lk_dtype_size(out->dtype);
+    size_t oes = float_size(out->dtype);
     float scratch[SOFTMAX_SCRATCH];
     lk_rowit xi, oi;
     lk_rowit_init(&xi, x, 1, r0);
