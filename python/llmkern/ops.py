@@ -68,7 +68,8 @@ def gelu_tanh_and_mul(out, input):
 
 def _heads_view(x, head_size, name):
     """vLLM passes q/k as [T, H * head_size]: the [T, H, head_size] view of the same memory.
-    A 3-D [T, H, head_size] tensor (and any other rank, for C to judge) passes as it is."""
+    A 3-D [T, H, head_size] tensor (and any other rank, for C to judge) passes as it is;
+    vLLM's batched [B, S, H * head_size] form is not mapped (refused: last dim != head_size)."""
     L._writable(x, name)
     p, dt, shape, st = L.info(x, name)
     if len(shape) == 2:
@@ -77,6 +78,9 @@ def _heads_view(x, head_size, name):
                              % (name, shape[1], head_size))
         shape = (shape[0], shape[1] // head_size, head_size)
         st = (st[0], st[1] * head_size, st[1])
+    elif len(shape) == 3 and shape[2] != head_size:
+        raise ValueError("%s: head dim %d (shape %s) is not head_size %d"
+                         % (name, shape[2], tuple(shape), head_size))
     return L.pack(p, dt, shape, st, name)
 
 

@@ -78,6 +78,13 @@ def test_rotary_3d_key_none_and_errors(rng):
     assert e.value.status == "LK_ERR_INDEX" and "positions" in str(e.value)
     with pytest.raises(ValueError, match="head_size"):
         lk.rotary_embedding(pos, q.reshape(T, H * D), None, 5, cache, True)
+    with pytest.raises(ValueError, match="head_size"):
+        lk.rotary_embedding(pos, q, None, D // 2, cache, True)
+    with pytest.raises(ValueError, match="head_size"):  # vLLM's batched [B, S, H * D] form
+        lk.rotary_embedding(pos.reshape(1, T), q.reshape(1, T, H * D), None, D, cache, True)
+    with pytest.raises(lk.LlmkernError) as e:  # positions [B, S] with q [B * S, H, D]
+        lk.rotary_embedding(pos.reshape(1, T), q, None, D, cache, True)
+    assert "lk_rotary_embedding" in str(e.value) and "positions" in str(e.value)
 
 
 def test_rotary_torch_bf16(rng):
