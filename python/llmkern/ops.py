@@ -194,7 +194,7 @@ def causal_softmax(out, x):
         _raise(s)
 
 
-def _empty(like, shape, dtype_like=None, f32=False):
+def _empty(like, shape, f32=False):
     """A new array on the same side (NumPy or torch) as `like`."""
     if L.is_torch(like):
         import torch
