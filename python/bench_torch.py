@@ -8,8 +8,11 @@ they agree within the dtype's tolerance; exits 1 when one does not.
 Usage: python python/bench_torch.py [--threads N] [--quick]   (`make bench-torch`)
 Notes on fairness: llmkern writes into preallocated outputs (that is its API) while the
 torch expressions allocate theirs; torch's SDPA gets K/V already repeated to the query
-heads and laid out contiguously as [B, H, L, D] (neither is timed); the RoPE and merge baselines are the plain torch code
-vLLM falls back to on CPU, not fused kernels.
+heads and laid out contiguously as [B, H, L, D] (neither is timed); the RoPE and merge
+baselines are the plain torch code vLLM falls back to on CPU, not fused kernels.
+On a machine shared with other busy processes the 2-thread figures are unreliable: a
+parallel region waits for a descheduled thread (multiples of ~4-12 ms scheduler slices
+appear); the load average is printed for that reason.
 """
 import argparse
 import math
