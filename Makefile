@@ -37,3 +37,19 @@ test: build
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
+
+# ---------------------------------------------------------------- Python binding
+.PHONY: test-python bench-torch
+
+# the Python binding's tests (python/ on $(BUILD)/libllmkern.so); prints "N passed ..."
+test-python: build
+	./scripts/test_python.sh $(BUILD)
+
+# llmkern vs PyTorch CPU on the same tensors, 2 threads each (python/bench_torch.py).
+# Installs numpy and torch when missing: PyPI's Linux torch wheels are CUDA builds, so
+# `pip install torch` downloads ~3 GB (torch 0.54 GB + nvidia-*/triton ~2.5 GB) and
+# installs ~5 GB; the benchmark itself only uses the CPU.
+bench-torch: build
+	@python3 -c 'import numpy' 2>/dev/null || python3 -m pip install -q numpy || python3 -m pip install -q --break-system-packages numpy
+	@python3 -c 'import torch' 2>/dev/null || python3 -m pip install torch || python3 -m pip install --break-system-packages torch
+	PYTHONPATH=python LLMKERN_LIB=$(BUILD)/libllmkern.so python3 python/bench_torch.py $(BENCH_TORCH_ARGS)

@@ -1,0 +1,40 @@
+"""llmkern: Python binding of the llmkern C kernel library (CPU LLM-inference operators).
+
+A thin ctypes layer: NumPy arrays and torch CPU tensors are passed zero-copy as strided
+views; signatures follow vLLM's custom ops and flash-attention. The shared library is
+found through $LLMKERN_LIB (file or directory), the copy installed with the package, or
+the repository's build/ directory.
+"""
+from ._lib import LlmkernError, lib_path
+from .ops import (
+    best_isa,
+    causal_softmax,
+    concat_and_cache_mla,
+    flash_attn_varlen_func,
+    fused_add_rms_norm,
+    gather_cache,
+    gelu_tanh_and_mul,
+    gemma_fused_add_rms_norm,
+    gemma_rms_norm,
+    get_num_threads,
+    isa,
+    merge_attn_states,
+    mla_prefix_prefill,
+    reshape_and_cache_flash,
+    rms_norm,
+    rotary_embedding,
+    set_isa,
+    set_num_threads,
+    silu_and_mul,
+    version,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",
+    "gemma_fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding",
+    "reshape_and_cache_flash", "concat_and_cache_mla", "gather_cache", "merge_attn_states",
+    "flash_attn_varlen_func", "mla_prefix_prefill", "causal_softmax", "set_num_threads",
+    "get_num_threads", "isa", "best_isa", "set_isa", "version",
+]

@@ -1,0 +1,58 @@
+"""Helpers of the llmkern Python tests: dtypes, tolerances, float64 views of inputs, the
+NZ page layout."""
+import numpy as np
+import pytest
+
+# NumPy storage dtypes; bf16 is tested through torch
+NP_DTYPES = [np.float32, np.float16]
+# |got - ref| <= ATOL + RTOL * |ref| per output dtype (one rounding to the output dtype,
+# plus f32 arithmetic)
+TOL = {np.dtype(np.float32): (1e-5, 1e-5), np.dtype(np.float16): (2e-3, 2e-3)}
+TORCH_TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+
+
+def close(got, ref, scale=1.0):
+    """Assert got (NumPy array or torch tensor) matches the float64 reference ref."""
+    if hasattr(got, "detach"):  # torch
+        name = str(got.dtype).replace("torch.", "")
+        rtol, atol = TORCH_TOL[name]
+        got = got.float().numpy()
+    else:
+        rtol, atol = TOL[got.dtype]
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol * scale,
+                               atol=atol * scale)
+
+
+def rand(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def f64(x):
+    """float64 copy of the values as stored (NumPy array or torch tensor)."""
+    if hasattr(x, "detach"):
+        return x.detach().double().numpy()
+    return np.asarray(x, np.float64)
+
+
+def to_nz(nd):
+    """Logical ND page cache [num_blocks, block_size, C] (or [.., H, D]) -> the physical
+    NZ buffer [num_blocks, C/16, block_size, 16] (SPEC: element c of slot s of page p at
+    [p, c / 16, s, c % 16])."""
+    nb, bs = nd.shape[:2]
+    c = int(np.prod(nd.shape[2:]))
+    return np.ascontiguousarray(nd.reshape(nb, bs, c // 16, 16).transpose(0, 2, 1, 3))
+
+
+def from_nz(nz, entry_shape):
+    nb, c16, bs, _ = nz.shape
+    return nz.transpose(0, 2, 1, 3).reshape((nb, bs) + tuple(entry_shape))
+
+
+def torch_or_skip():
+    return pytest.importorskip("torch")
+
+
+def c_op_missing(name):
+    """True when the loaded libllmkern lacks the C function (its branch not merged yet)."""
+    from llmkern import _lib
+    return getattr(getattr(_lib, name), "missing", False)
