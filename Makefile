@@ -29,11 +29,13 @@ test-sanitize: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/run.sh $(ASAN_BUILD)
 
-# every test: the optimised build and the sanitizer build, one grand total at the end
+# every test: the C tests of the optimised build and of the sanitizer build, the Python
+# binding's pytest suite, one grand total at the end
+TEST_SUITES = python=./scripts/test_python.sh $(BUILD)
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1 ./tests/run.sh $(BUILD) $(ASAN_BUILD)
+	ASAN_OPTIONS=detect_leaks=1 LLMKERN_EXTRA_SUITES="$(TEST_SUITES)" ./tests/run.sh $(BUILD) $(ASAN_BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -25,6 +25,26 @@ for d in "${dirs[@]}"; do
     else fail=$((fail + 1)); echo "readme_example: FAILED"; fi
   fi
 done
+skip=0
+# extra suites whose closing line is added to the totals: LLMKERN_EXTRA_SUITES holds
+# "name=command" entries separated by "|"
+IFS='|' read -r -a suites <<< "${LLMKERN_EXTRA_SUITES:-}"
+for suite in "${suites[@]}"; do
+  [ -n "$suite" ] || continue
+  name=${suite%%=*}; cmd=${suite#*=}
+  echo "=== $name"
+  out=$(eval "$cmd" 2>&1); rc=$?
+  printf '%s\n' "$out" | tail -n 15
+  line=$(printf '%s\n' "$out" | grep -E '[0-9]+ passed' | tail -n 1)
+  p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); p=${p:-0}
+  f=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+'); f=${f:-0}
+  s=$(echo "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+'); s=${s:-0}
+  e=$(echo "$line" | grep -oE '[0-9]+ errors?' | grep -oE '[0-9]+'); e=${e:-0}
+  pass=$((pass + p)); fail=$((fail + f + e)); skip=$((skip + s))
+  if [ -z "$line" ] || { [ $rc -ne 0 ] && [ $((f + e)) -eq 0 ]; }; then
+    echo "$name: exit $rc without a passing summary"; fail=$((fail + 1))
+  fi
+done
 [ -n "$isa_note" ] && echo "$isa_note"
-echo "$pass passed, $fail failed"
+if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ $fail -eq 0 ]
