@@ -461,11 +461,79 @@ static void test_bad_inputs(void) {
     free_bufs(&z);
 }
 
+/* fuzz regression (fuzz_attention), prefill: a key hidden by the causal mask whose V
+ * holds +inf. The AVX2 prefill tile multiplied masked keys by P = 0 (0 * inf = NaN),
+ * so a future token's value turned every earlier query's output into NaN. Every ISA:
+ * rows 0..6 (which cannot see key 7) are 0.5 (the mean of equal values, to rounding),
+ * row 7 is +inf. */
+static void test_regress_masked_inf_value(void) {
+    enum { T = 8, D = 16 };
+    float k[T][1][D], v[T][1][D], q[T][1][D], out[T][1][D];
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) {
+            k[t][0][d] = 0.1f * (float)((t + d) % 3), q[t][0][d] = 0.2f;
+            v[t][0][d] = t == T - 1 ? INFINITY : 0.5f;
+        }
+    int32_t cu[2] = {0, T};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tc = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2});
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    p.causal = 1;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status st = lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tc, &tc, NULL, NULL, &p);
+        int ok = st == LK_OK;
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < D; d++)
+                ok &= t == T - 1 ? out[t][0][d] == INFINITY : fabsf(out[t][0][d] - 0.5f) <= 1e-6f;
+        tu_check(ok, "regress %s: a masked key's +inf value does not reach earlier queries",
+                 lk_isa_name(isas[ii]));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
+/* fuzz regression (fuzz_attention), decode: visible keys whose V holds -inf. The AVX2
+ * decode path padded a block's last keys to four with weight-0 copies of a visible row
+ * (0 * -inf = NaN) and returned NaN where the reference returns -inf. Every ISA: -inf. */
+static void test_regress_visible_inf_value(void) {
+    enum { K = 5, D = 16 };
+    float k[K][1][D], v[K][1][D], q[1][1][D], out[1][1][D];
+    for (int j = 0; j < K; j++)
+        for (int d = 0; d < D; d++) k[j][0][d] = 0.1f * (float)(d % 3), v[j][0][d] = j < 3 ? 0.5f : -INFINITY;
+    for (int d = 0; d < D; d++) q[0][0][d] = 0.2f;
+    int32_t cq[2] = {0, 1}, ck[2] = {0, K};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){1, 1, D});
+    lk_tensor tk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){K, 1, D});
+    lk_tensor tv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){K, 1, D});
+    lk_tensor to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){1, 1, D});
+    lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2});
+    lk_tensor tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status st = lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        int ok = st == LK_OK;
+        for (int d = 0; d < D; d++) ok &= out[0][0][d] == -INFINITY;
+        tu_check(ok, "regress %s: visible -inf values give -inf (got %g)", lk_isa_name(isas[ii]),
+                 (double)out[0][0][0]);
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
     test_paged();
     test_threads();
     test_bad_inputs();
+    test_regress_masked_inf_value();
+    test_regress_visible_inf_value();
     return tu_finish("test_attention");
 }
