@@ -527,6 +527,41 @@ static void test_regress_visible_inf_value(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* fuzz regression (fuzz_attention): NZ caches [1, 1, 2, 16] (one page, one 16-dim
+ * chunk) whose size-1 dims have strides INT64_MAX and -INT64_MAX. The AVX2 decode dot
+ * product stepped its row pointer by chunk stride * element size after the last chunk
+ * (signed overflow, UBSan). lk_paged_init now drops the strides of size-1 dims: every
+ * ISA gives the bits of the same call with ordinary strides. */
+static void test_regress_nz_unit_dim_strides(void) {
+    float kb[2 * 16], vb[2 * 16], q[2][16], o1[2][16], o2[2][16];
+    for (int i = 0; i < 32; i++) kb[i] = 0.05f * (float)(i % 7), vb[i] = 0.1f * (float)(i % 5) - 0.2f;
+    for (int i = 0; i < 32; i++) q[i / 16][i % 16] = 0.03f * (float)(i % 11);
+    int32_t cu[2] = {0, 2}, used[1] = {2}, bt[1][1] = {{0}};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){2, 1, 16});
+    lk_tensor tk = lk_tensor_make(kb, LK_F32, 4, (int64_t[]){1, 1, 2, 16});
+    lk_tensor tv = lk_tensor_make(vb, LK_F32, 4, (int64_t[]){1, 1, 2, 16});
+    lk_tensor tcu = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2});
+    lk_tensor tu = lk_tensor_make(used, LK_I32, 1, (int64_t[]){1});
+    lk_tensor tb = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){1, 1});
+    lk_tensor t1 = lk_tensor_make(o1, LK_F32, 3, (int64_t[]){2, 1, 16}), t2 = lk_tensor_make(o2, LK_F32, 3, (int64_t[]){2, 1, 16});
+    lk_tensor hk = tk, hv = tv;
+    hk.stride[0] = hv.stride[0] = INT64_MAX;
+    hk.stride[1] = hv.stride[1] = -INT64_MAX;
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    p.kv_layout = LK_KV_NZ;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status s1 = lk_flash_attn_varlen(&t1, NULL, &tq, &tk, &tv, &tcu, NULL, &tu, &tb, &p);
+        lk_status s2 = lk_flash_attn_varlen(&t2, NULL, &tq, &hk, &hv, &tcu, NULL, &tu, &tb, &p);
+        tu_check(s1 == LK_OK && s2 == LK_OK && memcmp(o1, o2, sizeof o1) == 0,
+                 "regress %s: NZ size-1 dims with strides +-INT64_MAX (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -535,5 +570,6 @@ int main(void) {
     test_bad_inputs();
     test_regress_masked_inf_value();
     test_regress_visible_inf_value();
+    test_regress_nz_unit_dim_strides();
     return tu_finish("test_attention");
 }
