@@ -461,11 +461,115 @@ static void test_bad_inputs(void) {
     free_bufs(&z);
 }
 
+/* fuzz regression (fuzz_attention), prefill: a key hidden by the causal mask whose V
+ * holds +inf. The AVX2 prefill tile multiplied masked keys by P = 0 (0 * inf = NaN),
+ * so a future token's value turned every earlier query's output into NaN. Every ISA:
+ * rows 0..6 (which cannot see key 7) are 0.5 (the mean of equal values, to rounding),
+ * row 7 is +inf. */
+static void test_regress_masked_inf_value(void) {
+    enum { T = 8, D = 16 };
+    float k[T][1][D], v[T][1][D], q[T][1][D], out[T][1][D];
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) {
+            k[t][0][d] = 0.1f * (float)((t + d) % 3), q[t][0][d] = 0.2f;
+            v[t][0][d] = t == T - 1 ? INFINITY : 0.5f;
+        }
+    int32_t cu[2] = {0, T};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tc = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2});
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    p.causal = 1;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status st = lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tc, &tc, NULL, NULL, &p);
+        int ok = st == LK_OK;
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < D; d++)
+                ok &= t == T - 1 ? out[t][0][d] == INFINITY : fabsf(out[t][0][d] - 0.5f) <= 1e-6f;
+        tu_check(ok, "regress %s: a masked key's +inf value does not reach earlier queries",
+                 lk_isa_name(isas[ii]));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
+/* fuzz regression (fuzz_attention), decode: visible keys whose V holds -inf. The AVX2
+ * decode path padded a block's last keys to four with weight-0 copies of a visible row
+ * (0 * -inf = NaN) and returned NaN where the reference returns -inf. Every ISA: -inf. */
+static void test_regress_visible_inf_value(void) {
+    enum { K = 5, D = 16 };
+    float k[K][1][D], v[K][1][D], q[1][1][D], out[1][1][D];
+    for (int j = 0; j < K; j++)
+        for (int d = 0; d < D; d++) k[j][0][d] = 0.1f * (float)(d % 3), v[j][0][d] = j < 3 ? 0.5f : -INFINITY;
+    for (int d = 0; d < D; d++) q[0][0][d] = 0.2f;
+    int32_t cq[2] = {0, 1}, ck[2] = {0, K};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){1, 1, D});
+    lk_tensor tk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){K, 1, D});
+    lk_tensor tv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){K, 1, D});
+    lk_tensor to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){1, 1, D});
+    lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2});
+    lk_tensor tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status st = lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        int ok = st == LK_OK;
+        for (int d = 0; d < D; d++) ok &= out[0][0][d] == -INFINITY;
+        tu_check(ok, "regress %s: visible -inf values give -inf (got %g)", lk_isa_name(isas[ii]),
+                 (double)out[0][0][0]);
+    }
+    lk_set_isa(lk_isa_best());
+}
+
+/* fuzz regression (fuzz_attention): NZ caches [1, 1, 2, 16] (one page, one 16-dim
+ * chunk) whose size-1 dims have strides INT64_MAX and -INT64_MAX. The AVX2 decode dot
+ * product stepped its row pointer by chunk stride * element size after the last chunk
+ * (signed overflow, UBSan). lk_paged_init now drops the strides of size-1 dims: every
+ * ISA gives the bits of the same call with ordinary strides. */
+static void test_regress_nz_unit_dim_strides(void) {
+    float kb[2 * 16], vb[2 * 16], q[2][16], o1[2][16], o2[2][16];
+    for (int i = 0; i < 32; i++) kb[i] = 0.05f * (float)(i % 7), vb[i] = 0.1f * (float)(i % 5) - 0.2f;
+    for (int i = 0; i < 32; i++) q[i / 16][i % 16] = 0.03f * (float)(i % 11);
+    int32_t cu[2] = {0, 2}, used[1] = {2}, bt[1][1] = {{0}};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){2, 1, 16});
+    lk_tensor tk = lk_tensor_make(kb, LK_F32, 4, (int64_t[]){1, 1, 2, 16});
+    lk_tensor tv = lk_tensor_make(vb, LK_F32, 4, (int64_t[]){1, 1, 2, 16});
+    lk_tensor tcu = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2});
+    lk_tensor tu = lk_tensor_make(used, LK_I32, 1, (int64_t[]){1});
+    lk_tensor tb = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){1, 1});
+    lk_tensor t1 = lk_tensor_make(o1, LK_F32, 3, (int64_t[]){2, 1, 16}), t2 = lk_tensor_make(o2, LK_F32, 3, (int64_t[]){2, 1, 16});
+    lk_tensor hk = tk, hv = tv;
+    hk.stride[0] = hv.stride[0] = INT64_MAX;
+    hk.stride[1] = hv.stride[1] = -INT64_MAX;
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    p.kv_layout = LK_KV_NZ;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status s1 = lk_flash_attn_varlen(&t1, NULL, &tq, &tk, &tv, &tcu, NULL, &tu, &tb, &p);
+        lk_status s2 = lk_flash_attn_varlen(&t2, NULL, &tq, &hk, &hv, &tcu, NULL, &tu, &tb, &p);
+        tu_check(s1 == LK_OK && s2 == LK_OK && memcmp(o1, o2, sizeof o1) == 0,
+                 "regress %s: NZ size-1 dims with strides +-INT64_MAX (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
     test_paged();
     test_threads();
     test_bad_inputs();
+    test_regress_masked_inf_value();
+    test_regress_visible_inf_value();
+    test_regress_nz_unit_dim_strides();
     return tu_finish("test_attention");
 }

@@ -568,6 +568,40 @@ static void test_bad_inputs(void) {
     for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) tu_free(all[j]);
 }
 
+/* fuzz regression (fuzz_kv_cache): v [2, 2, 0] (Dv = 0, an empty view) whose head stride
+ * is 2^62. The kernels still walked v's heads and computed stride * element size and
+ * head offsets from the unvalidated strides (signed overflow, UBSan). Every ISA: LK_OK,
+ * k copied to its slots, nothing else written. */
+static void test_regress_empty_v_huge_stride(void) {
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    float kb[4] = {1, 2, 3, 4};
+    uint16_t vb[1] = {0};
+    int64_t slots[2] = {3, 0};
+    lk_tensor k = lk_tensor_make(kb, LK_F32, 3, (int64_t[]){2, 2, 1});
+    lk_tensor v = lk_tensor_make(vb, LK_BF16, 3, (int64_t[]){2, 2, 0});
+    v.stride[1] = (int64_t)1 << 62;
+    lk_tensor sm = lk_tensor_make(slots, LK_I64, 1, (int64_t[]){2});
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        float kc[1 * 5 * 2 * 1];
+        uint16_t vc[1] = {0x7fc1};
+        for (int i = 0; i < 10; i++) kc[i] = -7.0f;
+        lk_tensor tkc = lk_tensor_make(kc, LK_F32, 4, (int64_t[]){1, 5, 2, 1});
+        lk_tensor tvc = lk_tensor_make(vc, LK_BF16, 4, (int64_t[]){1, 5, 2, 0});
+        lk_status st = lk_reshape_and_cache_flash(&k, &v, &tkc, &tvc, &sm);
+        int ok = st == LK_OK && vc[0] == 0x7fc1;
+        for (int i = 0; i < 10; i++) {
+            int slot = i / 2, h = i % 2;
+            float want = slot == 3 ? kb[h] : slot == 0 ? kb[2 + h] : -7.0f;
+            ok &= kc[i] == want;
+        }
+        tu_check(ok, "regress %s: empty v with a 2^62 head stride (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(st));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -577,5 +611,6 @@ int main(void) {
     test_threads();
     test_empty();
     test_bad_inputs();
+    test_regress_empty_v_huge_stride();
     return tu_finish("test_kv_cache");
 }

@@ -358,6 +358,55 @@ static void test_bad_inputs(void) {
     tu_free(&big);
 }
 
+/* fuzz regression (fuzz_norm): an empty out [5, 0, 46] whose dim-0 stride is 2^61.
+ * lk_view_extent multiplied (shape - 1) * stride of the dims before the zero dim
+ * (signed overflow, reported by UBSan in the sanitizer build). Empty views touch
+ * nothing and their strides are not checked: LK_OK, nothing written. */
+static void test_regress_empty_huge_stride(void) {
+    int64_t shape[3] = {5, 0, 46};
+    uint16_t xb[1] = {0};
+    float ob[1] = {0};
+    tu_buf w = tu_alloc(LK_F32, 1, &shape[2], 0);
+    tu_fill_uniform(&w, -1, 1);
+    lk_tensor x = lk_tensor_make(xb, LK_BF16, 3, shape), o = lk_tensor_make(ob, LK_F32, 3, shape);
+    o.stride[0] = (int64_t)1 << 61;
+    lk_status st = lk_rms_norm(&o, &x, &w.t, 1e-6f, 0);
+    tu_check(st == LK_OK && ob[0] == 0.0f, "regress: empty out with a 2^61 stride is a no-op (%s)",
+             lk_status_str(st));
+    st = lk_fused_add_rms_norm(&o, &x, &w.t, 1e-6f, 0);
+    tu_check(st == LK_OK && ob[0] == 0.0f, "regress: fused, empty x with a 2^61 stride is a no-op (%s)",
+             lk_status_str(st));
+    tu_free(&w);
+}
+
+/* fuzz regression (fuzz_norm): x and residual [1, 1, 13] interleaved in one buffer
+ * (columns 0 and 1 of [13, 2]) with a size-1 dim-0 stride of 3074457345618258602:
+ * views_disjoint computed stride * element size for the row period (signed overflow,
+ * UBSan). Single rows are now compared directly: the call is valid and gives the bits
+ * of the same call with ordinary strides; x and residual as one view is LK_ERR_ALIAS. */
+static void test_regress_disjoint_huge_stride(void) {
+    float buf[2][13 * 2], wb[13];
+    for (int i = 0; i < 26; i++) buf[0][i] = buf[1][i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 13; i++) wb[i] = 0.5f + 0.1f * (float)i;
+    lk_tensor w = lk_tensor_make(wb, LK_F32, 1, (int64_t[]){13});
+    lk_tensor x[2], r[2];
+    for (int k = 0; k < 2; k++) {
+        x[k] = lk_tensor_make(&buf[k][0], LK_F32, 3, (int64_t[]){1, 1, 13});
+        r[k] = lk_tensor_make(&buf[k][1], LK_F32, 3, (int64_t[]){1, 1, 13});
+        x[k].stride[2] = r[k].stride[2] = 2;
+    }
+    x[1].stride[0] = r[1].stride[0] = 3074457345618258602;
+    lk_status s0 = lk_fused_add_rms_norm(&x[0], &r[0], &w, 1e-6f, 0);
+    lk_status s1 = lk_fused_add_rms_norm(&x[1], &r[1], &w, 1e-6f, 0);
+    tu_check(s0 == LK_OK && s1 == LK_OK && memcmp(buf[0], buf[1], sizeof buf[0]) == 0,
+             "regress: interleaved x/residual with a huge size-1 stride (%s)", lk_status_str(s1));
+    float keep[26];
+    memcpy(keep, buf[1], sizeof keep);
+    s1 = lk_fused_add_rms_norm(&x[1], &x[1], &w, 1e-6f, 0);
+    tu_check(s1 == LK_ERR_ALIAS && memcmp(keep, buf[1], sizeof keep) == 0,
+             "regress: x and residual one view with a huge size-1 stride -> %s", lk_status_str(s1));
+}
+
 int main(void) {
     tu_init();
     test_rms_norm_cases();
@@ -367,5 +416,7 @@ int main(void) {
     test_threads();
     test_empty();
     test_bad_inputs();
+    test_regress_empty_huge_stride();
+    test_regress_disjoint_huge_stride();
     return tu_finish("test_rms_norm");
 }

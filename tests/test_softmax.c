@@ -313,6 +313,49 @@ static void test_bad_inputs(void) {
     tu_free(&x), tu_free(&o), tu_free(&big);
 }
 
+/* fuzz regression (fuzz_softmax): x, out [2, 1, 40] whose size-1 dim has stride
+ * INT64_MAX (valid: a size-1 dim adds no offset). lk_rowit_next added that stride to the
+ * running offset (signed overflow, UBSan). Every ISA must give the bits of the same
+ * call with an ordinary stride. */
+static void test_regress_huge_stride_size1(void) {
+    int64_t shape[3] = {2, 1, 40};
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    tu_buf x = tu_alloc(LK_F32, 3, shape, 0);
+    tu_fill_uniform(&x, -4, 4);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_buf o1 = tu_alloc(LK_F32, 3, shape, 0), o2 = tu_alloc(LK_F32, 3, shape, 0);
+        lk_status s1 = lk_causal_softmax(&o1.t, &x.t);
+        lk_tensor xv = x.t, ov = o2.t;
+        xv.stride[1] = ov.stride[1] = INT64_MAX;
+        lk_status s2 = lk_causal_softmax(&ov, &xv);
+        tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_bits(&o1, &o2),
+                 "regress %s: size-1 dim with stride INT64_MAX (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2));
+        tu_free(&o1), tu_free(&o2);
+    }
+    lk_set_isa(lk_isa_best());
+    tu_free(&x);
+}
+
+/* fuzz regression (fuzz_softmax, fuzz_activation): x [1, 2, 1] with dim-1 stride
+ * INT64_MAX: the span (shape - 1) * stride is exactly INT64_MAX and lk_check_view's
+ * span + 1 overflowed (UBSan) before the byte check. Must be LK_ERR_OVERFLOW naming x,
+ * nothing written. */
+static void test_regress_span_int64_max(void) {
+    int64_t shape[3] = {1, 2, 1};
+    tu_buf x = tu_alloc(LK_F16, 3, shape, 0), o = tu_alloc(LK_F32, 3, shape, 0);
+    tu_fill_uniform(&x, -1, 1);
+    tu_snapshot(&x), tu_snapshot(&o);
+    lk_tensor xv = x.t;
+    xv.stride[1] = INT64_MAX;
+    lk_status st = lk_causal_softmax(&o.t, &xv);
+    tu_check(st == LK_ERR_OVERFLOW && strstr(lk_last_error(), "x:") && tu_intact(&x) && tu_intact(&o),
+             "regress: span of exactly INT64_MAX elements -> %s (%s)", lk_status_str(st), lk_last_error());
+    tu_free(&x), tu_free(&o);
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -321,5 +364,7 @@ int main(void) {
     test_threads();
     test_empty();
     test_bad_inputs();
+    test_regress_huge_stride_size1();
+    test_regress_span_int64_max();
     return tu_finish("test_softmax");
 }

@@ -34,5 +34,16 @@ lk_status lk_paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, i
     }
     if (pc->block_size < 1 && pc->num_blocks > 0)
         return lk_fail(LK_ERR_SHAPE, "%s: block_size must be >= 1", name);
+    lk_paged_drop_unit_strides(pc);
     return LK_OK;
+}
+
+void lk_paged_drop_unit_strides(lk_paged *pc) {
+    int nz = pc->layout == LK_KV_NZ;
+    int64_t n1 = nz ? pc->H * pc->D / 16 : pc->block_size, n2 = nz ? pc->block_size : pc->H;
+    int64_t n3 = nz ? 16 : pc->D;
+    if (pc->num_blocks <= 1) pc->s0 = 0;
+    if (n1 <= 1) pc->s1 = 0;
+    if (n2 <= 1) pc->s2 = 0;
+    if (n3 <= 1) pc->s3 = 0;
 }

@@ -101,7 +101,8 @@ lk_status lk_check_view(const lk_tensor *t, const char *name, int min_nd, int ma
                            lk_shape_str(t));
     }
     int64_t bytes;
-    if (!empty && (mul_ovf(span + 1, (int64_t)es, &bytes) || bytes > (INT64_MAX >> 1)))
+    if (!empty && (add_ovf(span, 1, &bytes) || mul_ovf(bytes, (int64_t)es, &bytes) ||
+                   bytes > (INT64_MAX >> 1)))
         return lk_fail(LK_ERR_OVERFLOW, "%s: byte offsets of shape %s overflow int64", name,
                        lk_shape_str(t));
     if (!empty && !t->data)
@@ -131,8 +132,9 @@ lk_status lk_check_index(const lk_tensor *t, const char *name, int min_nd, int m
 lk_extent lk_view_extent(const lk_tensor *t) {
     lk_extent e = {(uintptr_t)t->data, (uintptr_t)t->data};
     int64_t lo = 0, hi = 0;
-    for (int d = 0; d < t->ndim; d++) {
+    for (int d = 0; d < t->ndim; d++) /* empty first: its strides were never checked */
         if (t->shape[d] == 0) return e;
+    for (int d = 0; d < t->ndim; d++) {
         int64_t ext = (t->shape[d] - 1) * t->stride[d];
         if (ext < 0) lo += ext;
         else hi += ext;
@@ -192,8 +194,6 @@ static int views_disjoint(const lk_tensor *a, const lk_tensor *b, int depth) {
     if (ea.lo == ea.hi || eb.lo == eb.hi || ea.hi <= eb.lo || eb.hi <= ea.lo) return 1;
     if (depth > LK_MAX_DIMS || a->ndim < 1 || b->ndim < 1) return 0;
     int64_t es_a = (int64_t)lk_dtype_size(a->dtype), es_b = (int64_t)lk_dtype_size(b->dtype);
-    int64_t P = a->stride[0] * es_a;
-    if (P <= 0 || b->stride[0] * es_b != P) return 0;
     lk_tensor ra = *a, rb = *b; /* one row each: dims 1.. */
     ra.ndim--, rb.ndim--;
     for (int d = 0; d < LK_MAX_DIMS - 1; d++) {
@@ -202,6 +202,12 @@ static int views_disjoint(const lk_tensor *a, const lk_tensor *b, int depth) {
     }
     if (ra.ndim == 0) ra.ndim = 1, ra.shape[0] = 1, ra.stride[0] = 1;
     if (rb.ndim == 0) rb.ndim = 1, rb.shape[0] = 1, rb.stride[0] = 1;
+    /* one row each: compare the rows (a size-1 dim's stride is arbitrary, even huge) */
+    if (a->shape[0] == 1 && b->shape[0] == 1) return views_disjoint(&ra, &rb, depth + 1);
+    int64_t P, Pb;
+    if (__builtin_mul_overflow(a->stride[0], es_a, &P) ||
+        __builtin_mul_overflow(b->stride[0], es_b, &Pb) || P <= 0 || Pb != P)
+        return 0;
     lk_extent fa = lk_view_extent(&ra), fb = lk_view_extent(&rb);
     int64_t la = (int64_t)(fa.hi - fa.lo), lb = (int64_t)(fb.hi - fb.lo);
     if (la > P || lb > P) return 0;
@@ -246,7 +252,9 @@ void lk_rowit_init(lk_rowit *it, const lk_tensor *t, int inner, int64_t row) {
     it->off = 0;
     for (int d = it->nd - 1; d >= 0; d--) {
         it->shape[d] = t->shape[d];
-        it->stride[d] = t->stride[d];
+        /* a size-1 dim is never stepped: its stride (which lk_check_view does not bound)
+         * must not enter the offset arithmetic of lk_rowit_next */
+        it->stride[d] = t->shape[d] == 1 ? 0 : t->stride[d];
         it->idx[d] = t->shape[d] ? row % t->shape[d] : 0;
         row = t->shape[d] ? row / t->shape[d] : 0;
         it->off += it->idx[d] * t->stride[d];

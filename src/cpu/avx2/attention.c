@@ -227,6 +227,51 @@ static void pack_unit(void *vctx, int64_t u, int tid) {
     load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * 16, Vp + j0 * 16);
 }
 
+/* Masked keys inside a key tile get P = 0, and the P.V product multiplies them anyway:
+ * 0 * inf = NaN would let an infinite V value of a key a row cannot see (a future token
+ * under the causal mask, a key outside the window) poison that row. Tiles that mask
+ * some key for some row and hold a non-finite V value take a P.V that skips the masked
+ * keys (rare: finite V never needs it). */
+
+/* 1 if some row r < M does not see every key of the tile [j0, min(j0 + KB, k_len)) */
+static int masks_keys(const int64_t *lo, const int64_t *hi, int64_t M, int64_t j0, int64_t k_len) {
+    int64_t last = j0 + KB < k_len ? j0 + KB - 1 : k_len - 1;
+    for (int64_t r = 0; r < M; r++)
+        if (lo[r] > j0 || hi[r] < last) return 1;
+    return 0;
+}
+
+/* 1 if a V value of the tile's keys (packed panels Vp [Dvp/16][kpad][16]) is inf or NaN */
+static int tile_nonfinite(const float *Vp, int64_t kpad, int64_t j0, int64_t k_len, int64_t Dvp) {
+    int64_t kb = k_len - j0 < KB ? k_len - j0 : KB;
+    __m256 acc = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
+    for (int64_t p = 0; p < Dvp / 16; p++) {
+        const float *v = Vp + p * kpad * 16 + j0 * 16;
+        for (int64_t i = 0; i < kb * 16; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_load_ps(v + i), zero));
+    }
+    return _mm256_movemask_ps(_mm256_cmp_ps(acc, acc, _CMP_UNORD_Q)) != 0;
+}
+
+/* O[r] += sum over the keys j of the tile that row r sees of P[r][j] V[j] (keys in order) */
+static void pv_visible_only(const float *S, const float *Vp, float *O, const int64_t *lo,
+                            const int64_t *hi, int64_t M, int64_t j0, int64_t kpad, int64_t Dvp) {
+    for (int64_t r = 0; r < M; r++) {
+        int64_t j_lo = lo[r] > j0 ? lo[r] : j0, j_hi = hi[r] < j0 + KB - 1 ? hi[r] : j0 + KB - 1;
+        const float *s = S + r * KB; // [KB] probabilities of row r
+        for (int64_t p = 0; p < Dvp / 16; p++) {
+            float *o = O + r * Dvp + p * 16;
+            __m256 c0 = _mm256_loadu_ps(o), c1 = _mm256_loadu_ps(o + 8);
+            for (int64_t j = j_lo; j <= j_hi; j++) {
+                const float *v = Vp + p * kpad * 16 + j * 16; // [16] dims of key j
+                __m256 w = _mm256_set1_ps(s[j - j0]);
+                c0 = _mm256_fmadd_ps(w, _mm256_load_ps(v), c0);
+                c1 = _mm256_fmadd_ps(w, _mm256_load_ps(v + 8), c1);
+            }
+            _mm256_storeu_ps(o, c0), _mm256_storeu_ps(o + 8, c1);
+        }
+    }
+}
+
 static void prefill_unit(void *vctx, int64_t u, int tid) {
     prefill_ctx *c = vctx;
     const lk_attn_args *a = c->a;
@@ -290,9 +335,12 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
                 for (int64_t d = 0; d < Dvp; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
             }
         }
-        for (int64_t r = 0; r < Mp; r += MR)
-            for (int64_t p = 0; p < Dvp / 16; p++)
-                mk_6x16(KB, S + r * KB, KB, Vp + p * kpad * 16 + j0 * 16, O + r * Dvp + p * 16, Dvp, 1);
+        if (masks_keys(lo, hi, M, j0, k_len) && tile_nonfinite(Vp, kpad, j0, k_len, Dvp))
+            pv_visible_only(S, Vp, O, lo, hi, M, j0, kpad, Dvp);
+        else
+            for (int64_t r = 0; r < Mp; r += MR)
+                for (int64_t p = 0; p < Dvp / 16; p++)
+                    mk_6x16(KB, S + r * KB, KB, Vp + p * kpad * 16 + j0 * 16, O + r * Dvp + p * 16, Dvp, 1);
     }
     for (int64_t t = 0; t < nt; t++)
         for (int64_t g = 0; g < G; g++) {
@@ -438,6 +486,19 @@ static inline __attribute__((always_inline)) void axpy4_row(float *o, const floa
     }
 }
 
+/* o += w0 v0 + ... for the n < 4 keys left at a block end (padding them with weight 0
+ * would turn an infinite V value into NaN: 0 * inf) */
+static inline __attribute__((always_inline)) void axpyn_row(float *o, const float *w, const char *const *v, int n,
+                                                             int64_t cs, int64_t D, lk_dtype dt) {
+    int64_t es = lk_esize(dt);
+    for (int64_t d = 0; d < D; d += 8) {
+        int64_t off = ((d >> 4) * cs + (d & 15)) * es;
+        __m256 acc = _mm256_loadu_ps(o + d);
+        for (int k = 0; k < n; k++) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[k]), lk8_load(v[k] + off, dt), acc);
+        _mm256_storeu_ps(o + d, acc);
+    }
+}
+
 /* One chunk of keys for every head of one request: keys in blocks of DB, scores of the
  * block for all heads (keys in memory order, heads inside), one online-softmax update
  * per head and block, then P.V four keys at a time. */
@@ -517,7 +578,8 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                         int64_t h = kh * G + g;
                         float w[4];
                         for (int k = 0; k < 4; k++) w[k] = jj + k < nb ? sc[h * DB + jj + k] : 0.0f;
-                        axpy4_row(o + h * Dv, w, vp, vcs, Dv, vt);
+                        if (jj + 4 <= nb) axpy4_row(o + h * Dv, w, vp, vcs, Dv, vt);
+                        else axpyn_row(o + h * Dv, w, vp, (int)(nb - jj), vcs, Dv, vt);
                     }
                 }
         }

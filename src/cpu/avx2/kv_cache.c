@@ -80,6 +80,7 @@ static inline void copy_row(char *d, lk_dtype dt, const char *s, lk_dtype st, in
 static inline void copy_token(const lk_tensor *dst, const lk_tensor *src, int64_t t, int64_t b,
                               int64_t o, int stream) {
     int64_t H = src->shape[1], D = src->shape[2];
+    if (D == 0) return; /* k or v is empty (Dk or Dv = 0): its strides were never validated */
     const char *s = lk_at(src, t * src->stride[0]);                // [H, D]
     char *d = lk_at(dst, b * dst->stride[0] + o * dst->stride[1]); // [H, D]
     if (H == 1 || (src->stride[1] == D && dst->stride[2] == D)) {

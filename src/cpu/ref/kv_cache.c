@@ -18,6 +18,7 @@
 static void copy_token(const lk_tensor *dst, const lk_tensor *src, int64_t t, int64_t b,
                        int64_t o) {
     int64_t H = src->shape[1], D = src->shape[2];
+    if (D == 0) return; /* k or v is empty (Dk or Dv = 0): its strides were never validated */
     int64_t es = (int64_t)lk_dtype_size(src->dtype), ss = src->stride[2], ds = dst->stride[3];
     for (int64_t h = 0; h < H; h++) {
         const char *s = lk_at(src, t * src->stride[0] + h * src->stride[1]); // [D] stride ss
