@@ -58,5 +58,6 @@ void bench_kv_cache(void);
 void bench_merge(void);
 void bench_softmax(void);
 void bench_attention(void);
+void bench_mla_cache(void);
 
 #endif

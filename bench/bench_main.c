@@ -34,6 +34,7 @@ static const struct {
     {"softmax", bench_softmax},
 
     {"attention", bench_attention},
+    {"mla_cache", bench_mla_cache},
 };
 
 int main(int argc, char **argv) {

@@ -209,18 +209,30 @@ typedef enum lk_kv_layout {
 
 /* MLA latent cache write: kv_c [T, Dl] and k_pe [T, Dr] go to token slots of
  * - one cache (k_pe_cache == NULL): ND [num_blocks, block_size, Dl + Dr] (latent then
- *   rope), or NZ physical [num_blocks, (Dl + Dr)/16, block_size, 16];
- * - two caches: kv_c_cache [.., Dl] and k_pe_cache [.., Dr], same layout rules.
- * slot_mapping [N <= T] i32/i64, slot < 0 skipped. Values are rounded to the cache dtype. */
+ *   rope; [num_blocks, block_size, 1, Dl + Dr] also accepted), or NZ physical
+ *   [num_blocks, (Dl + Dr)/16, block_size, 16];
+ * - two caches: kv_c_cache [.., Dl] and k_pe_cache [.., Dr], same layout rules (NZ: Dl
+ *   and Dr each a multiple of 16), same num_blocks and block_size, dtypes may differ.
+ * slot_mapping [N <= T] i32/i64: token t < N goes to page slot / block_size, slot
+ * slot % block_size; slot < 0 is skipped (padding). A slot >= num_blocks * block_size or
+ * a slot used twice is LK_ERR_INDEX (checked before any store). Values are rounded
+ * once to the cache dtype (same dtype: bit copy). The caches must not overlap the
+ * inputs or each other. */
 LK_API lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
                                          const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
                                          const lk_tensor *slot_mapping, lk_kv_layout layout);
 
 /* out [sum(seq_lens), C] or [sum(seq_lens), H, D] = the first seq_lens[b] tokens of each
- * request b in logical order, read through block_table [B, max_pages] (i32) from a cache
- * in layout `layout` (ND: [num_blocks, block_size, ...entry dims matching out's]; NZ:
- * physical [num_blocks, C/16, block_size, 16]). seq_lens [B] i32. Tokens past a request's
- * length are never read (a last partial page's tail may hold garbage). */
+ * request b in logical order: token j of request b is read from page
+ * block_table[b, j / block_size], slot j % block_size, of a cache in layout `layout`
+ * (ND: [num_blocks, block_size, C] or [num_blocks, block_size, H, D] with H * D = C;
+ * NZ: physical [num_blocks, C/16, block_size, 16]). block_table [B, max_pages] i32,
+ * seq_lens [B] i32. Tokens past a request's length are never read (a last partial
+ * page's tail may hold garbage), and block_table entries past a request's last page are
+ * not looked at (may be -1). Errors: out's first dim != sum(seq_lens) (LK_ERR_SHAPE,
+ * out); seq_lens[b] < 0 (LK_ERR_INDEX) or > max_pages * block_size (LK_ERR_SHAPE); a
+ * block_table entry of a page read outside [0, num_blocks) (LK_ERR_INDEX). out's dtype
+ * may differ from the cache's (one rounding); out must not overlap the other arguments. */
 LK_API lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache,
                                  const lk_tensor *block_table, const lk_tensor *seq_lens,
                                  lk_kv_layout layout);

@@ -41,6 +41,10 @@ static void fill_tables(void) {
     /* -- attention -- */
     r->flash_attn = lk_ref_flash_attn;
 
+    /* -- mla cache -- */
+    r->concat_and_cache_mla = lk_ref_concat_and_cache_mla;
+    r->gather_cache = lk_ref_gather_cache;
+
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
     a2->isa = LK_ISA_AVX2;
@@ -66,6 +70,10 @@ static void fill_tables(void) {
     /* -- attention -- */
     a2->flash_attn = lk_avx2_flash_attn;
 
+    /* -- mla cache -- */
+    a2->concat_and_cache_mla = lk_avx2_concat_and_cache_mla;
+    a2->gather_cache = lk_avx2_gather_cache;
+
     /* ================ AVX-512 overrides ================ */
     *a5 = *a2;
     a5->isa = LK_ISA_AVX512;
@@ -89,6 +97,10 @@ static void fill_tables(void) {
     a5->causal_softmax = lk_avx512_causal_softmax;
 
     /* -- attention: the AVX2 kernel (inherited) -- */
+
+    /* -- mla cache -- */
+    a5->concat_and_cache_mla = lk_avx512_concat_and_cache_mla;
+    a5->gather_cache = lk_avx512_gather_cache;
 
     lk_isa isa = lk_isa_best();
     const char *env = getenv("LLMKERN_ISA");

@@ -94,6 +94,49 @@ static inline void lk_attn_window(const lk_attn_args *a, int64_t i, int64_t q_le
     if (*lo < 0) *lo = 0;
     if (*hi > k_len - 1) *hi = k_len - 1;
 }
+/* concat_and_cache_mla. Each part copies a source row [n] into dims [c0, c0 + n) of the
+ * (H = 1) entry of its cache: one buffer: both parts in the same cache (c0 = 0 and Dl);
+ * two buffers: each part in its own cache at c0 = 0. */
+typedef struct {
+    lk_tensor kv_c;         /* [T, Dl] */
+    lk_tensor k_pe;         /* [T, Dr] */
+    lk_paged kv_c_cache;    /* entry [Dl + Dr] (one buffer) or [Dl] */
+    lk_paged k_pe_cache;    /* entry [Dr]; one buffer: a copy of kv_c_cache */
+    int64_t pe_c0;          /* first entry dim of k_pe: Dl (one buffer) or 0 */
+    lk_tensor slot_mapping; /* [N <= T] i32/i64, validated: < num_blocks * block_size, no duplicates */
+} lk_mla_cache_args;
+
+/* gather_cache: out[t] = the entry of token j of request b (t = sum(seq_lens[:b]) + j) */
+typedef struct {
+    lk_tensor out;         /* [sum(seq_lens), H, D] (a 2-D [S, C] out is passed as [S, H, D]) */
+    lk_paged cache;        /* entries H x D */
+    lk_tensor block_table; /* [B, max_pages] i32, validated for every page read */
+    lk_tensor seq_lens;    /* [B] i32, validated in [0, max_pages * block_size] */
+} lk_gather_cache_args;
+
+/* Shared by the SIMD mla cache kernels (src/cpu/mla_cache_common.c): the copy of one
+ * token is a list of runs, stretches of entry dims where both the cache and the row
+ * advance by one element. The driver splits tokens over threads, groups up to
+ * LK_COPY_GROUP tokens that sit in consecutive slots of one page, and calls the ISA's
+ * copy function once per group. */
+#define LK_COPY_GROUP 32
+typedef struct {
+    int64_t coff, roff, len; /* cache offset from the entry base, row offset, elements */
+} lk_copy_run;
+typedef struct {
+    char *cache;      /* entry (page, slot, 0, 0) of the group's first token */
+    lk_dtype ct;
+    int64_t cstep;    /* elements from one slot's entry to the next */
+    char *row;        /* the first token's row (concat: kv_c / k_pe; gather: out) */
+    lk_dtype rt;
+    int64_t rstep;    /* elements from one row to the next */
+    int64_t ntok;     /* tokens in the group */
+    int to_cache;     /* 1: row -> cache (concat); 0: cache -> row (gather) */
+    int stream;       /* large output: non-temporal stores where aligned, then sfence */
+} lk_copy_group;
+typedef void (*lk_copy_runs_fn)(const lk_copy_group *g, const lk_copy_run *runs, int64_t nruns);
+lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy);
+lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn copy);
 
 typedef struct {
     lk_isa isa;
@@ -106,6 +149,8 @@ typedef struct {
     lk_status (*merge_attn_states)(const lk_merge_args *a);
     lk_status (*causal_softmax)(const lk_softmax_args *a);
     lk_status (*flash_attn)(const lk_attn_args *a);
+    lk_status (*concat_and_cache_mla)(const lk_mla_cache_args *a);
+    lk_status (*gather_cache)(const lk_gather_cache_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -121,6 +166,8 @@ lk_status lk_ref_reshape_and_cache_flash(const lk_cache_args *a);
 lk_status lk_ref_merge_attn_states(const lk_merge_args *a);
 lk_status lk_ref_causal_softmax(const lk_softmax_args *a);
 lk_status lk_ref_flash_attn(const lk_attn_args *a);
+lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
+lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
 
 /* ---- avx2/ ---- */
 lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a);
@@ -132,6 +179,8 @@ lk_status lk_avx2_reshape_and_cache_flash(const lk_cache_args *a);
 lk_status lk_avx2_merge_attn_states(const lk_merge_args *a);
 lk_status lk_avx2_causal_softmax(const lk_softmax_args *a);
 lk_status lk_avx2_flash_attn(const lk_attn_args *a);
+lk_status lk_avx2_concat_and_cache_mla(const lk_mla_cache_args *a);
+lk_status lk_avx2_gather_cache(const lk_gather_cache_args *a);
 
 /* ---- avx512/ ---- */
 lk_status lk_avx512_rms_norm(const lk_rms_norm_args *a);
@@ -142,5 +191,7 @@ lk_status lk_avx512_rotary_embedding(const lk_rotary_args *a);
 lk_status lk_avx512_reshape_and_cache_flash(const lk_cache_args *a);
 lk_status lk_avx512_merge_attn_states(const lk_merge_args *a);
 lk_status lk_avx512_causal_softmax(const lk_softmax_args *a);
+lk_status lk_avx512_concat_and_cache_mla(const lk_mla_cache_args *a);
+lk_status lk_avx512_gather_cache(const lk_gather_cache_args *a);
 
 #endif

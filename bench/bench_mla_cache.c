@@ -1,0 +1,144 @@
+/*
+ * MLA latent cache at DeepSeek-V2-Lite shapes (kv_lora 512 + qk_rope 64, one buffer):
+ *  - concat_and_cache_mla: decode (1, 16 tokens, each in its own request's page) and
+ *    prefill (4096 tokens filling pages in a shuffled pool), page 128 and 16, ND and NZ,
+ *    bf16 (and f32 for prefill);
+ *  - gather_cache: the 8192-token prefix of 2 requests (4096 each) in shuffled pages,
+ *    page 128 and 16, ND and NZ, bf16 and f32;
+ *  - one case of each far beyond the L3 (32768 written tokens, a 49152-token prefix) for
+ *    the bandwidth ceiling.
+ * Bytes = read + written: tokens x 576 x (source + destination element size).
+ * Max error: the whole cache (concat) or out (gather) against the ref kernel.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define DL 512
+#define DR 64
+#define DC (DL + DR)
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static int64_t rnd(int64_t n) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (int64_t)(rng % (uint64_t)n);
+}
+
+/* 0..n-1 shuffled */
+static int64_t *shuffled(int64_t n) {
+    int64_t *p = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) p[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = rnd(i + 1), x = p[i];
+        p[i] = p[j], p[j] = x;
+    }
+    return p;
+}
+
+static lk_tensor cache_view(void *data, lk_dtype dt, lk_kv_layout L, int64_t nb, int64_t bs) {
+    return L == LK_KV_NZ ? lk_tensor_make(data, dt, 4, (int64_t[]){nb, DC / 16, bs, 16})
+                         : lk_tensor_make(data, dt, 3, (int64_t[]){nb, bs, DC});
+}
+
+/* ---------------------------------------------------------------- concat */
+
+typedef struct {
+    lk_tensor kv, pe, cache, sm;
+    lk_kv_layout L;
+} concat_ctx;
+
+static void run_concat(void *p) {
+    concat_ctx *c = p;
+    lk_concat_and_cache_mla(&c->kv, &c->pe, &c->cache, NULL, &c->sm, c->L);
+}
+
+static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
+    /* decode: token t is the next token of request t, in its own page; prefill: one
+     * request filling ceil(T / bs) pages of a shuffled pool twice that size */
+    int decode = T < 64;
+    int64_t nb = decode ? 2 * T + 2 : 2 * ((T + bs - 1) / bs) + 2;
+    int64_t *pages = shuffled(nb), *slots = malloc(sizeof(int64_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++)
+        slots[t] = decode ? pages[t] * bs + rnd(bs) : pages[t / bs] * bs + t % bs;
+    void *kv = bench_alloc(dt, T * DL, -2, 2), *pe = bench_alloc(dt, T * DR, -2, 2);
+    void *cache = bench_alloc(dt, nb * bs * DC, 0, 0), *ref = bench_alloc(dt, nb * bs * DC, 0, 0);
+    concat_ctx c = {lk_tensor_make(kv, dt, 2, (int64_t[]){T, DL}), lk_tensor_make(pe, dt, 2, (int64_t[]){T, DR}),
+                    cache_view(cache, dt, L, nb, bs), lk_tensor_make(slots, LK_I64, 1, &T), L};
+    double ms = bench_time(run_concat, &c);
+    concat_ctx r = c;
+    r.cache = cache_view(ref, dt, L, nb, bs);
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_concat(&r);
+    lk_set_isa(isa);
+    double err = bench_max_err(cache, ref, dt, nb * bs * DC);
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%lld %d+%d p%lld %s", (long long)T, DL, DR, (long long)bs,
+             L == LK_KV_NZ ? "NZ" : "ND");
+    bench_row("concat_and_cache_mla", shape, lk_dtype_name(dt), ms,
+              (double)T * DC * 2 * (double)lk_dtype_size(dt), BENCH_BW, err);
+    bench_free(kv), bench_free(pe), bench_free(cache), bench_free(ref);
+    free(pages), free(slots);
+}
+
+/* ---------------------------------------------------------------- gather */
+
+typedef struct {
+    lk_tensor out, cache, bt, sl;
+    lk_kv_layout L;
+} gather_ctx;
+
+static void run_gather(void *p) {
+    gather_ctx *c = p;
+    lk_gather_cache(&c->out, &c->cache, &c->bt, &c->sl, c->L);
+}
+
+static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_layout L) {
+    int64_t S = per_req * B, mp = (per_req + bs - 1) / bs, nb = B * mp + 2;
+    int64_t *pages = shuffled(nb);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)(B * mp)), *sl = malloc(sizeof(int32_t) * (size_t)B);
+    for (int64_t i = 0; i < B * mp; i++) bt[i] = (int32_t)pages[i];
+    for (int b = 0; b < B; b++) sl[b] = (int32_t)per_req;
+    void *cache = bench_alloc(dt, nb * bs * DC, -2, 2);
+    void *out = bench_alloc(dt, S * DC, 0, 0), *ref = bench_alloc(dt, S * DC, 0, 0);
+    gather_ctx c = {lk_tensor_make(out, dt, 2, (int64_t[]){S, DC}), cache_view(cache, dt, L, nb, bs),
+                    lk_tensor_make(bt, LK_I32, 2, (int64_t[]){B, mp}), lk_tensor_make(sl, LK_I32, 1, (int64_t[]){B}), L};
+    double ms = bench_time(run_gather, &c);
+    gather_ctx r = c;
+    r.out = lk_tensor_make(ref, dt, 2, (int64_t[]){S, DC});
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_gather(&r);
+    lk_set_isa(isa);
+    double err = bench_max_err(out, ref, dt, S * DC);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%dx%lld %d+%d p%lld %s", B, (long long)per_req, DL, DR, (long long)bs,
+             L == LK_KV_NZ ? "NZ" : "ND");
+    bench_row("gather_cache", shape, lk_dtype_name(dt), ms, (double)S * DC * 2 * (double)lk_dtype_size(dt),
+              BENCH_BW, err);
+    bench_free(cache), bench_free(out), bench_free(ref);
+    free(pages), free(bt), free(sl);
+}
+
+void bench_mla_cache(void) {
+    bench_section("concat_and_cache_mla / gather_cache, MLA 512 + 64 (bandwidth-bound; ceiling = copy bandwidth)");
+    const int64_t tokens[] = {1, 16, 4096}, pages[] = {128, 16};
+    for (int L = 0; L <= 1; L++)
+        for (int p = 0; p < 2; p++)
+            for (int t = 0; t < 3; t++) {
+                concat_case(tokens[t], pages[p], LK_BF16, (lk_kv_layout)L);
+                if (tokens[t] == 4096 && (pages[p] == 128 || BENCH.full)) concat_case(4096, pages[p], LK_F32, (lk_kv_layout)L);
+            }
+    for (int L = 0; L <= 1; L++)
+        for (int p = 0; p < 2; p++) {
+            gather_case(4096, 2, pages[p], LK_BF16, (lk_kv_layout)L);
+            if (pages[p] == 128 || BENCH.full) gather_case(4096, 2, pages[p], LK_F32, (lk_kv_layout)L);
+        }
+    /* beyond the L3: 36 MiB read + 36 MiB written (concat), 54 + 54 MiB (gather) */
+    for (int L = 0; L <= 1; L++) {
+        concat_case(32768, 128, LK_BF16, (lk_kv_layout)L);
+        gather_case(24576, 2, 128, LK_BF16, (lk_kv_layout)L);
+    }
+}

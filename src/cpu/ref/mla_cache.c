@@ -1,0 +1,68 @@
+/*
+ * concat_and_cache_mla and gather_cache, scalar reference.
+ *
+ *   concat_and_cache_mla: for t < N with slot = slot_mapping[t] >= 0,
+ *     page = slot / block_size, s = slot % block_size:
+ *       kv_c_cache(page, s, 0, d)         = round(kv_c[t, d]),  d < Dl
+ *       k_pe_cache(page, s, 0, pe_c0 + d) = round(k_pe[t, d]),  d < Dr
+ *   gather_cache: for request b, token j < seq_lens[b], t = sum(seq_lens[:b]) + j:
+ *       out[t, h, d] = round(cache(block_table[b, j / block_size], j % block_size, h, d))
+ *
+ * Every cache element is addressed through lk_paged_off, so ND and NZ (and any strides)
+ * take the same loops. round() is the one conversion to the destination dtype; same
+ * dtype is a bit copy (NaN payloads kept). No threads.
+ */
+#include <string.h>
+
+#include "../../core/half.h"
+#include "../kernels.h"
+
+/* dst[doff] = round(src[soff]) */
+static inline void copy_elem(void *dst, lk_dtype dt, int64_t doff, const void *src, lk_dtype st,
+                             int64_t soff) {
+    size_t es = lk_dtype_size(dt);
+    if (dt == st) memcpy((char *)dst + doff * (int64_t)es, (const char *)src + soff * (int64_t)es, es);
+    else lk_store_f(dst, dt, doff, lk_load_f(src, st, soff));
+}
+
+/* row t of src [T, n] into dims [c0, c0 + n) of the H = 1 entry (page, s) of pc */
+static void write_entry(const lk_paged *pc, int64_t page, int64_t s, int64_t c0,
+                        const lk_tensor *src, int64_t t) {
+    int64_t n = src->shape[1];
+    for (int64_t d = 0; d < n; d++)
+        copy_elem(pc->data, pc->dtype, lk_paged_off(pc, page, s, 0, c0 + d), src->data, src->dtype,
+                  t * src->stride[0] + d * src->stride[1]);
+}
+
+lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a) {
+    const lk_tensor *sm = &a->slot_mapping; // [N]
+    int64_t N = sm->shape[0], bs = a->kv_c_cache.block_size;
+    for (int64_t t = 0; t < N; t++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
+        if (slot < 0) continue; /* padding token */
+        write_entry(&a->kv_c_cache, slot / bs, slot % bs, 0, &a->kv_c, t);          // kv_c [T, Dl]
+        write_entry(&a->k_pe_cache, slot / bs, slot % bs, a->pe_c0, &a->k_pe, t);   // k_pe [T, Dr]
+    }
+    return LK_OK;
+}
+
+lk_status lk_ref_gather_cache(const lk_gather_cache_args *a) {
+    const lk_paged *pc = &a->cache;          // pages of H x D entries
+    const lk_tensor *out = &a->out;          // [S, H, D]
+    const lk_tensor *bt = &a->block_table;   // [B, max_pages] i32
+    const lk_tensor *sl = &a->seq_lens;      // [B] i32
+    const int32_t *btd = bt->data, *sld = sl->data;
+    int64_t B = bt->shape[0], bs = pc->block_size, t = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t len = sld[b * sl->stride[0]];
+        for (int64_t j = 0; j < len; j++, t++) {
+            int64_t page = btd[b * bt->stride[0] + (j / bs) * bt->stride[1]], s = j % bs;
+            for (int64_t h = 0; h < pc->H; h++)
+                for (int64_t d = 0; d < pc->D; d++)
+                    copy_elem(out->data, out->dtype,
+                              t * out->stride[0] + h * out->stride[1] + d * out->stride[2], pc->data,
+                              pc->dtype, lk_paged_off(pc, page, s, h, d));
+        }
+    }
+    return LK_OK;
+}

@@ -1,0 +1,218 @@
+/*
+ * Public entry points lk_concat_and_cache_mla and lk_gather_cache: validation (before
+ * any store, including every index value the kernel will use), then the kernel of the
+ * ISA in use. Contracts in include/llmkern.h ("paged caches"), maths in docs/ops.md.
+ *
+ *   concat_and_cache_mla: cache[slot_mapping[t]] = round([kv_c[t] | k_pe[t]]), t < N,
+ *     slot < 0 skipped; kv_c [T, Dl], k_pe [T, Dr]; one cache (entry Dl + Dr) or two
+ *     (entries Dl and Dr), ND or NZ (see src/core/paged.h).
+ *   gather_cache: out[sum(seq_lens[:b]) + j] = round(cache entry of token j of request
+ *     b) for j < seq_lens[b]; token j is in page block_table[b, j / block_size], slot
+ *     j % block_size.
+ *
+ * Index rules (errors name the argument, nothing is written):
+ *   slot_mapping: slot >= num_blocks * block_size -> LK_ERR_INDEX; two tokens with the
+ *     same slot -> LK_ERR_INDEX (the result would depend on thread timing).
+ *   seq_lens: < 0 -> LK_ERR_INDEX; > max_pages * block_size -> LK_ERR_SHAPE (does not
+ *     fit the block table); sum must equal out's first dim (LK_ERR_SHAPE naming out).
+ *   block_table: entries of pages that are read must be in [0, num_blocks)
+ *     (LK_ERR_INDEX); entries past a request's last page are not looked at.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/half.h"
+#include "../cpu/kernels.h"
+
+/* ---------------------------------------------------------------- concat_and_cache_mla */
+
+/* slots in [-inf, num_slots), no slot >= 0 twice. Duplicates: an open-addressing hash
+ * set of the slots seen (O(N), 2-4x N entries; on the stack for small N). */
+static lk_status check_slots(const lk_tensor *sm, int64_t num_slots) {
+    int64_t N = sm->shape[0], used = 0;
+    for (int64_t i = 0; i < N; i++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, i * sm->stride[0]);
+        if (slot >= num_slots)
+            return lk_fail(LK_ERR_INDEX, "slot_mapping: slot_mapping[%lld] = %lld is beyond the cache (%lld slots)",
+                           (long long)i, (long long)slot, (long long)num_slots);
+        used += slot >= 0;
+    }
+    if (used < 2) return LK_OK;
+    int bits = 7;
+    while (((int64_t)1 << bits) < 2 * used) bits++;
+    int64_t cap = (int64_t)1 << bits, stack[128];
+    int64_t *set = bits == 7 ? stack : malloc((size_t)cap * sizeof(int64_t));
+    if (!set) return lk_fail(LK_ERR_NOMEM, "slot_mapping: no memory for the duplicate check (%lld slots)",
+                             (long long)used);
+    memset(set, 0xff, (size_t)cap * sizeof(int64_t)); /* -1: empty */
+    int64_t dup = -1;
+    for (int64_t i = 0; i < N && dup < 0; i++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, i * sm->stride[0]);
+        if (slot < 0) continue;
+        uint64_t h = ((uint64_t)slot * 0x9e3779b97f4a7c15ull) >> (64 - bits);
+        while (set[h] >= 0 && set[h] != slot) h = (h + 1) & (uint64_t)(cap - 1);
+        if (set[h] == slot) dup = slot;
+        set[h] = slot;
+    }
+    if (set != stack) free(set);
+    if (dup >= 0)
+        return lk_fail(LK_ERR_INDEX, "slot_mapping: slot %lld appears more than once", (long long)dup);
+    return LK_OK;
+}
+
+static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
+                           const lk_tensor *k_pe_cache, lk_kv_layout layout) {
+    lk_status s;
+    if ((s = lk_check_float(&a->kv_c, "kv_c", 2, 2))) return s;
+    if ((s = lk_check_float(&a->k_pe, "k_pe", 2, 2))) return s;
+    if (a->k_pe.shape[0] != a->kv_c.shape[0])
+        return lk_fail(LK_ERR_SHAPE, "k_pe: shape %s: first dim must equal kv_c's (%lld tokens)",
+                       lk_shape_str(&a->k_pe), (long long)a->kv_c.shape[0]);
+    if ((s = lk_check_index(&a->slot_mapping, "slot_mapping", 1, 1))) return s;
+    if (a->slot_mapping.shape[0] > a->kv_c.shape[0])
+        return lk_fail(LK_ERR_SHAPE, "slot_mapping: %lld slots for %lld tokens (need N <= T)",
+                       (long long)a->slot_mapping.shape[0], (long long)a->kv_c.shape[0]);
+    int64_t Dl = a->kv_c.shape[1], Dr = a->k_pe.shape[1];
+    if (k_pe_cache) {
+        if ((s = lk_paged_init(&a->kv_c_cache, kv_c_cache, layout, 1, Dl, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init(&a->k_pe_cache, k_pe_cache, layout, 1, Dr, "k_pe_cache"))) return s;
+        if (a->k_pe_cache.num_blocks != a->kv_c_cache.num_blocks ||
+            a->k_pe_cache.block_size != a->kv_c_cache.block_size)
+            return lk_fail(LK_ERR_SHAPE, "k_pe_cache: shape %s: num_blocks and block_size must match kv_c_cache %s",
+                           lk_shape_str(k_pe_cache), lk_shape_str(kv_c_cache));
+        a->pe_c0 = 0;
+    } else {
+        if (Dl > INT64_MAX - Dr) return lk_fail(LK_ERR_OVERFLOW, "k_pe: Dl + Dr overflows int64");
+        if ((s = lk_paged_init(&a->kv_c_cache, kv_c_cache, layout, 1, Dl + Dr, "kv_c_cache"))) return s;
+        a->k_pe_cache = a->kv_c_cache;
+        a->pe_c0 = Dl;
+    }
+    const lk_tensor *caches[2] = {kv_c_cache, k_pe_cache};
+    const char *cn[2] = {"kv_c_cache", "k_pe_cache"};
+    for (int i = 0; i < 2 && caches[i]; i++) {
+        if ((s = lk_check_no_self_overlap(caches[i], cn[i]))) return s;
+        if ((s = lk_check_disjoint(caches[i], cn[i], &a->kv_c, "kv_c"))) return s;
+        if ((s = lk_check_disjoint(caches[i], cn[i], &a->k_pe, "k_pe"))) return s;
+        if ((s = lk_check_disjoint(caches[i], cn[i], &a->slot_mapping, "slot_mapping"))) return s;
+    }
+    if (k_pe_cache && (s = lk_check_disjoint(kv_c_cache, "kv_c_cache", k_pe_cache, "k_pe_cache")))
+        return s;
+    return check_slots(&a->slot_mapping, lk_paged_slots(&a->kv_c_cache));
+}
+
+lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
+                                  const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                  const lk_tensor *slot_mapping, lk_kv_layout layout) {
+    lk_clear_error();
+    lk_set_op("lk_concat_and_cache_mla");
+    if (!kv_c || !k_pe || !kv_c_cache || !slot_mapping)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !kv_c ? "kv_c" : !k_pe ? "k_pe" : !kv_c_cache ? "kv_c_cache" : "slot_mapping");
+    lk_mla_cache_args a;
+    a.kv_c = *kv_c;
+    a.k_pe = *k_pe;
+    a.slot_mapping = *slot_mapping;
+    lk_status s = check_mla(&a, kv_c_cache, k_pe_cache, layout);
+    if (s) return s;
+    if (a.slot_mapping.shape[0] == 0 || a.kv_c.shape[1] + a.k_pe.shape[1] == 0) return LK_OK;
+    return lk_kernels()->concat_and_cache_mla(&a);
+}
+
+/* ---------------------------------------------------------------- gather_cache */
+
+/* entry shape (H, D) of the cache as out sees it, and out / an ND cache as views of
+ * that shape: out [S, C] -> [S, H, D]; ND cache [nb, bs, C] -> [nb, bs, H, D] */
+static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layout, int64_t *H,
+                             int64_t *D) {
+    lk_status s;
+    if ((s = lk_check_float(out, "out", 2, 3))) return s;
+    if ((s = lk_check_float(cache, "cache", 3, 4))) return s;
+    int64_t C;
+    if (out->ndim == 3) *H = out->shape[1], *D = out->shape[2], C = *H * *D;
+    else if (layout == LK_KV_ND && cache->ndim == 4) {
+        *H = cache->shape[2], *D = cache->shape[3], C = *H * *D; /* fits: cache passed its checks */
+        if (C != out->shape[1])
+            return lk_fail(LK_ERR_SHAPE, "cache: shape %s: heads x dims must equal out's last dim (%lld)",
+                           lk_shape_str(cache), (long long)out->shape[1]);
+    } else *H = 1, *D = C = out->shape[1];
+    if (out->ndim == 2) { /* [S, C] as [S, H, D] */
+        out->ndim = 3;
+        out->shape[1] = *H, out->shape[2] = *D;
+        out->stride[2] = out->stride[1];
+        out->stride[1] = *D * out->stride[1];
+    }
+    if (layout == LK_KV_ND && cache->ndim == 3 && *H != 1) { /* [nb, bs, C] as [nb, bs, H, D] */
+        if (cache->shape[2] != C)
+            return lk_fail(LK_ERR_SHAPE, "cache: shape %s: last dim must be %lld (out's heads x dims)",
+                           lk_shape_str(cache), (long long)C);
+        cache->ndim = 4;
+        cache->shape[2] = *H, cache->shape[3] = *D;
+        cache->stride[3] = cache->stride[2];
+        cache->stride[2] = *D * cache->stride[2];
+    }
+    return LK_OK;
+}
+
+static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout) {
+    lk_status s;
+    int64_t H, D;
+    lk_tensor out_user = a->out;
+    if ((s = entry_views(&a->out, &cache, layout, &H, &D))) return s;
+    if ((s = lk_paged_init(&a->cache, &cache, layout, H, D, "cache"))) return s;
+    const lk_tensor *bt = &a->block_table, *sl = &a->seq_lens;
+    if ((s = lk_check_view(bt, "block_table", 2, 2))) return s;
+    if (bt->dtype != LK_I32)
+        return lk_fail(LK_ERR_DTYPE, "block_table: dtype %s not supported (i32)", lk_dtype_name(bt->dtype));
+    if ((s = lk_check_view(sl, "seq_lens", 1, 1))) return s;
+    if (sl->dtype != LK_I32)
+        return lk_fail(LK_ERR_DTYPE, "seq_lens: dtype %s not supported (i32)", lk_dtype_name(sl->dtype));
+    if (sl->shape[0] != bt->shape[0])
+        return lk_fail(LK_ERR_SHAPE, "seq_lens: shape %s: must be [B] with B = block_table's first dim (%lld)",
+                       lk_shape_str(sl), (long long)bt->shape[0]);
+    if ((s = lk_check_no_self_overlap(&out_user, "out"))) return s;
+    if ((s = lk_check_disjoint(&out_user, "out", &cache, "cache"))) return s;
+    if ((s = lk_check_disjoint(&out_user, "out", bt, "block_table"))) return s;
+    if ((s = lk_check_disjoint(&out_user, "out", sl, "seq_lens"))) return s;
+    int64_t B = bt->shape[0], max_pages = bt->shape[1], bs = a->cache.block_size, cap, total = 0;
+    if (__builtin_mul_overflow(max_pages, bs, &cap)) cap = INT64_MAX;
+    const int32_t *btd = bt->data, *sld = sl->data;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t len = sld[b * sl->stride[0]];
+        if (len < 0)
+            return lk_fail(LK_ERR_INDEX, "seq_lens: seq_lens[%lld] = %lld is negative", (long long)b,
+                           (long long)len);
+        if (len > cap)
+            return lk_fail(LK_ERR_SHAPE, "seq_lens: seq_lens[%lld] = %lld exceeds block_table's %lld pages x block_size %lld",
+                           (long long)b, (long long)len, (long long)max_pages, (long long)bs);
+        if (__builtin_add_overflow(total, len, &total))
+            return lk_fail(LK_ERR_OVERFLOW, "seq_lens: sum(seq_lens) overflows int64");
+        int64_t pages = len ? (len - 1) / bs + 1 : 0;
+        for (int64_t p = 0; p < pages; p++) {
+            int64_t blk = btd[b * bt->stride[0] + p * bt->stride[1]];
+            if (blk < 0 || blk >= a->cache.num_blocks)
+                return lk_fail(LK_ERR_INDEX, "block_table: block_table[%lld, %lld] = %lld is outside [0, %lld)",
+                               (long long)b, (long long)p, (long long)blk, (long long)a->cache.num_blocks);
+        }
+    }
+    if (a->out.shape[0] != total)
+        return lk_fail(LK_ERR_SHAPE, "out: shape %s: first dim must be sum(seq_lens) = %lld",
+                       lk_shape_str(&out_user), (long long)total);
+    return LK_OK;
+}
+
+lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
+                          const lk_tensor *seq_lens, lk_kv_layout layout) {
+    lk_clear_error();
+    lk_set_op("lk_gather_cache");
+    if (!out || !cache || !block_table || !seq_lens)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !out ? "out" : !cache ? "cache" : !block_table ? "block_table" : "seq_lens");
+    lk_gather_cache_args a;
+    a.out = *out;
+    a.block_table = *block_table;
+    a.seq_lens = *seq_lens;
+    lk_status s = check_gather(&a, *cache, layout);
+    if (s) return s;
+    if (lk_numel(&a.out) == 0) return LK_OK;
+    return lk_kernels()->gather_cache(&a);
+}
