@@ -1,0 +1,315 @@
+/*
+ * Public entry lk_mla_prefix_prefill: validation of every argument before any store
+ * (shapes, dtypes, overlaps, index values), the projection plan, the strategy choice
+ * (forced or by the cost model below), the strategy trace, then the strategy
+ * (src/cpu/mla/). Contract in include/llmkern.h; maths in src/cpu/mla/.
+ *
+ *   out[t, h] = sum_j softmax_j(scale * q[t, h] . key_j) value_j over the request's
+ *   [prefix | current] keys, bottom-right causal (query i sees prefix keys and current
+ *   keys j <= i), with prefix key_j = [W_UK_h c_j | k_pe_j], value_j = W_UV_h c_j.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/half.h"
+#include "../cpu/mla/mla.h"
+
+/* ---------------------------------------------------------------- trace */
+
+/* Each item ends with the wall time since the previous item (or the call's start),
+ * which is the time of the op it names: items are appended when their op is done. */
+static _Thread_local char trace_buf[2048];
+static _Thread_local size_t trace_len;
+static _Thread_local double trace_t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void trace_reset(void) {
+    trace_buf[0] = 0;
+    trace_len = 0;
+    trace_t = now_s();
+}
+
+static void trace_append(const char *fmt, ...) {
+    size_t cap = sizeof trace_buf;
+    if (trace_len + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(trace_buf + trace_len, cap - trace_len, fmt, ap);
+    va_end(ap);
+    if (n > 0) trace_len += (size_t)n < cap - trace_len ? (size_t)n : cap - 1 - trace_len;
+}
+
+void lk_mla_trace(const char *fmt, ...) {
+    char item[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(item, sizeof item, fmt, ap);
+    va_end(ap);
+    double t = now_s();
+    trace_append("%s%s [%.3f ms]", trace_len ? "; " : "", item, 1e3 * (t - trace_t));
+    trace_t = t;
+}
+
+const char *lk_mla_last_trace(void) { return trace_buf; }
+
+const char *lk_mla_strategy_name(lk_mla_strategy s) {
+    switch (s) {
+    case LK_MLA_AUTO: return "auto";
+    case LK_MLA_SPLIT_MERGE: return "split_merge";
+    case LK_MLA_CONCAT: return "concat";
+    case LK_MLA_FUSED: return "fused";
+    case LK_MLA_ABSORBED: return "absorbed";
+    }
+    return "unknown";
+}
+
+lk_mla_params lk_mla_params_default(float scale) {
+    lk_mla_params p = {scale, LK_MLA_AUTO, LK_KV_ND, 1};
+    return p;
+}
+
+/* ---------------------------------------------------------------- cost model */
+
+/* PLACEHOLDER: calibrated below */
+lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]) {
+    int64_t Dqk = s->Dn + s->Dr, E = s->Dl + s->Dr, H = s->H;
+    double proj = 0, pre = 0, cur = 0, lat = 0, T = 0, keys = 0;
+    for (int64_t b = 0; b < s->B; b++) {
+        double Q = s->q_len[b], P = Q > 0 ? s->prefix[b] : 0;
+        T += Q;
+        keys += P + Q;
+        pre += 2.0 * Q * H * P * (double)(Dqk + s->Dv);
+        cur += 2.0 * H * Q * (Q + 1) / 2 * (double)(Dqk + s->Dv);
+        lat += 2.0 * Q * H * P * (double)(E + s->Dl);
+    }
+    proj = 2.0 * (double)s->unique_rows * (double)s->Dl * (double)(H * (s->Dn + s->Dv));
+    double absq = 2.0 * T * H * (double)(s->Dn * s->Dl + s->Dl * s->Dv);
+    const double R_gemm = 120e9, R_flash = 80e9, R_fused = 90e9, R_lat = 80e9;
+    cost[0] = 0;
+    cost[LK_MLA_SPLIT_MERGE] = proj / R_gemm + (pre + cur) / R_flash;
+    cost[LK_MLA_CONCAT] = cost[LK_MLA_SPLIT_MERGE] * 1.02;
+    cost[LK_MLA_FUSED] = proj / R_gemm + (pre + cur) / R_fused;
+    cost[LK_MLA_ABSORBED] = absq / R_gemm + lat / R_lat + cur / R_flash;
+    lk_mla_strategy best = LK_MLA_SPLIT_MERGE;
+    for (int i = 2; i < 5; i++)
+        if (cost[i] < cost[best]) best = (lk_mla_strategy)i;
+    return best;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+typedef struct {
+    int32_t *cu_q, *prefix, *table, *q_len;
+} idx_copies;
+
+static void free_copies(idx_copies *c) {
+    free(c->cu_q);
+    free(c->prefix);
+    free(c->table);
+    free(c->q_len);
+}
+
+/* contiguous int32 copy of a 1-D or 2-D index view (row-major), values clamped to int32 */
+static int32_t *copy_index(const lk_tensor *t) {
+    int64_t n = lk_numel(t), cols = t->ndim == 2 ? t->shape[1] : n;
+    int32_t *c = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!c) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = t->ndim == 2 ? (i / cols) * t->stride[0] + (i % cols) * t->stride[1] : i * t->stride[0];
+        int64_t v = lk_load_index(t->data, t->dtype, off);
+        c[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+    }
+    return c;
+}
+
+static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_tensor *q,
+                              const lk_tensor *k, const lk_tensor *v, const lk_tensor *cu,
+                              const lk_tensor *pl, const lk_tensor *bt, const lk_tensor *w,
+                              const lk_mla_params *p) {
+    lk_status s;
+    if (!p) return lk_fail(LK_ERR_NULL, "params: NULL");
+    if (!isfinite(p->scale)) return lk_fail(LK_ERR_VALUE, "params.scale: must be finite, got %g", (double)p->scale);
+    if ((int)p->strategy < LK_MLA_AUTO || (int)p->strategy > LK_MLA_ABSORBED)
+        return lk_fail(LK_ERR_VALUE, "params.strategy: unknown value %d", (int)p->strategy);
+    if (p->cache_layout != LK_KV_ND && p->cache_layout != LK_KV_NZ)
+        return lk_fail(LK_ERR_VALUE, "params.cache_layout: unknown value %d", (int)p->cache_layout);
+    if ((s = lk_check_float(q, "q", 3, 3)) || (s = lk_check_float(k, "k", 3, 3)) ||
+        (s = lk_check_float(v, "v", 3, 3)) || (s = lk_check_float(out, "out", 3, 3)) ||
+        (s = lk_check_float(w, "kv_b_proj", 2, 2)))
+        return s;
+    if ((s = lk_check_index(cu, "cu_seqlens_q", 1, 1)) || (s = lk_check_index(pl, "prefix_lens", 1, 1)) ||
+        (s = lk_check_index(bt, "block_table", 2, 2)))
+        return s;
+    int64_t T = q->shape[0], H = q->shape[1], Dqk = q->shape[2], Dv = v->shape[2];
+    if (H < 1) return lk_fail(LK_ERR_SHAPE, "q: shape %s needs at least one head", lk_shape_str(q));
+    if ((s = lk_check_same_shape(k, "k", q, "q"))) return s;
+    if (v->shape[0] != T || v->shape[1] != H)
+        return lk_fail(LK_ERR_SHAPE, "v: shape %s does not match q %s in tokens and heads", lk_shape_str(v), lk_shape_str(q));
+    if ((s = lk_check_same_shape(out, "out", v, "v"))) return s;
+    if (Dv < 1) return lk_fail(LK_ERR_SHAPE, "v: value dim must be >= 1, shape %s", lk_shape_str(v));
+    int64_t rows = w->shape[0], Dl = w->shape[1];
+    if (rows % H || rows / H <= Dv)
+        return lk_fail(LK_ERR_SHAPE, "kv_b_proj: %lld rows are not %lld heads x (Dn + Dv) with Dn >= 1 (Dv = %lld)",
+                       (long long)rows, (long long)H, (long long)Dv);
+    int64_t Dn = rows / H - Dv, Dr = Dqk - Dn;
+    if (Dr < 1)
+        return lk_fail(LK_ERR_SHAPE, "q: head dim %lld must exceed kv_b_proj's nope dim Dn = %lld (rope dims >= 1)",
+                       (long long)Dqk, (long long)Dn);
+    if (Dl < 1) return lk_fail(LK_ERR_SHAPE, "kv_b_proj: latent dim must be >= 1, shape %s", lk_shape_str(w));
+    /* sgemm takes int sizes */
+    if (rows > INT_MAX / 2 || H * (Dl + Dr + Dv) > INT_MAX / 2)
+        return lk_fail(LK_ERR_OVERFLOW, "kv_b_proj: %lld x %lld is beyond OpenBLAS's int sizes", (long long)rows, (long long)Dl);
+    if (cu->shape[0] < 1) return lk_fail(LK_ERR_SHAPE, "cu_seqlens_q: needs B + 1 >= 1 entries");
+    int64_t B = cu->shape[0] - 1;
+    if (pl->shape[0] != B)
+        return lk_fail(LK_ERR_SHAPE, "prefix_lens: shape %s, expected [%lld] (cu_seqlens_q has B + 1 entries)",
+                       lk_shape_str(pl), (long long)B);
+    if (bt->shape[0] != B)
+        return lk_fail(LK_ERR_SHAPE, "block_table: shape %s, expected [%lld, max_pages]", lk_shape_str(bt), (long long)B);
+    a->T = T, a->H = H, a->Dn = Dn, a->Dr = Dr, a->Dv = Dv, a->Dl = Dl, a->B = B;
+    a->max_pages = bt->shape[1];
+    return LK_OK;
+}
+
+static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tensor *kpe, lk_kv_layout lay) {
+    lk_status s;
+    if (!kvc) return lk_fail(LK_ERR_NULL, "kv_c_cache: tensor pointer is NULL");
+    a->one_buffer = kpe == NULL;
+    if (a->one_buffer) {
+        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
+        a->rope = a->lat;
+    } else {
+        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init(&a->rope, kpe, lay, 1, a->Dr, "k_pe_cache"))) return s;
+        if (a->rope.num_blocks != a->lat.num_blocks || a->rope.block_size != a->lat.block_size)
+            return lk_fail(LK_ERR_SHAPE, "k_pe_cache: pages (%lld x %lld) differ from kv_c_cache's (%lld x %lld)",
+                           (long long)a->rope.num_blocks, (long long)a->rope.block_size,
+                           (long long)a->lat.num_blocks, (long long)a->lat.block_size);
+    }
+    if (a->lat.block_size > INT_MAX / 8)
+        return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond OpenBLAS's int sizes",
+                       (long long)a->lat.block_size);
+    return LK_OK;
+}
+
+static lk_status check_overlaps(const lk_tensor *out, const lk_tensor *const *in, const char *const *names, int n) {
+    lk_status s;
+    if ((s = lk_check_no_self_overlap(out, "out"))) return s;
+    for (int i = 0; i < n; i++)
+        if (in[i] && (s = lk_check_disjoint(out, "out", in[i], names[i]))) return s;
+    return LK_OK;
+}
+
+static lk_status check_values(lk_mla_args *a, idx_copies *cp, const lk_tensor *cu, const lk_tensor *pl,
+                              const lk_tensor *bt) {
+    int64_t B = a->B, maxp = a->max_pages, bs = a->lat.block_size, nb = a->lat.num_blocks;
+    if (!(cp->cu_q = copy_index(cu)) || !(cp->prefix = copy_index(pl)) || !(cp->table = copy_index(bt)) ||
+        !(cp->q_len = malloc(sizeof(int32_t) * (size_t)(B + 1))))
+        return lk_fail(LK_ERR_NOMEM, "out of memory for index copies");
+    for (int64_t i = 0; i <= B; i++) {
+        if (cp->cu_q[i] < 0)
+            return lk_fail(LK_ERR_INDEX, "cu_seqlens_q: entry %lld is negative (%d)", (long long)i, cp->cu_q[i]);
+        if (i && cp->cu_q[i] < cp->cu_q[i - 1])
+            return lk_fail(LK_ERR_INDEX, "cu_seqlens_q: not non-decreasing at entry %lld (%d after %d)", (long long)i,
+                           cp->cu_q[i], cp->cu_q[i - 1]);
+    }
+    if (cp->cu_q[B] > a->T)
+        return lk_fail(LK_ERR_INDEX, "cu_seqlens_q: last entry %d exceeds the %lld tokens of q", cp->cu_q[B], (long long)a->T);
+    int64_t cap = bs > 0 && maxp > INT32_MAX / bs ? INT32_MAX : maxp * bs, keys = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t P = cp->prefix[b];
+        cp->q_len[b] = cp->cu_q[b + 1] - cp->cu_q[b];
+        if (P < 0 || P > cap)
+            return lk_fail(LK_ERR_INDEX, "prefix_lens: request %lld has %lld prefix tokens, block_table holds %lld (%lld pages of %lld)",
+                           (long long)b, (long long)P, (long long)cap, (long long)maxp, (long long)bs);
+        keys += P + cp->q_len[b];
+        for (int64_t j = 0; j < (P + bs - 1) / bs; j++) {
+            int32_t pg = cp->table[b * maxp + j];
+            if (pg < 0 || pg >= nb)
+                return lk_fail(LK_ERR_INDEX, "block_table: entry [%lld, %lld] = %d outside [0, %lld)", (long long)b,
+                               (long long)j, pg, (long long)nb);
+        }
+    }
+    if (keys > INT32_MAX)
+        return lk_fail(LK_ERR_OVERFLOW, "prefix_lens: %lld keys in the batch exceed int32 offsets", (long long)keys);
+    a->cu_q = cp->cu_q, a->prefix = cp->prefix, a->table = cp->table;
+    return LK_OK;
+}
+
+lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
+                                const lk_tensor *v, const lk_tensor *cu_seqlens_q,
+                                const lk_tensor *prefix_lens, const lk_tensor *block_table,
+                                const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                const lk_tensor *kv_b_proj, const lk_mla_params *params) {
+    lk_clear_error();
+    lk_set_op("lk_mla_prefix_prefill");
+    trace_reset();
+    const lk_tensor *req[9] = {out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, kv_b_proj};
+    const char *names[9] = {"out", "q", "k", "v", "cu_seqlens_q", "prefix_lens", "block_table", "kv_c_cache", "kv_b_proj"};
+    for (int i = 0; i < 9; i++)
+        if (!req[i]) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
+    lk_mla_args a;
+    memset(&a, 0, sizeof a);
+    idx_copies cp = {0};
+    lk_status s = check_shapes(&a, out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_b_proj, params);
+    if (!s) s = check_cache(&a, kv_c_cache, k_pe_cache, params->cache_layout);
+    if (!s) {
+        const lk_tensor *ins[9] = {q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, k_pe_cache, kv_b_proj};
+        const char *in_names[9] = {"q", "k", "v", "cu_seqlens_q", "prefix_lens", "block_table", "kv_c_cache",
+                                   "k_pe_cache", "kv_b_proj"};
+        s = check_overlaps(out, ins, in_names, 9);
+    }
+    if (!s) s = check_values(&a, &cp, cu_seqlens_q, prefix_lens, block_table);
+    if (s || lk_numel(out) == 0) {
+        free_copies(&cp);
+        return s;
+    }
+    a.out = *out, a.q = *q, a.k = *k, a.v = *v, a.w = *kv_b_proj;
+    a.scale = params->scale, a.dedup = params->dedup != 0;
+    lk_mla_plan plan;
+    s = lk_mla_plan_build(&a, &plan);
+    if (s) {
+        free_copies(&cp);
+        return lk_fail(s, "out of memory for the projection plan");
+    }
+    lk_mla_shape shape = {a.B, a.H, a.Dn, a.Dr, a.Dv, a.Dl, plan.bs, cp.q_len, cp.prefix, plan.pages * plan.bs};
+    double cost[5];
+    lk_mla_strategy chosen = lk_mla_choose(&shape, cost), st = params->strategy;
+    if (st == LK_MLA_AUTO) {
+        st = chosen;
+        lk_mla_trace("strategy=%s (auto; model ms: split_merge %.3f, concat %.3f, fused %.3f, absorbed %.3f)",
+                     lk_mla_strategy_name(st), 1e3 * cost[1], 1e3 * cost[2], 1e3 * cost[3], 1e3 * cost[4]);
+    } else {
+        lk_mla_trace("strategy=%s (forced)", lk_mla_strategy_name(st));
+    }
+    lk_mla_trace("plan requests=%lld tokens=%d groups=%lld/%lld pages=%lld g=%lld dedup=%d", (long long)a.B,
+                 a.cu_q[a.B] - a.cu_q[0], (long long)plan.n_groups, (long long)plan.n_logical,
+                 (long long)plan.pages, (long long)plan.g, a.dedup);
+    if (a.cu_q[a.B] == a.cu_q[0]) { /* no request token: every row is padding */
+        lk_mla_zero_padding(&a);
+        lk_mla_trace("zero_padding rows=%lld", (long long)a.T);
+    } else if (st == LK_MLA_SPLIT_MERGE) {
+        s = lk_mla_split_merge(&a, &plan);
+    } else if (st == LK_MLA_CONCAT) {
+        s = lk_mla_concat(&a, &plan);
+    } else if (st == LK_MLA_FUSED) {
+        s = lk_mla_fused(&a, &plan);
+    } else {
+        s = lk_mla_absorbed(&a, &plan);
+    }
+    lk_mla_plan_free(&plan);
+    free_copies(&cp);
+    if (s == LK_ERR_NOMEM && !lk_last_error()[0]) lk_fail(s, "out of memory for scratch buffers");
+    if (s) trace_reset();
+    return s;
+}
