@@ -426,6 +426,30 @@ static void test_dedup(void) {
     }
 }
 
+/* the batch in waves of one request each gives the same bits as one wave */
+static void test_waves(void) {
+    mcase c = small_case();
+    set_batch(&c, 4, (int64_t[]){9, 5, 30, 6}, (int64_t[]){40, 0, 100, 13});
+    c.H = 4, c.bs = 16, c.pad_tokens = 2, c.qt = c.ct = c.wt = LK_BF16, c.ot = LK_F32;
+    mbufs z;
+    build(&c, &z);
+    int64_t n = z.T * c.H * c.Dv;
+    for (int si = 1; si < 5; si++) {
+        lk_status s1, s2;
+        lk_mla_params p = params_of(&c, STRATS[si]);
+        double *a = result(&c, &z, &p, &s1);
+        lk_mla_set_wave_bytes(1);
+        double *b = result(&c, &z, &p, &s2);
+        lk_mla_set_wave_bytes(0);
+        double e = tu_err(b, z.want, n, mla_tol(c.ot));
+        tu_check(s1 == LK_OK && s2 == LK_OK && same(a, b, n) && e <= 1 && padding_zero(&c, &z, b) &&
+                     strstr(lk_mla_last_trace(), "waves=4") != NULL,
+                 "mla waves of one request == one wave, %s: %s", lk_mla_strategy_name(STRATS[si]), lk_mla_last_trace());
+        free(a), free(b);
+    }
+    free_bufs(&z);
+}
+
 /* 1, 2, 3, 4 threads give the same bits */
 static void test_threads(void) {
     mcase c = small_case();
@@ -691,6 +715,7 @@ int main(void) {
     test_nz_nd();
     test_dedup();
     test_threads();
+    test_waves();
     test_trace();
     test_empty();
     test_bad_inputs();

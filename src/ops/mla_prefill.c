@@ -26,6 +26,7 @@
 static _Thread_local char trace_buf[2048];
 static _Thread_local size_t trace_len;
 static _Thread_local double trace_t;
+static _Thread_local int trace_mute; /* waves after the first: ops not listed again */
 
 static double now_s(void) {
     struct timespec ts;
@@ -56,7 +57,7 @@ void lk_mla_trace(const char *fmt, ...) {
     vsnprintf(item, sizeof item, fmt, ap);
     va_end(ap);
     double t = now_s();
-    trace_append("%s%s [%.3f ms]", trace_len ? "; " : "", item, 1e3 * (t - trace_t));
+    if (!trace_mute) trace_append("%s%s [%.3f ms]", trace_len ? "; " : "", item, 1e3 * (t - trace_t));
     trace_t = t;
 }
 
@@ -246,6 +247,65 @@ static lk_status check_values(lk_mla_args *a, idx_copies *cp, const lk_tensor *c
     return LK_OK;
 }
 
+/* ---------------------------------------------------------------- waves */
+
+/* Requests run in waves of consecutive requests whose projected prefix (G + Kp + Vp,
+ * logical rows, so the same with or without dedup) fits wave_bytes (a wave holds one
+ * request at least): scratch stays bounded (and below glibc's 32 MiB mmap ceiling, so
+ * it is recycled between calls instead of page-faulted in again) and mostly in the L3.
+ * A wave is a sub-batch of exact token rows (no padding rows): the strategies run on it
+ * unchanged; padding rows are zeroed once at the end. Per-request results do not depend
+ * on the waves (the projection group size g is the whole batch's). */
+static int64_t wave_bytes = (int64_t)24 << 20;
+
+void lk_mla_set_wave_bytes(int64_t bytes) { wave_bytes = bytes > 0 ? bytes : (int64_t)24 << 20; }
+
+static _Thread_local lk_status wave_status;
+
+static lk_tensor rows_of(const lk_tensor *t, int64_t r0, int64_t n) {
+    lk_tensor v = *t;
+    v.data = lk_at(t, r0 * t->stride[0]);
+    v.shape[0] = n;
+    return v;
+}
+
+/* count the waves (run = 0) or run them (run = 1; status in wave_status); -1: no memory */
+static int64_t run_waves(const lk_mla_args *a, lk_mla_strategy st, int64_t g, int run) {
+    int64_t B = a->B, bs = a->lat.block_size, waves = 0;
+    int64_t row_bytes = 4 * (a->Dl + a->Dr + a->H * (a->Dn + a->Dr + a->Dv));
+    int32_t *cu = run ? malloc(sizeof(int32_t) * (size_t)(B + 1)) : NULL;
+    if (run && !cu) return -1;
+    wave_status = LK_OK;
+    for (int64_t b = 0, b1; b < B && wave_status == LK_OK; b = b1, waves++) {
+        int64_t bytes = 0;
+        for (b1 = b; b1 < B; b1++) {
+            int64_t rb = a->cu_q[b1 + 1] > a->cu_q[b1] ? (a->prefix[b1] + bs - 1) / bs * bs * row_bytes : 0;
+            if (b1 > b && bytes + rb > wave_bytes) break;
+            bytes += rb;
+        }
+        if (!run) continue;
+        lk_mla_args w = *a;
+        int64_t base = a->cu_q[b];
+        w.B = b1 - b, w.T = a->cu_q[b1] - base;
+        for (int64_t i = 0; i <= w.B; i++) cu[i] = a->cu_q[b + i] - (int32_t)base;
+        w.cu_q = cu, w.prefix = a->prefix + b, w.table = a->table + b * a->max_pages;
+        w.out = rows_of(&a->out, base, w.T), w.q = rows_of(&a->q, base, w.T);
+        w.k = rows_of(&a->k, base, w.T), w.v = rows_of(&a->v, base, w.T);
+        if (w.T == 0) continue;
+        lk_mla_plan p;
+        if ((wave_status = lk_mla_plan_build(&w, g, &p))) break;
+        wave_status = st == LK_MLA_SPLIT_MERGE ? lk_mla_split_merge(&w, &p)
+                      : st == LK_MLA_CONCAT    ? lk_mla_concat(&w, &p)
+                      : st == LK_MLA_FUSED     ? lk_mla_fused(&w, &p)
+                                               : lk_mla_absorbed(&w, &p);
+        lk_mla_plan_free(&p);
+        trace_mute = 1;
+    }
+    trace_mute = 0;
+    free(cu);
+    return waves;
+}
+
 lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
                                 const lk_tensor *v, const lk_tensor *cu_seqlens_q,
                                 const lk_tensor *prefix_lens, const lk_tensor *block_table,
@@ -276,8 +336,11 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
     }
     a.out = *out, a.q = *q, a.k = *k, a.v = *v, a.w = *kv_b_proj;
     a.scale = params->scale, a.dedup = params->dedup != 0;
+    int64_t g = lk_mla_plan_g(&a);
     lk_mla_plan plan;
-    s = lk_mla_plan_build(&a, &plan);
+    float *w_owned = NULL;
+    s = lk_mla_plan_build(&a, g, &plan);
+    if (!s && (s = lk_mla_f32_view(&a.w, &a.w32, &w_owned))) lk_mla_plan_free(&plan);
     if (s) {
         free_copies(&cp);
         return lk_fail(s, "out of memory for the projection plan");
@@ -292,22 +355,18 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
     } else {
         lk_mla_trace("strategy=%s (forced)", lk_mla_strategy_name(st));
     }
-    lk_mla_trace("plan requests=%lld tokens=%d groups=%lld/%lld pages=%lld g=%lld dedup=%d", (long long)a.B,
+    int64_t waves = run_waves(&a, st, g, 0);
+    lk_mla_trace("plan requests=%lld tokens=%d groups=%lld/%lld pages=%lld g=%lld dedup=%d waves=%lld", (long long)a.B,
                  a.cu_q[a.B] - a.cu_q[0], (long long)plan.n_groups, (long long)plan.n_logical,
-                 (long long)plan.pages, (long long)plan.g, a.dedup);
-    if (a.cu_q[a.B] == a.cu_q[0]) { /* no request token: every row is padding */
-        lk_mla_zero_padding(&a);
-        lk_mla_trace("zero_padding rows=%lld", (long long)a.T);
-    } else if (st == LK_MLA_SPLIT_MERGE) {
-        s = lk_mla_split_merge(&a, &plan);
-    } else if (st == LK_MLA_CONCAT) {
-        s = lk_mla_concat(&a, &plan);
-    } else if (st == LK_MLA_FUSED) {
-        s = lk_mla_fused(&a, &plan);
-    } else {
-        s = lk_mla_absorbed(&a, &plan);
-    }
+                 (long long)plan.pages, (long long)plan.g, a.dedup, (long long)waves);
     lk_mla_plan_free(&plan);
+    s = run_waves(&a, st, g, 1) < 0 ? LK_ERR_NOMEM : LK_OK;
+    if (!s) s = wave_status;
+    if (!s) {
+        lk_mla_zero_padding(&a);
+        if (waves > 1) lk_mla_trace("waves=%lld (ops listed for the first)", (long long)waves);
+    }
+    free(w_owned);
     free_copies(&cp);
     if (s == LK_ERR_NOMEM && !lk_last_error()[0]) lk_fail(s, "out of memory for scratch buffers");
     if (s) trace_reset();

@@ -104,10 +104,11 @@ lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned) {
 /* projection rows per sgemm call the plan aims at: OpenBLAS repacks the whole weight
  * (N x Dl) in every call, so the call must be long enough to amortise it (measured
  * single-threaded on this Zen 3, N = 1024, K = 512: 128 rows 74.6, 512 rows 76.2,
- * 4096 rows 77.7 GFLOP/s; N = 4096: 128 rows 64.8, 512 rows 75.8) */
+ * 4096 rows 77.7 GFLOP/s; N = 4096: 128 rows 64.8, 512 rows 75.8; in the projection
+ * step with 128-row calls the weight packing was 9% of the time) */
 static int64_t target_rows(int64_t N) {
-    int64_t t = N / 8;
-    return t < 128 ? 128 : t > 512 ? 512 : t;
+    (void)N;
+    return 512;
 }
 
 static uint64_t hash_ids(const int32_t *ids, int64_t n) {
@@ -122,17 +123,18 @@ void lk_mla_plan_free(lk_mla_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-lk_status lk_mla_plan_build(const lk_mla_args *a, lk_mla_plan *p) {
-    memset(p, 0, sizeof *p);
-    int64_t B = a->B, maxp = a->max_pages, bs = a->lat.block_size;
-    int64_t total = 0;
-    for (int64_t b = 0; b < B; b++)
+int64_t lk_mla_plan_g(const lk_mla_args *a) {
+    int64_t bs = a->lat.block_size, total = 0;
+    for (int64_t b = 0; b < a->B; b++)
         if (a->cu_q[b + 1] > a->cu_q[b]) total += (a->prefix[b] + bs - 1) / bs;
-    /* g pages per group: about target_rows, but at least ~8 groups when there are enough
-     * pages (load balance); from the logical page count, the same with or without dedup */
     int64_t g = (target_rows(a->H * (a->Dn + a->Dv)) + bs - 1) / bs;
     if (g > total / 8) g = total / 8;
-    if (g < 1) g = 1;
+    return g < 1 ? 1 : g;
+}
+
+lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p) {
+    memset(p, 0, sizeof *p);
+    int64_t B = a->B, maxp = a->max_pages, bs = a->lat.block_size;
     p->bs = bs, p->g = g;
     int64_t nl = 0;
     for (int64_t b = 0; b < B; b++)
@@ -292,8 +294,9 @@ static void proj_unit(void *vctx, int64_t u, int tid) {
     }
 }
 
-lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G,
-                         const lk_tensor *w32, float *Kp, float *Vp) {
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+                         float *Vp) {
+    const lk_tensor *w32 = &a->w32;
     int64_t N = a->H * (a->Dn + a->Dv), maxm = 0;
     for (int64_t u = 0; u < p->n_groups; u++)
         if (p->gp_pages[u] * p->bs > maxm) maxm = p->gp_pages[u] * p->bs;
@@ -313,16 +316,12 @@ lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float
 
 lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp, float **Vp) {
     int64_t rows = p->pages * p->bs, E = a->Dl + a->Dr;
-    float *G = malloc(sizeof(float) * (size_t)(rows * E + 1)), *w_owned = NULL;
+    float *G = malloc(sizeof(float) * (size_t)(rows * E + 1));
     *Kp = malloc(sizeof(float) * (size_t)(rows * a->H * (a->Dn + a->Dr) + 1));
     *Vp = malloc(sizeof(float) * (size_t)(rows * a->H * a->Dv + 1));
-    lk_tensor w32;
     lk_status s = LK_ERR_NOMEM;
-    if (G && *Kp && *Vp && !(s = lk_mla_f32_view(&a->w, &w32, &w_owned)) &&
-        !(s = lk_mla_gather(a, p, G)))
-        s = lk_mla_project(a, p, G, &w32, *Kp, *Vp);
+    if (G && *Kp && *Vp && !(s = lk_mla_gather(a, p, G))) s = lk_mla_project(a, p, G, *Kp, *Vp);
     free(G);
-    free(w_owned);
     if (s) {
         free(*Kp), free(*Vp);
         *Kp = *Vp = NULL;

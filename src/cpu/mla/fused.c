@@ -3,7 +3,8 @@
  * then the request's own keys, per query block; no LSE merge, no concatenated copy.
  *
  *   Kp, Vp = project(gather(prefix pages))     uniform pages [pages * bs, H, Dqk / Dv]
- *   unit (request b, head h, query block [i0, i0 + nq), nq <= QB):
+ *   unit (request b, head h, query block [i0, i0 + nq)): a request's queries split
+ *   evenly into blocks of at most QB:
  *     Qs [nq, Dqk] = scale * q rows (any dtype / strides)
  *     segments, in order: the prefix as runs of consecutive uniform pages of Kp / Vp
  *       (visible to every query), then the current keys [0, i0 + nq) of k / v read in
@@ -20,7 +21,11 @@
 #include "../../core/half.h"
 #include "mla.h"
 
-#define QB 256 /* query rows per unit */
+#define QB 256 /* query rows per unit, at most */
+
+/* query blocks of a request of ql tokens and their size: ql split evenly */
+static int64_t n_blocks(int64_t ql) { return (ql + QB - 1) / QB; }
+static int64_t block_rows(int64_t ql) { return ql ? (ql + n_blocks(ql) - 1) / n_blocks(ql) : 0; }
 
 typedef struct {
     const lk_mla_args *a;
@@ -38,11 +43,13 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     const fused_ctx *c = vctx;
     const lk_mla_args *a = c->a;
     int64_t H = a->H, Dqk = a->Dn + a->Dr, Dv = a->Dv;
-    int64_t b = c->unit[u] / (H * c->nblk), h = c->unit[u] / c->nblk % H, i0 = c->unit[u] % c->nblk * QB;
-    int64_t q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0, nq = ql - i0 < QB ? ql - i0 : QB;
+    int64_t b = c->unit[u] / (H * c->nblk), h = c->unit[u] / c->nblk % H;
+    int64_t q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0, br = block_rows(ql), i0 = c->unit[u] % c->nblk * br;
+    int64_t nq = ql - i0 < br ? ql - i0 : br;
     float *Qs = (float *)(c->scratch + (size_t)tid * c->scratch_bytes); // [QB, Dqk]
     float *S = Qs + QB * Dqk, *O = S + QB * LK_MLA_KB;                 // [QB, KB], [QB, Dv]
-    lk_online_state *st = (lk_online_state *)(O + QB * Dv);            // [QB]
+    float *panel = O + QB * Dv;                                        // [KB, Dqk + Dv]
+    lk_online_state *st = (lk_online_state *)(panel + LK_MLA_KB * (Dqk + Dv)); // [QB]
     lk_mla_segment *seg = (lk_mla_segment *)(st + QB);                 // [max_seg]
     const lk_tensor *q = &a->q;
     for (int64_t r = 0; r < nq; r++) {
@@ -52,10 +59,9 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     }
     int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, c->Kp + h * Dqk, H * Dqk, c->Vp + h * Dv, H * Dv, seg) : 0;
     const float *kf = c->kf.data, *vf = c->vf.data;
-    seg[n++] = (lk_mla_segment){kf + q0 * c->kf.stride[0] + h * c->kf.stride[1],
-                                vf + q0 * c->vf.stride[0] + h * c->vf.stride[1],
-                                c->kf.stride[0], c->vf.stride[0], i0 + nq, 1, i0};
-    lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, S, O, Dv, st);
+    lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1], vf + q0 * c->vf.stride[0] + h * c->vf.stride[1],
+                          c->kf.stride[0], c->vf.stride[0], i0 + nq, 1, i0};
+    lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, panel, O, Dv, st);
     const lk_tensor *o = &a->out;
     for (int64_t r = 0; r < nq; r++) {
         float inv = lk_softmax_inv(st[r].l);
@@ -74,13 +80,14 @@ lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {
     int64_t H = a->H, Dqk = a->Dn + a->Dr, n_units = 0, maxq = 0;
     for (int64_t b = 0; b < a->B; b++) {
         int64_t ql = a->cu_q[b + 1] - a->cu_q[b], np = ql ? (a->prefix[b] + p->bs - 1) / p->bs : 0;
-        n_units += (ql + QB - 1) / QB * H;
+        n_units += n_blocks(ql) * H;
         if (ql > maxq) maxq = ql;
-        if (np + 1 > c.max_seg) c.max_seg = np + 1;
+        if (np > c.max_seg) c.max_seg = np;
     }
-    c.nblk = (maxq + QB - 1) / QB;
+    c.nblk = n_blocks(maxq);
     int nt = lk_plan_units(n_units);
-    c.scratch_bytes = sizeof(float) * (size_t)(QB * (Dqk + LK_MLA_KB + a->Dv)) + sizeof(lk_online_state) * QB +
+    c.scratch_bytes = sizeof(float) * (size_t)(QB * (Dqk + LK_MLA_KB + a->Dv) + LK_MLA_KB * (Dqk + a->Dv)) +
+                      sizeof(lk_online_state) * QB +
                       sizeof(lk_mla_segment) * (size_t)c.max_seg;
     c.scratch_bytes = (c.scratch_bytes + 63) / 64 * 64;
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
@@ -93,7 +100,7 @@ lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {
         int64_t n = 0;
         for (int64_t b = 0; b < a->B; b++) {
             int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
-            for (int64_t blk = (ql + QB - 1) / QB - 1; blk >= 0; blk--)
+            for (int64_t blk = n_blocks(ql) - 1; blk >= 0; blk--)
                 for (int64_t h = 0; h < H; h++) c.unit[n++] = (b * H + h) * c.nblk + blk;
         }
         lk_mla_blas_begin();

@@ -31,6 +31,7 @@ typedef struct {
     lk_tensor q, k;         /* [T, H, Dn + Dr] */
     lk_tensor v;            /* [T, H, Dv] */
     lk_tensor w;            /* kv_b_proj [H * (Dn + Dv), Dl] */
+    lk_tensor w32;          /* the same as f32 rows (lk_mla_f32_view, made once per call) */
     lk_paged lat;           /* latent cache, H = 1; D = Dl + Dr (one buffer) or Dl */
     lk_paged rope;          /* two buffers: rope cache, H = 1, D = Dr; one buffer: = lat */
     int one_buffer;         /* rope dims are [Dl, Dl + Dr) of lat's entries */
@@ -55,6 +56,10 @@ typedef struct {
  * the cheapest; depends on the shape only (never on the thread count). */
 lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]);
 
+/* scratch budget of one wave of requests (front-end; default 24 MiB, <= 0 restores it);
+ * process-wide, for tests */
+void lk_mla_set_wave_bytes(int64_t bytes);
+
 /* append "; <formatted>" to this thread's trace (front-end owns the buffer) */
 void lk_mla_trace(const char *fmt, ...)
 #if defined(__GNUC__)
@@ -77,7 +82,11 @@ typedef struct {
     int32_t *ptable;         /* [B, max_pages] uniform page of (request, logical page) */
 } lk_mla_plan;
 
-lk_status lk_mla_plan_build(const lk_mla_args *a, lk_mla_plan *p);
+/* pages per projection group for the whole batch: about 512 rows per sgemm, but ~8
+ * groups at least when there are enough pages; from the logical page count, so the
+ * same with or without dedup */
+int64_t lk_mla_plan_g(const lk_mla_args *a);
+lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p);
 void lk_mla_plan_free(lk_mla_plan *p);
 
 /* ---------------------------------------------------------------- shared steps */
@@ -96,8 +105,8 @@ void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, 
 lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned);
 
 lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G);
-lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G,
-                         const lk_tensor *w32, float *Kp, float *Vp);
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+                         float *Vp);
 /* gather + project into freshly allocated Kp / Vp (free() both) */
 lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp,
                                 float **Vp);
@@ -113,6 +122,7 @@ void lk_mla_zero_padding(const lk_mla_args *a);
 /* ---------------------------------------------------------------- online engine */
 
 #define LK_MLA_KB 256 /* keys per block of the online engine */
+#define LK_MLA_KD 64  /* keys per block on a causal diagonal */
 
 /* keys n rows: K rows ldk floats apart, V rows ldv apart; causal: key c visible to query
  * row r iff c <= lim0 + r */
@@ -124,11 +134,12 @@ typedef struct {
 } lk_mla_segment;
 
 /* online softmax of nq rows Q [nq, Dqk] (rows ldq apart, already scaled) over the
- * segments in order: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st = the
- * rows' states. S: scratch [nq, LK_MLA_KB]. See online.c. */
+ * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
+ * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =
+ * the rows' states. Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c. */
 void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
-                        const lk_mla_segment *seg, int64_t nseg, float *S, float *O, int64_t ldo,
-                        lk_online_state *st);
+                        const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
+                        float *panel, float *O, int64_t ldo, lk_online_state *st);
 /* request b's prefix as segments (runs of consecutive uniform pages) of the uniform
  * buffers K (rows ldk apart) and V (ldv): at most ceil(P / bs) segments; returns the count */
 int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,
