@@ -124,7 +124,8 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
                        sizeof(lk_mla_segment) * (size_t)c.max_seg + 63) / 64 * 64;
     c.scratch = malloc(c.scratch_bytes * (size_t)nt);
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
-    for (int64_t b = 0; b < B; b++) c.nrb += (a->cu_q[b + 1] - a->cu_q[b] + ROWS - 1) / ROWS;
+    for (int64_t b = 0; b < B; b++)
+        if (a->prefix[b] > 0) c.nrb += (a->cu_q[b + 1] - a->cu_q[b] + ROWS - 1) / ROWS;
     c.tblk = malloc(sizeof(int64_t) * (size_t)(2 * c.nrb + 1));
     if (!s && (!c.scratch || !c.unit || !c.tblk)) s = LK_ERR_NOMEM;
     if (!s) {
@@ -132,21 +133,20 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
         c.Qa = buf, c.Ol = buf + TH * E, c.O1 = c.Ol + TH * Dl;
         float *O2 = c.O1 + TH * Dv, *lse2 = O2 + TH * Dv;
         c.lse1 = lse2 + TH;
-        /* token blocks of at most ROWS rows inside each request, so that a request's bits
-         * do not depend on the rest of the batch (sgemm rows depend on their position) */
+        /* token blocks of at most ROWS rows inside each request with a prefix, so that a
+         * request's bits do not depend on the rest of the batch (sgemm rows depend on
+         * their position); requests without a prefix need no latent rows */
         c.tend = c.tblk + c.nrb;
         for (int64_t b = 0, k = 0; b < B; b++)
-            for (int64_t t = a->cu_q[b]; t < a->cu_q[b + 1]; t += ROWS, k++)
+            for (int64_t t = a->cu_q[b]; a->prefix[b] > 0 && t < a->cu_q[b + 1]; t += ROWS, k++)
                 c.tblk[k] = t, c.tend[k] = t + ROWS < a->cu_q[b + 1] ? t + ROWS : a->cu_q[b + 1];
         lk_mla_blas_begin();
         lk_parallel_units(H * c.nrb, lk_plan_units(H * c.nrb), absorb_q_unit, &c);
         lk_mla_trace("absorb_q sgemm=%lld M=%lld N=%lld K=%lld", (long long)(H * c.nrb),
                      (long long)(a->cu_q[B] - a->cu_q[0]), (long long)Dl, (long long)a->Dn);
-        /* rows without a prefix (and padding rows): empty state, O = 0 */
+        /* rows without a prefix: empty state (their Ol / O1 rows are never written nor
+         * read: the merge does not read a state whose lse is -inf) */
         for (int64_t i = 0; i < TH; i++) c.lse1[i] = -INFINITY;
-        for (int64_t b = 0; b < B; b++)
-            if (a->prefix[b] == 0)
-                memset(c.Ol + a->cu_q[b] * H * Dl, 0, sizeof(float) * (size_t)((a->cu_q[b + 1] - a->cu_q[b]) * H * Dl));
         int64_t n = 0;
         for (int64_t b = 0; b < B; b++)
             if (a->prefix[b] > 0)
@@ -158,8 +158,6 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
         lk_mla_blas_end();
         lk_mla_trace("absorb_out sgemm=%lld M=%lld N=%lld K=%lld", (long long)(H * c.nrb),
                      (long long)(a->cu_q[B] - a->cu_q[0]), (long long)Dv, (long long)Dl);
-        /* rows outside the requests were never written by the sgemms: the merge reads
-         * them only through lse1 = -inf, so they may stay */
         lk_tensor o2t = lk_tensor_make(O2, LK_F32, 3, (int64_t[3]){T, H, Dv});
         s = lk_mla_attn_current(a, &o2t, lse2);
         if (!s) s = lk_mla_merge(a, c.O1, c.lse1, O2, lse2);
