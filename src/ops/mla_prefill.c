@@ -84,16 +84,19 @@ lk_mla_params lk_mla_params_default(float scale) {
 /* Predicted single-thread seconds of each strategy, from the shapes only (never the
  * thread count, so the choice, and with it the bits, cannot depend on it). Every term is
  * FLOPs (2 per multiply-add) over an effective rate, R = the prefix projection's rate
- * (sgemm + scatter), or bytes-ish terms in seconds per element:
+ * (sgemm + scatter), or seconds per element:
  *   gather      6e-10 s per cached element read (rows * (Dl + Dr))
  *   project     2 rows Dl H (Dn + Dv) / R                        (rows = prefix pages * bs)
- *   flash, prefix (split / concat): 2 H (Dqk + Dv) Q P / (0.95 R Q / (Q + 110))
+ *   flash, prefix (split / concat): 2 H (Dqk + Dv) Q P / (0.95 R Q / (Q + 110) c), with
+ *     c = min(1, sqrt(24 MB / (P H (Dqk + Dv) 4 bytes))) for the packed K/V leaving the L3
  *   flash, causal current part:     2 H (Dqk + Dv) Q (Q + 1) / 2 / (R Q / (Q + 250))
  *   concat copy 3e-9 s per copied float ((P + Q) H (Dqk + Dv))
- *   engine (fused): 2 H (Dqk + Dv) Q (P + (Q + 64) / 2) / (0.95 R Q / (Q + 40))
- *                   (its causal diagonal goes in 64-key chunks: ~Q * 64 / 2 wasted)
- *   engine (absorbed latent): 2 H (2 Dl + Dr) Q P / (1.05 R r / (r + 16)), r = min(Q H, 128)
- *   absorb sgemms: 2 T' H (Dn Dl + Dl Dv) / (0.75 R)                (T' = tokens with a prefix)
+ *   engine (fused; absorbed's current keys): 2 H (Dqk + Dv) Q (P + (Q + 64) / 2) /
+ *     (0.95 R n / (n + 40)), n = Q (absorbed with a prefix: n = the tokens of one unit,
+ *     Q / ceil(Q H / 128)); the causal diagonal goes in 64-key chunks: ~64 / 2 wasted
+ *     keys per query
+ *   absorbed latent engine: 2 H (2 Dl + Dr) Q P / (1.05 R r / (r + 16)), r = min(Q H, 128)
+ *   absorb sgemms (per unit, per head, M = its tokens): 2 T' H (Dn Dl + Dl Dv) / (0.6 R)
  * How measured: every strategy's ops timed through the trace on this machine (AMD EPYC
  * Zen 3, 2 cores, OpenBLAS 0.3.21 Zen kernels), one thread, DeepSeek dims (H = 4 and 16,
  * 192 / 128 / 512, page 128, bf16), 14 shapes Q 50..1024, P 0..8192, B 1..16, strategies
@@ -101,35 +104,43 @@ lk_mla_params lk_mla_params_default(float scale) {
  * by 2x over minutes, so only ratios within a round are used): R = 58 GFLOP/s then, and
  * each op's rate relative to the projection fitted over the shapes (e.g. flash prefix
  * 0.30 R at Q = 50, 0.45-0.6 R at Q = 100, 0.7 R at 256, 0.86-0.92 R at 1024; the latent
- * engine 0.94-1.10 R everywhere). With these the model picked the fastest strategy, or
- * one within 5% of it, on 13 of the 14 shapes (the miss: 9% at Q = 150, P = 1024, the
- * absorbed / fused crossover). */
+ * engine 0.94-1.10 R everywhere; the engine 0.52 R at Q = 50, 0.7 R at 100, 0.9 R at
+ * 256+). With these the model picked the fastest strategy, or one within 5% of it, on 13
+ * of the 14 shapes (the miss: 9% at Q = 150, P = 1024, the absorbed / fused crossover). */
+static double eng_rate(double R, double n) { return 0.95 * R * n / (n + 40); }
+
 lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]) {
     const double R = 58e9;
     double H = (double)s->H, Dqk = (double)(s->Dn + s->Dr), Dv = (double)s->Dv, Dl = (double)s->Dl;
-    double E = Dl + (double)s->Dr, rows = (double)s->unique_rows, pre_flash = 0, cur_flash = 0, eng = 0;
-    double lat = 0, keys = 0, t_abs = 0;
+    double E = Dl + (double)s->Dr, rows = (double)s->unique_rows, pre_flash = 0, cur_flash = 0, fused = 0;
+    double absorbed = 0, keys = 0, t_abs = 0;
     for (int64_t b = 0; b < s->B; b++) {
         double Q = s->q_len[b], P = s->prefix[b];
         if (Q <= 0) continue;
         keys += P + Q;
-        pre_flash += 2 * H * (Dqk + Dv) * Q * P / (0.95 * R * Q / (Q + 110));
+        /* flash packs a request's K/V per head into f32 panels: beyond ~24 MiB they fall
+         * out of the L3 (measured: 0.69 R at Q = 1024, P = 8192 against 0.92 R at P = 2048) */
+        double slab = P * H * (Dqk + Dv) * 4, cache = slab > 24e6 ? sqrt(24e6 / slab) : 1;
+        pre_flash += 2 * H * (Dqk + Dv) * Q * P / (0.95 * R * Q / (Q + 110) * cache);
         cur_flash += 2 * H * (Dqk + Dv) * Q * (Q + 1) / 2 / (R * Q / (Q + 250));
-        eng += 2 * H * (Dqk + Dv) * Q * (P + (Q + 64) / 2) / (0.95 * R * Q / (Q + 40));
+        fused += 2 * H * (Dqk + Dv) * Q * (P + (Q + 64) / 2) / eng_rate(R, Q);
         if (P > 0) {
-            double r = Q * H < 128 ? Q * H : 128;
-            lat += 2 * H * (2 * Dl + (double)s->Dr) * Q * P / (1.05 * R * r / (r + 16));
+            double r = Q * H < 128 ? Q * H : 128, na = Q / ceil(Q * H / 128); /* tokens per unit */
+            absorbed += 2 * H * (2 * Dl + (double)s->Dr) * Q * P / (1.05 * R * r / (r + 16));
+            absorbed += 2 * H * (Dqk + Dv) * Q * (Q + 64) / 2 / eng_rate(R, na);
             t_abs += Q;
+        } else {
+            absorbed += 2 * H * (Dqk + Dv) * Q * (Q + 64) / 2 / eng_rate(R, Q);
         }
     }
     double gather = rows * E * 6e-10;
     double proj = 2 * rows * Dl * H * (double)(s->Dn + s->Dv) / R;
-    double absg = 2 * t_abs * H * (double)(s->Dn * s->Dl + s->Dl * s->Dv) / (0.75 * R);
+    absorbed += 2 * t_abs * H * (double)(s->Dn * s->Dl + s->Dl * s->Dv) / (0.6 * R) + (rows > 0 ? gather : 0);
     cost[0] = 0;
     cost[LK_MLA_SPLIT_MERGE] = gather + proj + pre_flash + cur_flash;
     cost[LK_MLA_CONCAT] = gather + proj + keys * H * (Dqk + Dv) * 3e-9 + pre_flash + cur_flash;
-    cost[LK_MLA_FUSED] = gather + proj + eng;
-    cost[LK_MLA_ABSORBED] = (rows > 0 ? gather : 0) + absg + lat + cur_flash;
+    cost[LK_MLA_FUSED] = gather + proj + fused;
+    cost[LK_MLA_ABSORBED] = absorbed;
     lk_mla_strategy best = LK_MLA_SPLIT_MERGE;
     for (int i = 2; i < 5; i++)
         if (cost[i] < cost[best]) best = (lk_mla_strategy)i;

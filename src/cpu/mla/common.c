@@ -366,6 +366,25 @@ lk_status lk_mla_merge(const lk_mla_args *a, float *o1, float *lse1, float *o2, 
     return lk_kernels()->merge_attn_states(&m);
 }
 
+void lk_mla_load_q(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, float *Qs) {
+    const lk_tensor *q = &a->q;
+    int64_t Dqk = a->Dn + a->Dr;
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t off = (t0 + r) * q->stride[0] + h * q->stride[1];
+        for (int64_t d = 0; d < Dqk; d++) Qs[r * Dqk + d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+    }
+}
+
+void lk_mla_store_rows(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, const float *O, int64_t ldo,
+                       const lk_online_state *st) {
+    const lk_tensor *o = &a->out;
+    for (int64_t r = 0; r < nq; r++) {
+        float inv = lk_softmax_inv(st[r].l);
+        int64_t off = (t0 + r) * o->stride[0] + h * o->stride[1];
+        for (int64_t d = 0; d < a->Dv; d++) lk_store_f(o->data, o->dtype, off + d * o->stride[2], O[r * ldo + d] * inv);
+    }
+}
+
 void lk_mla_zero_padding(const lk_mla_args *a) {
     const lk_tensor *o = &a->out;
     for (int64_t t = 0; t < a->T; t++) {

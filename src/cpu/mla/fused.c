@@ -51,23 +51,13 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     float *panel = O + QB * Dv;                                        // [KB, Dqk + Dv]
     lk_online_state *st = (lk_online_state *)(panel + LK_MLA_KB * (Dqk + Dv)); // [QB]
     lk_mla_segment *seg = (lk_mla_segment *)(st + QB);                 // [max_seg]
-    const lk_tensor *q = &a->q;
-    for (int64_t r = 0; r < nq; r++) {
-        int64_t off = (q0 + i0 + r) * q->stride[0] + h * q->stride[1];
-        for (int64_t d = 0; d < Dqk; d++)
-            Qs[r * Dqk + d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
-    }
+    lk_mla_load_q(a, q0 + i0, nq, h, Qs);
     int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, c->Kp + h * Dqk, H * Dqk, c->Vp + h * Dv, H * Dv, seg) : 0;
     const float *kf = c->kf.data, *vf = c->vf.data;
     lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1], vf + q0 * c->vf.stride[0] + h * c->vf.stride[1],
                           c->kf.stride[0], c->vf.stride[0], i0 + nq, 1, i0};
-    lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, panel, O, Dv, st);
-    const lk_tensor *o = &a->out;
-    for (int64_t r = 0; r < nq; r++) {
-        float inv = lk_softmax_inv(st[r].l);
-        int64_t off = (q0 + i0 + r) * o->stride[0] + h * o->stride[1];
-        for (int64_t d = 0; d < Dv; d++) lk_store_f(o->data, o->dtype, off + d * o->stride[2], O[r * Dv + d] * inv);
-    }
+    lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, panel, O, Dv, st, 1);
+    lk_mla_store_rows(a, q0 + i0, nq, h, O, Dv, st);
 }
 
 lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {

@@ -116,6 +116,11 @@ lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, floa
 lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float *lse);
 /* out = LSE merge of (o1, lse1) and (o2, lse2), all [T, H, (Dv)] f32 contiguous */
 lk_status lk_mla_merge(const lk_mla_args *a, float *o1, float *lse1, float *o2, float *lse2);
+/* Qs [nq, Dqk] = scale * q[t0 + r, h, :] (any dtype / strides) */
+void lk_mla_load_q(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, float *Qs);
+/* out[t0 + r, h, :] = O[r] * lk_softmax_inv(st[r].l), rows ldo apart, rounded once */
+void lk_mla_store_rows(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, const float *O, int64_t ldo,
+                       const lk_online_state *st);
 /* zero the out rows outside [cu_q[0], cu_q[B]) */
 void lk_mla_zero_padding(const lk_mla_args *a);
 
@@ -136,10 +141,11 @@ typedef struct {
 /* online softmax of nq rows Q [nq, Dqk] (rows ldq apart, already scaled) over the
  * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
  * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =
- * the rows' states. Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c. */
+ * the rows' states (init: start from O = 0 and empty states; else continue from the
+ * given ones). Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c. */
 void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
                         const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
-                        float *panel, float *O, int64_t ldo, lk_online_state *st);
+                        float *panel, float *O, int64_t ldo, lk_online_state *st, int init);
 /* request b's prefix as segments (runs of consecutive uniform pages) of the uniform
  * buffers K (rows ldk apart) and V (ldv): at most ceil(P / bs) segments; returns the count */
 int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,

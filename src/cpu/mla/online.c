@@ -37,8 +37,8 @@ static void key_block(const float *Q, int64_t ldq, int64_t r0, int64_t nq, int64
 
 void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
                         const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
-                        float *panel, float *O, int64_t ldo, lk_online_state *st) {
-    for (int64_t r = 0; r < nq; r++) {
+                        float *panel, float *O, int64_t ldo, lk_online_state *st, int init) {
+    for (int64_t r = 0; r < nq && init; r++) {
         st[r] = lk_online_init();
         for (int64_t d = 0; d < Dv; d++) O[r * ldo + d] = 0.0f;
     }
