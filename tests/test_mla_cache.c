@@ -3,13 +3,15 @@
  * computed here from the layout formulas of include/llmkern.h (the test's own offset
  * code, not src/core/paged.h) and against ref, bit for bit. Page sizes 1, 7, 16, 128;
  * MLA 512 + 64 and odd dims; one and two cache buffers; ND (3-D, 4-D, permuted HND) and
- * NZ; padding slots, N < T; mixed dtypes and same-dtype bit copies (NaN payloads);
- * strided views whose padding must stay untouched; requests of length 0, 1, partial last
- * page, exact page multiples and batches mixing them, with the tails of partial pages
- * and unused block_table entries poisoned; NZ == ND bit for bit and NZ placement checked
- * at hand-computed offsets; caches allocated to end exactly at the last used element
- * (ASan catches any read past it); thread-count independence; empty inputs; the
- * bad-input catalogue.
+ * NZ; random and prefill-like slot mappings (runs of consecutive slots: the grouped
+ * copy paths), padding slots, N < T; mixed dtypes and same-dtype bit copies (NaN
+ * payloads); strided views whose padding must stay untouched; requests of length 0, 1,
+ * partial last page, exact page multiples and batches mixing them, with the tails of
+ * partial pages and unused block_table entries poisoned; NZ == ND bit for bit and NZ
+ * placement checked at hand-computed offsets; caches ending exactly at the last used
+ * element, followed by an inaccessible page (any read past it faults); outputs of 16+
+ * MiB (the non-temporal store paths, aligned and misaligned); thread-count
+ * independence; empty inputs; the bad-input catalogue.
  *
  * A whole-allocation memcmp against an expected copy checks the values and that no
  * byte outside the written elements (padding, guard zones, other slots) changed.

@@ -116,26 +116,36 @@ typedef struct {
 } lk_gather_cache_args;
 
 /* Shared by the SIMD mla cache kernels (src/cpu/mla_cache_common.c): the copy of one
- * token is a list of runs, stretches of entry dims where both the cache and the row
- * advance by one element. The driver splits tokens over threads, groups up to
- * LK_COPY_GROUP tokens that sit in consecutive slots of one page, and calls the ISA's
- * copy function once per group. */
+ * token is, per part (concat: kv_c and k_pe; gather: one), a list of runs, stretches of
+ * entry dims where both the cache and the row advance by one element. The driver
+ * splits tokens over threads, groups up to LK_COPY_GROUP tokens that sit in
+ * consecutive slots of one page, and calls the ISA's copy function once per group. */
 #define LK_COPY_GROUP 32
 typedef struct {
     int64_t coff, roff, len; /* cache offset from the entry base, row offset, elements */
 } lk_copy_run;
 typedef struct {
-    char *cache;      /* entry (page, slot, 0, 0) of the group's first token */
+    char *cache;             /* entry (page, slot, 0, 0) of the group's first token */
     lk_dtype ct;
-    int64_t cstep;    /* elements from one slot's entry to the next */
-    char *row;        /* the first token's row (concat: kv_c / k_pe; gather: out) */
+    int64_t cstep;           /* elements from one slot's entry to the next */
+    char *row;               /* the first token's row (concat: kv_c / k_pe; gather: out) */
     lk_dtype rt;
-    int64_t rstep;    /* elements from one row to the next */
+    int64_t rstep;           /* elements from one row to the next */
+    const lk_copy_run *runs;
+    int64_t nruns;
+} lk_copy_part;
+typedef struct {
+    lk_copy_part part[2];
+    int nparts;
     int64_t ntok;     /* tokens in the group */
     int to_cache;     /* 1: row -> cache (concat); 0: cache -> row (gather) */
-    int stream;       /* large output: non-temporal stores where aligned, then sfence */
+    int token_major;  /* long runs (ND): token by token, each token's parts and runs in
+                         order; else (NZ) run by run across the tokens */
+    int stream;       /* large output: non-temporal stores where aligned */
+    int fence;        /* then sfence: the driver ends every thread's range with a call
+                         {nparts = 0, ntok = 0, stream = fence = 1} */
 } lk_copy_group;
-typedef void (*lk_copy_runs_fn)(const lk_copy_group *g, const lk_copy_run *runs, int64_t nruns);
+typedef void (*lk_copy_runs_fn)(const lk_copy_group *g);
 lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy);
 lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn copy);
 

@@ -1,6 +1,7 @@
 /*
  * The ISA-independent half of the SIMD concat_and_cache_mla and gather_cache kernels
- * (src/cpu/avx2/mla_cache.c, src/cpu/avx512/mla_cache.c supply the copy of one token).
+ * (src/cpu/avx2/mla_cache.c, src/cpu/avx512/mla_cache.c supply the copy of one group
+ * of tokens).
  *
  * Run table: the copy of one token's entry dims [c0, c0 + n) is the same for every
  * token relative to the entry's base, because lk_paged_off(p, s, h, d) ==
@@ -8,15 +9,18 @@
  * the maximal stretches where both the cache (through lk_paged_off) and the row advance
  * by one element: ND with packed heads gives one run per entry, ND with padded heads one
  * per head, NZ one per 16-dim chunk (or one per entry when block_size is 1 and the
- * chunks are packed). It is built once per call, O(n).
+ * chunks are packed). It is built once per call.
  *
  * Groups: tokens in consecutive slots of one page (a prefill, every page of a gather)
- * are handed to the copy function together, which copies run by run across the group:
- * in NZ the group's 16-dim chunks are adjacent (slot stride 16), so lines are written /
- * read whole instead of 32 bytes at a time 4 KiB apart (which thrashes one L1 set).
+ * are handed to the copy function together. Short runs (NZ) are copied run by run
+ * across the group: the group's 16-dim chunks are adjacent (slot stride 16), so lines
+ * are written / read whole instead of 32 bytes at a time 4 KiB apart (which thrashes
+ * one L1 set). Long runs (ND) go token by token, so a token's whole entry ([latent |
+ * rope] in one buffer) is written before the next one's, in address order.
  *
  * Outputs of LK_STREAM_MIN_BYTES or more are written with non-temporal stores (they
- * would not stay in the last-level cache; streaming skips the read-for-ownership).
+ * would not stay in the last-level cache; streaming skips the read-for-ownership),
+ * with one sfence at the end of each thread's range.
  *
  * Work split: tokens (concat: the N slot_mapping entries; gather: the sum(seq_lens)
  * output rows), contiguous chunks per thread through lk_parallel_for; groups never
@@ -28,20 +32,36 @@
 #include "../core/half.h"
 #include "kernels.h"
 
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 /* runs of entry dims [c0, c0 + n) of pc against a row whose element i lives at
- * (i / rD) * rs_h + (i % rD) * rs_d; runs must hold n entries; returns the count */
+ * (i / rD) * rs_h + (i % rD) * rs_d; runs must hold n entries; returns the count.
+ * Walks unit-stride pieces (the rest of a head / NZ chunk / row head), not elements. */
 static int64_t build_runs(lk_copy_run *runs, const lk_paged *pc, int64_t c0, int64_t n, int64_t rD,
                           int64_t rs_h, int64_t rs_d) {
     int64_t nr = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t c = c0 + i;
-        int64_t co = lk_paged_off(pc, 0, 0, c / pc->D, c % pc->D);
-        int64_t ro = (i / rD) * rs_h + (i % rD) * rs_d;
+    for (int64_t i = 0, step; i < n; i += step) {
+        int64_t c = c0 + i, h = c / pc->D, d = c % pc->D;
+        int64_t co = lk_paged_off(pc, 0, 0, h, d), ro = (i / rD) * rs_h + (i % rD) * rs_d;
+        step = pc->s3 != 1 ? 1 : pc->layout == LK_KV_NZ ? 16 - (c & 15) : pc->D - d;
+        step = min64(min64(step, rs_d != 1 ? 1 : rD - i % rD), n - i);
         if (nr && runs[nr - 1].coff + runs[nr - 1].len == co && runs[nr - 1].roff + runs[nr - 1].len == ro)
-            runs[nr - 1].len++;
-        else runs[nr++] = (lk_copy_run){co, ro, 1};
+            runs[nr - 1].len += step;
+        else runs[nr++] = (lk_copy_run){co, ro, step};
     }
     return nr;
+}
+
+/* long runs: token-major order (see the top) */
+static int long_runs(int64_t elems, int64_t nruns) { return elems >= 64 * nruns; }
+
+/* after a range's streamed stores: one sfence, not one per copy call (which would wait
+ * for every token's lines to reach memory) */
+static void fence(lk_copy_runs_fn copy, int stream) {
+    if (!stream) return;
+    lk_copy_group f = {0};
+    f.stream = f.fence = 1;
+    copy(&f);
 }
 
 /* ---------------------------------------------------------------- concat_and_cache_mla */
@@ -49,50 +69,63 @@ static int64_t build_runs(lk_copy_run *runs, const lk_paged *pc, int64_t c0, int
 typedef struct {
     const lk_mla_cache_args *a;
     lk_copy_runs_fn copy;
-    const lk_copy_run *runs[2];
-    int64_t nruns[2];
-    int stream;
+    lk_copy_group proto; /* parts with runs, steps and dtypes; pointers set per group */
+    int64_t ces[2], res[2];
 } mla_ctx;
 
 static void mla_range(void *ctx, int64_t t0, int64_t t1) {
     const mla_ctx *c = ctx;
     const lk_mla_cache_args *a = c->a;
-    const lk_tensor *sm = &a->slot_mapping;               // [N]
+    const lk_tensor *sm = &a->slot_mapping; // [N]
     const lk_paged *pcs[2] = {&a->kv_c_cache, &a->k_pe_cache};
-    const lk_tensor *src[2] = {&a->kv_c, &a->k_pe};       // [T, Dl], [T, Dr]
-    int64_t bs = a->kv_c_cache.block_size;
-    for (int64_t t = t0, g; t < t1; t += g) {
-        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
-        g = 1;
+    const lk_tensor *src[2] = {&a->kv_c, &a->k_pe}; // [T, Dl], [T, Dr]
+    const void *smd = sm->data;
+    int64_t bs = a->kv_c_cache.block_size, ss = sm->stride[0];
+    lk_dtype sdt = sm->dtype;
+    lk_copy_group g = c->proto;
+    for (int64_t t = t0; t < t1; t += g.ntok) {
+        int64_t slot = lk_load_index(smd, sdt, t * ss);
+        g.ntok = 1;
         if (slot < 0) continue; /* padding */
-        int64_t s = slot % bs;
-        while (g < LK_COPY_GROUP && t + g < t1 && s + g < bs &&
-               lk_load_index(sm->data, sm->dtype, (t + g) * sm->stride[0]) == slot + g)
-            g++;
+        int64_t page = slot / bs, s = slot % bs;
+        while (g.ntok < LK_COPY_GROUP && t + g.ntok < t1 && s + g.ntok < bs &&
+               lk_load_index(smd, sdt, (t + g.ntok) * ss) == slot + g.ntok)
+            g.ntok++;
         for (int p = 0; p < 2; p++) {
-            const lk_paged *pc = pcs[p];
-            char *entry = (char *)pc->data + lk_paged_off(pc, slot / bs, s, 0, 0) *
-                                                 (int64_t)lk_dtype_size(pc->dtype);
-            char *row = lk_at(src[p], t * src[p]->stride[0]);
-            lk_copy_group grp = {entry, pc->dtype, lk_paged_off(pc, 0, 1, 0, 0), row, src[p]->dtype,
-                                 src[p]->stride[0], g, 1, c->stream};
-            c->copy(&grp, c->runs[p], c->nruns[p]);
+            g.part[p].cache = (char *)pcs[p]->data + lk_paged_off(pcs[p], page, s, 0, 0) * c->ces[p];
+            g.part[p].row = (char *)src[p]->data + t * src[p]->stride[0] * c->res[p];
         }
+        c->copy(&g);
     }
+    fence(c->copy, g.stream);
 }
 
 lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy) {
     int64_t Dl = a->kv_c.shape[1], Dr = a->k_pe.shape[1];
     lk_copy_run *runs = malloc((size_t)(Dl + Dr + 1) * sizeof(lk_copy_run));
     if (!runs) return LK_ERR_NOMEM;
-    mla_ctx c = {a, copy, {runs, runs + Dl}, {0, 0}, 0};
-    c.nruns[0] = build_runs(runs, &a->kv_c_cache, 0, Dl, Dl + 1, 0, a->kv_c.stride[1]);
-    c.nruns[1] = build_runs(runs + Dl, &a->k_pe_cache, a->pe_c0, Dr, Dr + 1, 0, a->k_pe.stride[1]);
-    int64_t bytes = Dl * (int64_t)(lk_dtype_size(a->kv_c.dtype) + lk_dtype_size(a->kv_c_cache.dtype)) +
-                    Dr * (int64_t)(lk_dtype_size(a->k_pe.dtype) + lk_dtype_size(a->k_pe_cache.dtype));
-    int64_t written = a->slot_mapping.shape[0] * (Dl * (int64_t)lk_dtype_size(a->kv_c_cache.dtype) +
-                                                  Dr * (int64_t)lk_dtype_size(a->k_pe_cache.dtype));
-    c.stream = written >= LK_STREAM_MIN_BYTES;
+    mla_ctx c;
+    c.a = a;
+    c.copy = copy;
+    const lk_paged *pcs[2] = {&a->kv_c_cache, &a->k_pe_cache};
+    const lk_tensor *src[2] = {&a->kv_c, &a->k_pe};
+    int64_t c0[2] = {0, a->pe_c0}, n[2] = {Dl, Dr}, bytes = 0, written = 0, nruns = 0;
+    lk_copy_group *g = &c.proto;
+    *g = (lk_copy_group){0};
+    g->nparts = 2;
+    g->to_cache = 1;
+    for (int p = 0; p < 2; p++) {
+        c.ces[p] = (int64_t)lk_dtype_size(pcs[p]->dtype);
+        c.res[p] = (int64_t)lk_dtype_size(src[p]->dtype);
+        lk_copy_run *r = runs + (p ? Dl : 0);
+        g->part[p] = (lk_copy_part){NULL, pcs[p]->dtype, lk_paged_off(pcs[p], 0, 1, 0, 0), NULL, src[p]->dtype,
+                                    src[p]->stride[0], r, build_runs(r, pcs[p], c0[p], n[p], n[p] + 1, 0, src[p]->stride[1])};
+        nruns += g->part[p].nruns;
+        bytes += n[p] * (c.ces[p] + c.res[p]);
+        written += n[p] * c.ces[p];
+    }
+    g->token_major = long_runs(Dl + Dr, nruns);
+    g->stream = a->slot_mapping.shape[0] * written >= LK_STREAM_MIN_BYTES;
     lk_parallel_for(a->slot_mapping.shape[0], bytes, mla_range, &c);
     free(runs);
     return LK_OK;
@@ -103,44 +136,40 @@ lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy) {
 typedef struct {
     const lk_gather_cache_args *a;
     lk_copy_runs_fn copy;
-    const lk_copy_run *runs;
-    int64_t nruns;
-    int stream;
+    lk_copy_group proto;
+    int64_t ces, oes;
 } gather_ctx;
 
 static void gather_range(void *ctx, int64_t t0, int64_t t1) {
     const gather_ctx *c = ctx;
     const lk_gather_cache_args *a = c->a;
     const lk_paged *pc = &a->cache;
-    const lk_tensor *out = &a->out;                          // [S, H, D]
-    const int32_t *btd = a->block_table.data;                // [B, max_pages]
-    const int32_t *sld = a->seq_lens.data;                   // [B]
+    const lk_tensor *out = &a->out;           // [S, H, D]
+    const int32_t *btd = a->block_table.data; // [B, max_pages]
+    const int32_t *sld = a->seq_lens.data;    // [B]
     int64_t bt0 = a->block_table.stride[0], bt1 = a->block_table.stride[1];
-    int64_t sl0 = a->seq_lens.stride[0], bs = pc->block_size, ces = (int64_t)lk_dtype_size(pc->dtype);
+    int64_t sl0 = a->seq_lens.stride[0], bs = pc->block_size;
+    lk_copy_group g = c->proto;
     /* request b and token j of output row t0 */
     int64_t b = 0, j = t0, len = sld[0];
     while (j >= len) {
         j -= len;
         len = sld[++b * sl0];
     }
-    int64_t cstep = lk_paged_off(pc, 0, 1, 0, 0);
-    for (int64_t t = t0, g; t < t1; t += g, j += g) {
+    for (int64_t t = t0; t < t1; t += g.ntok, j += g.ntok) {
         while (j == len) { /* next non-empty request */
             j = 0;
             len = sld[++b * sl0];
         }
-        /* tokens j .. j + g - 1: consecutive slots of one page */
+        /* tokens j .. j + ntok - 1: consecutive slots of one page */
         int64_t s = j % bs;
-        g = LK_COPY_GROUP;
-        if (g > len - j) g = len - j;
-        if (g > bs - s) g = bs - s;
-        if (g > t1 - t) g = t1 - t;
+        g.ntok = min64(min64(LK_COPY_GROUP, len - j), min64(bs - s, t1 - t));
         int64_t page = btd[b * bt0 + (j / bs) * bt1];
-        char *entry = (char *)pc->data + lk_paged_off(pc, page, s, 0, 0) * ces;
-        lk_copy_group grp = {entry, pc->dtype, cstep, lk_at(out, t * out->stride[0]), out->dtype,
-                             out->stride[0], g, 0, c->stream};
-        c->copy(&grp, c->runs, c->nruns);
+        g.part[0].cache = (char *)pc->data + lk_paged_off(pc, page, s, 0, 0) * c->ces;
+        g.part[0].row = (char *)out->data + t * out->stride[0] * c->oes;
+        c->copy(&g);
     }
+    fence(c->copy, g.stream);
 }
 
 lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn copy) {
@@ -148,11 +177,19 @@ lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn c
     int64_t C = pc->H * pc->D;
     lk_copy_run *runs = malloc((size_t)(C + 1) * sizeof(lk_copy_run));
     if (!runs) return LK_ERR_NOMEM;
-    gather_ctx c = {a, copy, runs, 0, 0};
-    c.nruns = build_runs(runs, pc, 0, C, pc->D, a->out.stride[1], a->out.stride[2]);
-    int64_t bytes = C * (int64_t)(lk_dtype_size(pc->dtype) + lk_dtype_size(a->out.dtype));
-    c.stream = a->out.shape[0] * C * (int64_t)lk_dtype_size(a->out.dtype) >= LK_STREAM_MIN_BYTES;
-    lk_parallel_for(a->out.shape[0], bytes, gather_range, &c);
+    gather_ctx c;
+    c.a = a;
+    c.copy = copy;
+    c.ces = (int64_t)lk_dtype_size(pc->dtype);
+    c.oes = (int64_t)lk_dtype_size(a->out.dtype);
+    lk_copy_group *g = &c.proto;
+    *g = (lk_copy_group){0};
+    g->nparts = 1;
+    g->part[0] = (lk_copy_part){NULL, pc->dtype, lk_paged_off(pc, 0, 1, 0, 0), NULL, a->out.dtype, a->out.stride[0],
+                                runs, build_runs(runs, pc, 0, C, pc->D, a->out.stride[1], a->out.stride[2])};
+    g->token_major = long_runs(C, g->part[0].nruns);
+    g->stream = a->out.shape[0] * C * c.oes >= LK_STREAM_MIN_BYTES;
+    lk_parallel_for(a->out.shape[0], C * (c.ces + c.oes), gather_range, &c);
     free(runs);
     return LK_OK;
 }

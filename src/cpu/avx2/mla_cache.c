@@ -63,16 +63,16 @@ static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st,
  * (3-4x slower on Zen 3); batching 4 runs cuts that to a few percent. Into an NZ
  * cache, 16-bit chunks of 2 consecutive slots make one 64-byte line: they are stored
  * back to back, so a streamed line is complete at once (about 20% faster at 16+ MiB). */
-static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
-    int64_t ces = esize(g->ct), res = esize(g->rt);
-    lk_dtype dt = g->to_cache ? g->ct : g->rt, st = g->to_cache ? g->rt : g->ct;
+static inline void copy_4x16(const lk_copy_group *g, const lk_copy_part *q, const lk_copy_run *runs) {
+    int64_t ces = esize(q->ct), res = esize(q->rt);
+    lk_dtype dt = g->to_cache ? q->ct : q->rt, st = g->to_cache ? q->rt : q->ct;
     int64_t des = esize(dt), ses = esize(st);
-    int64_t db = (g->to_cache ? g->cstep : g->rstep) * des, sb = (g->to_cache ? g->rstep : g->cstep) * ses;
+    int64_t db = (g->to_cache ? q->cstep : q->rstep) * des, sb = (g->to_cache ? q->rstep : q->cstep) * ses;
     char *d[4];
     const char *s[4];
     int stream = g->stream && !(db & 31);
     for (int k = 0; k < 4; k++) {
-        char *cp = g->cache + runs[k].coff * ces, *rp = g->row + runs[k].roff * res;
+        char *cp = q->cache + runs[k].coff * ces, *rp = q->row + runs[k].roff * res;
         d[k] = g->to_cache ? cp : rp;
         s[k] = g->to_cache ? rp : cp;
         stream &= !((uintptr_t)d[k] & 31);
@@ -115,25 +115,43 @@ static inline void copy_4x16(const lk_copy_group *g, const lk_copy_run *runs) {
     }
 }
 
-/* the runs of g->ntok tokens, run by run across the tokens (see lk_copy_group) */
-static void copy_runs(const lk_copy_group *g, const lk_copy_run *runs, int64_t nruns) {
-    int64_t ces = esize(g->ct), res = esize(g->rt), cb = g->cstep * ces, rb = g->rstep * res;
-    int to_cache = g->to_cache, stream = g->stream;
-    for (int64_t r = 0; r < nruns; r++) {
-        if (runs[r].len == 16 && r + 4 <= nruns && runs[r + 1].len == 16 && runs[r + 2].len == 16 &&
-            runs[r + 3].len == 16) {
-            copy_4x16(g, runs + r);
-            r += 3;
-            continue;
+/* one run of n elements of one token */
+static inline void copy_run(char *cp, lk_dtype ct, char *rp, lk_dtype rt, int64_t n, int to_cache, int stream) {
+    if (ct == rt) copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, n * esize(ct), stream);
+    else if (to_cache) convert(cp, ct, rp, rt, n, stream);
+    else convert(rp, rt, cp, ct, n, stream);
+}
+
+/* one group of tokens (see lk_copy_group) */
+static void copy_runs(const lk_copy_group *g) {
+    if (g->token_major)
+        for (int64_t i = 0; i < g->ntok; i++)
+            for (int p = 0; p < g->nparts; p++) {
+                const lk_copy_part *q = &g->part[p];
+                int64_t ces = esize(q->ct), res = esize(q->rt);
+                char *cp = q->cache + i * q->cstep * ces, *rp = q->row + i * q->rstep * res;
+                for (int64_t r = 0; r < q->nruns; r++)
+                    copy_run(cp + q->runs[r].coff * ces, q->ct, rp + q->runs[r].roff * res, q->rt, q->runs[r].len,
+                             g->to_cache, g->stream);
+            }
+    else
+        for (int p = 0; p < g->nparts; p++) {
+            const lk_copy_part *q = &g->part[p];
+            const lk_copy_run *runs = q->runs;
+            int64_t ces = esize(q->ct), res = esize(q->rt), cb = q->cstep * ces, rb = q->rstep * res;
+            for (int64_t r = 0; r < q->nruns; r++) {
+                if (runs[r].len == 16 && r + 4 <= q->nruns && runs[r + 1].len == 16 && runs[r + 2].len == 16 &&
+                    runs[r + 3].len == 16) {
+                    copy_4x16(g, q, runs + r);
+                    r += 3;
+                    continue;
+                }
+                char *cp = q->cache + runs[r].coff * ces, *rp = q->row + runs[r].roff * res;
+                for (int64_t i = 0; i < g->ntok; i++, cp += cb, rp += rb)
+                    copy_run(cp, q->ct, rp, q->rt, runs[r].len, g->to_cache, g->stream);
+            }
         }
-        char *cp = g->cache + runs[r].coff * ces, *rp = g->row + runs[r].roff * res;
-        int64_t n = runs[r].len;
-        for (int64_t i = 0; i < g->ntok; i++, cp += cb, rp += rb)
-            if (g->ct != g->rt && to_cache) convert(cp, g->ct, rp, g->rt, n, stream);
-            else if (g->ct != g->rt) convert(rp, g->rt, cp, g->ct, n, stream);
-            else copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, n * ces, stream);
-    }
-    if (stream) _mm_sfence();
+    if (g->fence) _mm_sfence();
 }
 
 lk_status lk_avx2_concat_and_cache_mla(const lk_mla_cache_args *a) {
