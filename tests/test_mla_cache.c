@@ -908,6 +908,44 @@ static void test_gather_bad(void) {
     for (int k = 0; k < 9; k++) tu_free(all[k]);
 }
 
+/* fuzz regression (fuzz_mla_cache): a single token whose row stride is 2^62 - 1
+ * (kv_c [1, 16]; gather: out [1, 32]). The SIMD copy functions multiplied the row step
+ * by the element size (signed overflow, UBSan). The row step of one token is now 0:
+ * every ISA gives the bits of the same calls with ordinary strides. */
+static void test_regress_single_token_huge_stride(void) {
+    float kv[16];
+    uint16_t pe[16], c1[3 * 4 * 32], c2[3 * 4 * 32];
+    float o1[32], o2[32];
+    for (int i = 0; i < 16; i++) kv[i] = 0.25f * (float)i - 2.0f, pe[i] = (uint16_t)(0x3f00 + i);
+    int32_t slot[1] = {5}, bt[1][1] = {{1}}, len[1] = {1};
+    lk_tensor tkv = lk_tensor_make(kv, LK_F32, 2, (int64_t[]){1, 16});
+    lk_tensor tpe = lk_tensor_make(pe, LK_BF16, 2, (int64_t[]){1, 16});
+    lk_tensor tsm = lk_tensor_make(slot, LK_I32, 1, (int64_t[]){1});
+    lk_tensor tc1 = lk_tensor_make(c1, LK_BF16, 3, (int64_t[]){3, 4, 32});
+    lk_tensor tc2 = lk_tensor_make(c2, LK_BF16, 3, (int64_t[]){3, 4, 32});
+    lk_tensor tbt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){1, 1});
+    lk_tensor tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){1});
+    lk_tensor to1 = lk_tensor_make(o1, LK_F32, 2, (int64_t[]){1, 32});
+    lk_tensor to2 = lk_tensor_make(o2, LK_F32, 2, (int64_t[]){1, 32});
+    lk_tensor hkv = tkv, ho2 = to2;
+    hkv.stride[0] = ho2.stride[0] = ((int64_t)1 << 62) - 1;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(c1, 0, sizeof c1), memset(c2, 0, sizeof c2), memset(o1, 0, sizeof o1), memset(o2, 0, sizeof o2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv, &tpe, &tc1, NULL, &tsm, LK_KV_ND);
+        lk_status s2 = lk_concat_and_cache_mla(&hkv, &tpe, &tc2, NULL, &tsm, LK_KV_ND);
+        lk_status s3 = lk_gather_cache(&to1, &tc1, &tbt, &tl, LK_KV_ND);
+        lk_status s4 = lk_gather_cache(&ho2, &tc2, &tbt, &tl, LK_KV_ND);
+        tu_check(s1 == LK_OK && s2 == LK_OK && s3 == LK_OK && s4 == LK_OK && !memcmp(c1, c2, sizeof c1) &&
+                     !memcmp(o1, o2, sizeof o1),
+                 "regress %s: one token with a 2^62 - 1 row stride (concat %s, gather %s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2), lk_status_str(s4));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_concat_cases();
@@ -920,5 +958,6 @@ int main(void) {
     test_empty();
     test_concat_bad();
     test_gather_bad();
+    test_regress_single_token_huge_stride();
     return tu_finish("test_mla_cache");
 }
