@@ -944,6 +944,26 @@ static void test_regress_single_token_huge_stride(void) {
                  lk_status_str(s2), lk_status_str(s4));
     }
     lk_set_isa(lk_isa_best());
+    /* the same for an empty k_pe [3, 0] (its strides are never validated), NZ cache */
+    uint16_t kv3[3 * 32], n1[3 * 2 * 3 * 16], n2[3 * 2 * 3 * 16];
+    float pe0[1];
+    for (int i = 0; i < 96; i++) kv3[i] = (uint16_t)(0x3c00 + i);
+    int64_t slots2[2] = {8, 6};
+    lk_tensor tkv3 = lk_tensor_make(kv3, LK_BF16, 2, (int64_t[]){3, 32});
+    lk_tensor tpe0 = lk_tensor_make(pe0, LK_F32, 2, (int64_t[]){3, 0}), hpe0 = tpe0;
+    hpe0.stride[0] = ((int64_t)1 << 62) - 1;
+    lk_tensor tsm2 = lk_tensor_make(slots2, LK_I64, 1, (int64_t[]){2});
+    lk_tensor tn1 = lk_tensor_make(n1, LK_BF16, 4, (int64_t[]){3, 2, 3, 16});
+    lk_tensor tn2 = lk_tensor_make(n2, LK_BF16, 4, (int64_t[]){3, 2, 3, 16});
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(n1, 0, sizeof n1), memset(n2, 0, sizeof n2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv3, &tpe0, &tn1, NULL, &tsm2, LK_KV_NZ);
+        lk_status s2 = lk_concat_and_cache_mla(&tkv3, &hpe0, &tn2, NULL, &tsm2, LK_KV_NZ);
+        tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(n1, n2, sizeof n1),
+                 "regress %s: empty k_pe with a 2^62 - 1 row stride (%s)", lk_isa_name(isas[ii]), lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
 }
 
 int main(void) {

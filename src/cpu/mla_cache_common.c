@@ -93,7 +93,7 @@ static void mla_range(void *ctx, int64_t t0, int64_t t1) {
             g.ntok++;
         for (int p = 0; p < 2; p++) {
             g.part[p].cache = (char *)pcs[p]->data + lk_paged_off(pcs[p], page, s, 0, 0) * c->ces[p];
-            g.part[p].row = (char *)src[p]->data + t * src[p]->stride[0] * c->res[p];
+            g.part[p].row = (char *)src[p]->data + t * g.part[p].rstep * c->res[p];
         }
         c->copy(&g);
     }
@@ -118,9 +118,9 @@ lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy) {
         c.ces[p] = (int64_t)lk_dtype_size(pcs[p]->dtype);
         c.res[p] = (int64_t)lk_dtype_size(src[p]->dtype);
         lk_copy_run *r = runs + (p ? Dl : 0);
-        /* row step 0 for a single token: its stride is unvalidated (maybe huge) and the copy
-         * functions multiply it by the element size */
-        int64_t rstep = src[p]->shape[0] > 1 ? src[p]->stride[0] : 0;
+        /* row step 0 for a single token or an empty part (Dl or Dr = 0): those strides are
+         * unvalidated (maybe huge) and the copy functions multiply them */
+        int64_t rstep = src[p]->shape[0] > 1 && n[p] > 0 ? src[p]->stride[0] : 0;
         g->part[p] = (lk_copy_part){NULL, pcs[p]->dtype, lk_paged_off(pcs[p], 0, 1, 0, 0), NULL, src[p]->dtype,
                                     rstep, r, build_runs(r, pcs[p], c0[p], n[p], n[p] + 1, 0, src[p]->stride[1])};
         nruns += g->part[p].nruns;
