@@ -966,6 +966,27 @@ static void test_regress_single_token_huge_stride(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* fuzz regression (fuzz_mla_cache): gather_cache with an empty out [0, 16] whose strides
+ * are 3074457345618258602: the front-end's [S, C] -> [S, H, D] reshape multiplied the
+ * unvalidated stride (signed overflow, UBSan); likewise an empty ND cache [0, 2, 32]
+ * reshaped to [0, 2, 2, 16]. Both are valid no-op calls. */
+static void test_regress_gather_empty_huge_stride(void) {
+    float ob[1] = {7.0f}, cb[1] = {0};
+    int32_t bt[1] = {0}, len[1] = {0};
+    lk_tensor out = lk_tensor_make(ob, LK_F32, 2, (int64_t[]){0, 16});
+    out.stride[0] = out.stride[1] = 3074457345618258602;
+    lk_tensor cache = lk_tensor_make(cb, LK_F32, 4, (int64_t[]){0, 1, 1, 16});
+    lk_tensor tbt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){0, 1}), tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){0});
+    lk_status s1 = lk_gather_cache(&out, &cache, &tbt, &tl, LK_KV_ND);
+    lk_tensor out3 = lk_tensor_make(ob, LK_F32, 3, (int64_t[]){0, 2, 16});
+    lk_tensor c3 = lk_tensor_make(cb, LK_F32, 3, (int64_t[]){0, 2, 32});
+    c3.stride[2] = 3074457345618258602;
+    lk_status s2 = lk_gather_cache(&out3, &c3, &tbt, &tl, LK_KV_ND);
+    tu_check(s1 == LK_OK && s2 == LK_OK && ob[0] == 7.0f,
+             "regress: gather with empty out / cache and huge strides is a no-op (%s, %s)", lk_status_str(s1),
+             lk_status_str(s2));
+}
+
 int main(void) {
     tu_init();
     test_concat_cases();
@@ -979,5 +1000,6 @@ int main(void) {
     test_concat_bad();
     test_gather_bad();
     test_regress_single_token_huge_stride();
+    test_regress_gather_empty_huge_stride();
     return tu_finish("test_mla_cache");
 }
