@@ -987,6 +987,35 @@ static void test_regress_gather_empty_huge_stride(void) {
              lk_status_str(s2));
 }
 
+/* fuzz regression (fuzz_mla_cache): two NZ caches, the k_pe one empty ([3, 0, 3, 16],
+ * Dr = 0) with slot stride 2^61. Its slot offsets were computed from that unvalidated
+ * stride (signed overflow, UBSan); lk_paged_init now zeroes an empty cache's strides.
+ * Every ISA gives the bits of the same call with ordinary strides. */
+static void test_regress_empty_cache_huge_stride(void) {
+    uint16_t kv[5 * 16], c1[3 * 3 * 16], c2[3 * 3 * 16], pe[1], pc[1];
+    for (int i = 0; i < 80; i++) kv[i] = (uint16_t)(0x3c00 + 3 * i);
+    int32_t slots[4] = {0, 4, 8, 1};
+    lk_tensor tkv = lk_tensor_make(kv, LK_F16, 2, (int64_t[]){5, 16});
+    lk_tensor tpe = lk_tensor_make(pe, LK_F16, 2, (int64_t[]){5, 0});
+    lk_tensor tsm = lk_tensor_make(slots, LK_I32, 1, (int64_t[]){4});
+    lk_tensor tc1 = lk_tensor_make(c1, LK_F16, 4, (int64_t[]){3, 1, 3, 16});
+    lk_tensor tc2 = lk_tensor_make(c2, LK_F16, 4, (int64_t[]){3, 1, 3, 16});
+    lk_tensor tpc = lk_tensor_make(pc, LK_F32, 4, (int64_t[]){3, 0, 3, 16}), hpc = tpc;
+    hpc.stride[2] = (int64_t)1 << 61;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(c1, 0, sizeof c1), memset(c2, 0, sizeof c2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv, &tpe, &tc1, &tpc, &tsm, LK_KV_NZ);
+        lk_status s2 = lk_concat_and_cache_mla(&tkv, &tpe, &tc2, &hpc, &tsm, LK_KV_NZ);
+        tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(c1, c2, sizeof c1),
+                 "regress %s: empty NZ k_pe cache with a 2^61 slot stride (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_concat_cases();
@@ -1001,5 +1030,6 @@ int main(void) {
     test_gather_bad();
     test_regress_single_token_huge_stride();
     test_regress_gather_empty_huge_stride();
+    test_regress_empty_cache_huge_stride();
     return tu_finish("test_mla_cache");
 }
