@@ -59,5 +59,6 @@ void bench_merge(void);
 void bench_softmax(void);
 void bench_attention(void);
 void bench_mla_cache(void);
+void bench_mla_prefill(void);
 
 #endif

@@ -35,6 +35,7 @@ static const struct {
 
     {"attention", bench_attention},
     {"mla_cache", bench_mla_cache},
+    {"mla_prefill", bench_mla_prefill},
 };
 
 int main(int argc, char **argv) {

@@ -267,6 +267,79 @@ LK_API lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse
                                       const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
                                       const lk_tensor *block_table, const lk_attn_params *params);
 
+/* ---------------------------------------------------------------- MLA prefix prefill */
+
+/* How lk_mla_prefix_prefill computes attention over [prefix | current] (see
+ * src/ops/mla_prefill.c for the rule behind LK_MLA_AUTO; every strategy gives the same
+ * result up to f32 rounding):
+ *  - SPLIT_MERGE: gather the prefix latents, project them with kv_b_proj, attention of
+ *    the new tokens over the projected prefix (no mask) and over themselves (causal),
+ *    then an LSE merge of the two states;
+ *  - CONCAT: project the prefix, copy [projected prefix | current k, v] per request into
+ *    one buffer, one causal attention;
+ *  - FUSED: project the prefix, then one online-softmax pass per query block over the
+ *    prefix keys and then the current keys (no merge, no concatenated copy);
+ *  - ABSORBED: never project the prefix: q_nope * W_UK against the cached latent (one
+ *    shared KV head of Dl + Dr dims), output * W_UV, merged with the causal attention
+ *    over the current tokens. Cheapest when new tokens are few per prefix token. */
+typedef enum lk_mla_strategy {
+    LK_MLA_AUTO = 0,        /* chosen per call from the shapes (a calibrated cost model) */
+    LK_MLA_SPLIT_MERGE = 1,
+    LK_MLA_CONCAT = 2,
+    LK_MLA_FUSED = 3,
+    LK_MLA_ABSORBED = 4
+} lk_mla_strategy;
+
+typedef struct lk_mla_params {
+    float scale;                 /* softmax scale, explicit (MLA's is YaRN-corrected)     */
+    lk_mla_strategy strategy;    /* LK_MLA_AUTO or a forced strategy                       */
+    lk_kv_layout cache_layout;   /* latent cache layout, ND or NZ (see "paged caches")     */
+    int dedup;                   /* != 0: cache pages shared by several requests (same     */
+                                 /* block ids) are gathered and projected once             */
+} lk_mla_params;
+
+/* {scale, LK_MLA_AUTO, LK_KV_ND, dedup = 1} */
+LK_API lk_mla_params lk_mla_params_default(float scale);
+
+/* MLA prefill of new tokens over a cached prefix (DeepSeek-V2/V3 attention):
+ *   out [T, H, Dv] = attention of q over [prefix | current] per request, bottom-right
+ *   causal: query i of request b (q_len tokens, prefix_lens[b] = P cached tokens) sees
+ *   every prefix token and current tokens j <= i; rows of tokens outside
+ *   [cu_seqlens_q[0], cu_seqlens_q[B]) (padding) are 0.
+ * Arguments:
+ *   q [T, H, Dn + Dr] = [q_nope | q_rope] of the new tokens; k [T, H, Dn + Dr] = their
+ *   [k_nope | k_rope (broadcast over heads)]; v [T, H, Dv];
+ *   cu_seqlens_q [B + 1] i32/i64 (non-decreasing, last <= T); prefix_lens [B];
+ *   block_table [B, max_pages]: page i of request b's prefix is cache block
+ *   block_table[b, i] (only the ceil(P / block_size) pages of a prefix are looked at);
+ *   kv_c_cache: the latent cache, one buffer (k_pe_cache NULL) of entries [Dl + Dr]
+ *   (latent then rope; ND [num_blocks, block_size, Dl + Dr] or NZ physical
+ *   [num_blocks, (Dl + Dr)/16, block_size, 16]) or two buffers kv_c_cache [.., Dl] and
+ *   k_pe_cache [.., Dr] (same num_blocks and block_size; see lk_concat_and_cache_mla);
+ *   kv_b_proj [H * (Dn + Dv), Dl] (PyTorch Linear weight: latent c projects to
+ *   [H, Dn + Dv] per token; k_nope = [..., :Dn], v = [..., Dn:]); params (not NULL).
+ * Dims are derived from the shapes: Dv from v, Dl from kv_b_proj, Dn = rows / H - Dv,
+ * Dr = q's last dim - Dn (DeepSeek: 128, 64, 128, 512). A prefix key is
+ * [W_UK c | k_pe] with the cached rope part shared by all heads, its value W_UV c.
+ * Every tensor may be f32/f16/bf16 (independently) with any strides; out must not
+ * overlap any input. Errors name the argument (shapes, dtypes, prefix_lens beyond the
+ * block table's capacity, block_table entries of used pages outside [0, num_blocks),
+ * ...) and nothing is written. Arithmetic is f32; each output value is rounded once.
+ * GEMMs run in OpenBLAS (sgemm), single-threaded inside llmkern's own workers: while the
+ * call runs, OpenBLAS's process-wide thread count is set to 1 (restored after). */
+LK_API lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
+                                       const lk_tensor *v, const lk_tensor *cu_seqlens_q,
+                                       const lk_tensor *prefix_lens, const lk_tensor *block_table,
+                                       const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                       const lk_tensor *kv_b_proj, const lk_mla_params *params);
+
+/* What the last lk_mla_prefix_prefill call on this thread did (thread-local, valid until
+ * the next call): "strategy=<name> (<auto | forced>) ..." followed by the internal ops
+ * it ran with their sizes, one "; "-separated item each ("" after a failed call). */
+LK_API const char *lk_mla_last_trace(void);
+/* "auto", "split_merge", "concat", "fused", "absorbed" ("unknown" otherwise) */
+LK_API const char *lk_mla_strategy_name(lk_mla_strategy s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,7 +41,8 @@ static inline float lk_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return lk_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0x1f) /* inf, or NaN made quiet as VCVTPH2PS does */
+        return lk_bits_f32(sign | 0x7f800000u | ((man ? man | 0x200u : 0u) << 13));
     if (exp == 0) {
         /* zero or subnormal: man * 2^-24 is exact in f32 */
         float v = (float)man * 5.9604644775390625e-8f;

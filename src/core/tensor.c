@@ -180,25 +180,39 @@ int lk_same_view(const lk_tensor *a, const lk_tensor *b) {
     return 1;
 }
 
-/* Both views repeat with the same period P along their outermost dim and each row's
- * bytes fit in P: disjoint if their rows land in disjoint byte windows modulo P
- * (q and k heads sliced out of one fused qkv buffer). */
-static int interleaved_disjoint(const lk_tensor *a, const lk_tensor *b) {
-    if (a->ndim < 1 || b->ndim < 1 || a->stride[0] != b->stride[0] || a->stride[0] <= 0)
-        return 0;
+/* Views that repeat with the same byte period P along their outermost dim, each row
+ * fitting in P (q and k heads sliced out of one fused qkv buffer, K and V halves of one
+ * [blocks, 2, ...] cache): rows land in windows modulo P; disjoint windows prove the
+ * views disjoint. Otherwise the rows are compared recursively one dim further in, for
+ * the two alignments under which they can meet (row i of a against rows i and i - 1 of
+ * b, b's row origin brought within one period of a's). Ignoring the row counts only
+ * makes the answer more cautious: "disjoint" is always right. */
+static int views_disjoint(const lk_tensor *a, const lk_tensor *b, int depth) {
+    lk_extent ea = lk_view_extent(a), eb = lk_view_extent(b);
+    if (ea.lo == ea.hi || eb.lo == eb.hi || ea.hi <= eb.lo || eb.hi <= ea.lo) return 1;
+    if (depth > LK_MAX_DIMS || a->ndim < 1 || b->ndim < 1) return 0;
     int64_t es_a = (int64_t)lk_dtype_size(a->dtype), es_b = (int64_t)lk_dtype_size(b->dtype);
     int64_t P = a->stride[0] * es_a;
-    if (a->stride[0] * es_b != P) return 0;
-    lk_tensor ra = *a, rb = *b;
-    ra.shape[0] = 1;
-    rb.shape[0] = 1;
-    lk_extent ea = lk_view_extent(&ra), eb = lk_view_extent(&rb);
-    if ((int64_t)(ea.hi - ea.lo) > P || (int64_t)(eb.hi - eb.lo) > P) return 0;
-    /* row windows [x, x + la) and [y, y + lb) modulo P */
-    int64_t la = (int64_t)(ea.hi - ea.lo), lb = (int64_t)(eb.hi - eb.lo);
-    int64_t x = (int64_t)(ea.lo % (uintptr_t)P), y = (int64_t)(eb.lo % (uintptr_t)P);
-    int64_t dy = ((y - x) % P + P) % P; /* start of b relative to a, in [0, P) */
-    return dy >= la && dy + lb <= P;
+    if (P <= 0 || b->stride[0] * es_b != P) return 0;
+    lk_tensor ra = *a, rb = *b; /* one row each: dims 1.. */
+    ra.ndim--, rb.ndim--;
+    for (int d = 0; d < LK_MAX_DIMS - 1; d++) {
+        ra.shape[d] = a->shape[d + 1], ra.stride[d] = a->stride[d + 1];
+        rb.shape[d] = b->shape[d + 1], rb.stride[d] = b->stride[d + 1];
+    }
+    if (ra.ndim == 0) ra.ndim = 1, ra.shape[0] = 1, ra.stride[0] = 1;
+    if (rb.ndim == 0) rb.ndim = 1, rb.shape[0] = 1, rb.stride[0] = 1;
+    lk_extent fa = lk_view_extent(&ra), fb = lk_view_extent(&rb);
+    int64_t la = (int64_t)(fa.hi - fa.lo), lb = (int64_t)(fb.hi - fb.lo);
+    if (la > P || lb > P) return 0;
+    int64_t diff = (int64_t)(fb.lo - fa.lo); /* may be negative (as a difference of addresses) */
+    int64_t dy = ((diff % P) + P) % P;        /* b's row start relative to a's, in [0, P) */
+    if (dy >= la && dy + lb <= P) return 1;
+    lk_tensor r0 = rb, r1 = rb;
+    /* b's row moved to start at fa.lo + dy (address arithmetic only, never dereferenced) */
+    r0.data = (void *)((uintptr_t)rb.data - (uintptr_t)(diff - dy));
+    r1.data = (void *)((uintptr_t)r0.data - (uintptr_t)P);
+    return views_disjoint(&ra, &r0, depth + 1) && views_disjoint(&ra, &r1, depth + 1);
 }
 
 lk_status lk_check_disjoint(const lk_tensor *a, const char *an, const lk_tensor *b,
@@ -206,7 +220,7 @@ lk_status lk_check_disjoint(const lk_tensor *a, const char *an, const lk_tensor 
     lk_extent ea = lk_view_extent(a), eb = lk_view_extent(b);
     if (ea.lo == ea.hi || eb.lo == eb.hi) return LK_OK;
     if (ea.hi <= eb.lo || eb.hi <= ea.lo) return LK_OK;
-    if (interleaved_disjoint(a, b)) return LK_OK;
+    if (views_disjoint(a, b, 0)) return LK_OK;
     return lk_fail(LK_ERR_ALIAS, "%s and %s overlap in memory", an, bn);
 }
 

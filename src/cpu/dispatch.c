@@ -45,6 +45,9 @@ static void fill_tables(void) {
     r->concat_and_cache_mla = lk_ref_concat_and_cache_mla;
     r->gather_cache = lk_ref_gather_cache;
 
+    /* -- mla prefill -- */
+    r->mla_softmax_block = lk_ref_mla_softmax_block;
+
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
     a2->isa = LK_ISA_AVX2;
@@ -74,6 +77,9 @@ static void fill_tables(void) {
     a2->concat_and_cache_mla = lk_avx2_concat_and_cache_mla;
     a2->gather_cache = lk_avx2_gather_cache;
 
+    /* -- mla prefill -- */
+    a2->mla_softmax_block = lk_avx2_mla_softmax_block;
+
     /* ================ AVX-512 overrides ================ */
     *a5 = *a2;
     a5->isa = LK_ISA_AVX512;
@@ -101,6 +107,8 @@ static void fill_tables(void) {
     /* -- mla cache -- */
     a5->concat_and_cache_mla = lk_avx512_concat_and_cache_mla;
     a5->gather_cache = lk_avx512_gather_cache;
+
+    /* -- mla prefill: the AVX2 softmax step (inherited) -- */
 
     lk_isa isa = lk_isa_best();
     const char *env = getenv("LLMKERN_ISA");

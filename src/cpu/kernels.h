@@ -12,6 +12,7 @@
 #define LK_KERNELS_H
 
 #include "../core/core.h"
+#include "../common/attn_state.h"
 #include "../core/paged.h"
 
 typedef struct {
@@ -148,6 +149,22 @@ typedef void (*lk_copy_runs_fn)(const lk_copy_group *g);
 lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy);
 lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn copy);
 
+/* mla_softmax_block: the online-softmax step of one key block in the fused MLA prefill
+ * (src/cpu/mla/fused.c), for nq query rows. Row r: when causal, scores S[r, c] with
+ * c > lim0 + r are masked (-inf); then with the block max (NaN if a visible score is NaN
+ * or +inf: the row becomes NaN, as attn_state.h's softmax rules say)
+ *   alpha = lk_online_rescale(&st[r], max), S[r, :kb] = exp(S - lk_online_shift(m)),
+ *   lk_online_add(&st[r], sum), O[r, :Dv] *= alpha (skipped when alpha == 1). */
+typedef struct {
+    float *S;             /* [nq, kb], rows lds apart */
+    int64_t lds, nq, kb;
+    int causal;
+    int64_t lim0;         /* causal: column c visible to row r iff c <= lim0 + r */
+    lk_online_state *st;  /* [nq] */
+    float *O;             /* [nq, Dv], rows ldo apart */
+    int64_t ldo, Dv;
+} lk_mla_softmax_args;
+
 typedef struct {
     lk_isa isa;
     lk_status (*rms_norm)(const lk_rms_norm_args *a);
@@ -161,6 +178,7 @@ typedef struct {
     lk_status (*flash_attn)(const lk_attn_args *a);
     lk_status (*concat_and_cache_mla)(const lk_mla_cache_args *a);
     lk_status (*gather_cache)(const lk_gather_cache_args *a);
+    lk_status (*mla_softmax_block)(const lk_mla_softmax_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -178,6 +196,7 @@ lk_status lk_ref_causal_softmax(const lk_softmax_args *a);
 lk_status lk_ref_flash_attn(const lk_attn_args *a);
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
+lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
 
 /* ---- avx2/ ---- */
 lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a);
@@ -191,6 +210,7 @@ lk_status lk_avx2_causal_softmax(const lk_softmax_args *a);
 lk_status lk_avx2_flash_attn(const lk_attn_args *a);
 lk_status lk_avx2_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_avx2_gather_cache(const lk_gather_cache_args *a);
+lk_status lk_avx2_mla_softmax_block(const lk_mla_softmax_args *a);
 
 /* ---- avx512/ ---- */
 lk_status lk_avx512_rms_norm(const lk_rms_norm_args *a);

@@ -20,9 +20,11 @@
  * Decode path (queries that are few compared to keys): unit = (request, key chunk of
  * DECODE_CHUNK keys), every head of the request at once, walking the chunk's keys in
  * memory order (slot-major within a page, heads inside), so a paged cache is read as
- * the contiguous pages it is. Each unit leaves per-(query, head) partial states (m, l,
- * O) which are then combined in chunk order with the attention-state merge. Chunks
- * depend only on the key length, so results do not depend on the thread count.
+ * the contiguous pages it is. Keys go in blocks of DB: the block's scores for all heads,
+ * one online-softmax update per head, then P.V four keys per pass over O. Each unit
+ * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
+ * order with the attention-state rules. Chunks depend only on the key length, so results
+ * do not depend on the thread count.
  *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
  * a multiple of 16), head dims a multiple of 8; anything else goes to the reference.
@@ -380,30 +382,62 @@ typedef struct {
     float *st_o;               /* [rows][Dv] unnormalised outputs */
     float *qbuf;               /* per thread [q_len_max * Hq][Dqk] */
     int64_t qbuf_stride;
-    float *sbuf;               /* per thread [Hq] scores */
+    float *sbuf;               /* per thread [Hq][DB] scores / probabilities */
 } decode_ctx;
 
-static inline float dot8(const float *q, const lk_paged *c, int64_t base, int64_t cs, int64_t D) {
+#define DB 16 /* keys per decode block */
+
+/* q . k over D dims of a row at p (16-dim chunks cs elements apart), dtype constant
+ * after inlining */
+static inline __attribute__((always_inline)) float dot_row(const float *q, const char *p, int64_t cs,
+                                                            int64_t D, lk_dtype dt) {
+    int64_t es = lk_esize(dt);
     __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    int64_t d = 0;
-    for (; d + 16 <= D; d += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_at(c, dim_off(base, cs, d)), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8_at(c, dim_off(base, cs, d + 8)), s1);
+    for (int64_t d = 0; d < D; d += 16, p += cs * es) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), lk8_load(p, dt), s0);
+        if (d + 8 < D) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), lk8_load(p + 8 * es, dt), s1);
     }
-    if (d < D) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_at(c, dim_off(base, cs, d)), s0);
     return lk8_hsum(_mm256_add_ps(s0, s1));
 }
 
-static void decode_unit(void *vctx, int64_t u, int tid) {
-    decode_ctx *c = vctx;
+/* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
+ * (cs == 16: contiguous ND row) */
+static inline void prefetch_row(const char *p, int64_t cs, int64_t D, int64_t es) {
+    if (cs == 16) {
+        for (int64_t off = 0; off < D * es; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    } else {
+        for (int64_t c = 0; c < D / 16; c++) _mm_prefetch(p + c * cs * es, _MM_HINT_T0);
+    }
+}
+
+/* o += w0 v0 + w1 v1 + w2 v2 + w3 v3 (rows of D dims, 16-dim chunks cs apart) */
+static inline __attribute__((always_inline)) void axpy4_row(float *o, const float *w, const char *const *v,
+                                                             int64_t cs, int64_t D, lk_dtype dt) {
+    int64_t es = lk_esize(dt);
+    __m256 w0 = _mm256_set1_ps(w[0]), w1 = _mm256_set1_ps(w[1]), w2 = _mm256_set1_ps(w[2]), w3 = _mm256_set1_ps(w[3]);
+    for (int64_t d = 0; d < D; d += 8) {
+        int64_t off = ((d >> 4) * cs + (d & 15)) * es;
+        __m256 acc = _mm256_loadu_ps(o + d);
+        acc = _mm256_fmadd_ps(w0, lk8_load(v[0] + off, dt), acc);
+        acc = _mm256_fmadd_ps(w1, lk8_load(v[1] + off, dt), acc);
+        acc = _mm256_fmadd_ps(w2, lk8_load(v[2] + off, dt), acc);
+        acc = _mm256_fmadd_ps(w3, lk8_load(v[3] + off, dt), acc);
+        _mm256_storeu_ps(o + d, acc);
+    }
+}
+
+/* One chunk of keys for every head of one request: keys in blocks of DB, scores of the
+ * block for all heads (keys in memory order, heads inside), one online-softmax update
+ * per head and block, then P.V four keys at a time. */
+static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, int64_t b, int64_t ch,
+                                                               int tid, lk_dtype kt, lk_dtype vt) {
     const lk_attn_args *a = c->a;
-    int64_t b = c->unit_b[u], ch = c->unit_c[u];
     int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b];
-    int64_t Hq = a->Hq, G = Hq / a->Hk, Dqk = a->Dqk, Dv = a->Dv;
+    int64_t Hq = a->Hq, Hk = a->Hk, G = Hq / Hk, Dqk = a->Dqk, Dv = a->Dv;
     int64_t j0 = ch * DECODE_CHUNK, j1 = j0 + DECODE_CHUNK < k_len ? j0 + DECODE_CHUNK : k_len;
-    int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc);
-    float *qs = c->qbuf + (size_t)tid * (size_t)c->qbuf_stride;
-    float *sc = c->sbuf + (size_t)tid * (size_t)Hq;
+    int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
+    float *qs = c->qbuf + (size_t)tid * (size_t)c->qbuf_stride; // [Hq][Dqk]
+    float *sc = c->sbuf + (size_t)tid * (size_t)(Hq * DB);       // [Hq][DB]
     for (int64_t i = 0; i < q_len; i++) {
         int64_t lo, hi;
         lk_attn_window(a, i, q_len, k_len, &lo, &hi);
@@ -417,36 +451,66 @@ static void decode_unit(void *vctx, int64_t u, int tid) {
             memset(o + h * Dv, 0, sizeof(float) * (size_t)Dv);
             load_q_row(a, q0 + i, h, qs + h * Dqk);
         }
-        /* keys in memory order (all heads of a key, then the next key); each head's state
-         * absorbs one key at a time, rescaling O only when its running max grows */
-        for (int64_t j = lo; j <= hi; j++) {
-            for (int64_t kh = 0; kh < a->Hk; kh++) {
-                int64_t kb = lk_attn_key_off(a, &a->kc, b, j, kh, 0);
-                for (int64_t g = 0; g < G; g++) {
-                    int64_t h = kh * G + g;
-                    float s = dot8(qs + h * Dqk, &a->kc, kb, kcs, Dqk);
-                    if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-                    sc[h] = s;
-                }
-            }
-            for (int64_t kh = 0; kh < a->Hk; kh++) {
-                int64_t vb = lk_attn_key_off(a, &a->vc, b, j, kh, 0);
-                for (int64_t g = 0; g < G; g++) {
-                    int64_t h = kh * G + g;
-                    float *oh = o + h * Dv;
-                    float alpha = lk_online_rescale(&st[h], sc[h]);
-                    float p = expf(sc[h] - lk_online_shift(st[h].m));
-                    lk_online_add(&st[h], p);
-                    __m256 va = _mm256_set1_ps(alpha), vp = _mm256_set1_ps(p);
-                    for (int64_t d = 0; d < Dv; d += 8) {
-                        __m256 ov = _mm256_loadu_ps(oh + d);
-                        if (alpha != 1.0f) ov = _mm256_mul_ps(ov, va);
-                        _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(vp, load8_at(&a->vc, dim_off(vb, vcs, d)), ov));
+        for (int64_t jb = lo; jb <= hi; jb += DB) {
+            int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
+            for (int64_t jj = 0; jj < nb; jj++)
+                for (int64_t kh = 0; kh < Hk; kh++) {
+                    const char *kp = (const char *)a->kc.data + lk_attn_key_off(a, &a->kc, b, jb + jj, kh, 0) * kes;
+                    if (jb + jj + DB <= hi) /* the next block's rows, one block ahead */
+                        prefetch_row((const char *)a->kc.data + lk_attn_key_off(a, &a->kc, b, jb + jj + DB, kh, 0) * kes,
+                                     kcs, Dqk, kes);
+                    for (int64_t g = 0; g < G; g++) {
+                        int64_t h = kh * G + g;
+                        float s = dot_row(qs + h * Dqk, kp, kcs, Dqk, kt);
+                        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+                        sc[h * DB + jj] = s;
                     }
                 }
+            for (int64_t h = 0; h < Hq; h++) {
+                float *sh = sc + h * DB, bmax = -INFINITY;
+                for (int64_t jj = nb; jj < DB; jj++) sh[jj] = -INFINITY;
+                __m256 s0 = _mm256_loadu_ps(sh), s1 = _mm256_loadu_ps(sh + 8);
+                bmax = lk8_hmax(_mm256_max_ps(s0, s1));
+                float alpha = lk_online_rescale(&st[h], bmax);
+                __m256 shift = _mm256_set1_ps(lk_online_shift(st[h].m));
+                s0 = lk8_exp(_mm256_sub_ps(s0, shift)), s1 = lk8_exp(_mm256_sub_ps(s1, shift));
+                _mm256_storeu_ps(sh, s0), _mm256_storeu_ps(sh + 8, s1);
+                lk_online_add(&st[h], lk8_hsum(_mm256_add_ps(s0, s1)));
+                if (alpha != 1.0f) {
+                    __m256 va = _mm256_set1_ps(alpha);
+                    for (int64_t d = 0; d < Dv; d += 8)
+                        _mm256_storeu_ps(o + h * Dv + d, _mm256_mul_ps(_mm256_loadu_ps(o + h * Dv + d), va));
+                }
             }
+            for (int64_t jj = 0; jj < nb; jj += 4)
+                for (int64_t kh = 0; kh < Hk; kh++) {
+                    const char *vp[4];
+                    for (int k = 0; k < 4; k++) { /* past the block end: a valid row with weight 0 */
+                        vp[k] = (const char *)a->vc.data +
+                                lk_attn_key_off(a, &a->vc, b, jb + (jj + k < nb ? jj + k : jj), kh, 0) * ves;
+                        if (jj + k < nb && jb + jj + k + DB <= hi)
+                            prefetch_row((const char *)a->vc.data + lk_attn_key_off(a, &a->vc, b, jb + jj + k + DB, kh, 0) * ves,
+                                         vcs, Dv, ves);
+                    }
+                    for (int64_t g = 0; g < G; g++) {
+                        int64_t h = kh * G + g;
+                        float w[4];
+                        for (int k = 0; k < 4; k++) w[k] = jj + k < nb ? sc[h * DB + jj + k] : 0.0f;
+                        axpy4_row(o + h * Dv, w, vp, vcs, Dv, vt);
+                    }
+                }
         }
     }
+}
+
+static void decode_unit(void *vctx, int64_t u, int tid) {
+    decode_ctx *c = vctx;
+    int64_t b = c->unit_b[u], ch = c->unit_c[u];
+    lk_dtype kt = c->a->kc.dtype, vt = c->a->vc.dtype;
+    if (kt == LK_BF16 && vt == LK_BF16) decode_chunk(c, b, ch, tid, LK_BF16, LK_BF16);
+    else if (kt == LK_F16 && vt == LK_F16) decode_chunk(c, b, ch, tid, LK_F16, LK_F16);
+    else if (kt == LK_F32 && vt == LK_F32) decode_chunk(c, b, ch, tid, LK_F32, LK_F32);
+    else decode_chunk(c, b, ch, tid, kt, vt);
 }
 
 /* ------------------------------------------------------------------ driver */
@@ -499,7 +563,7 @@ static lk_status run_decode(const lk_attn_args *a) {
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
                     malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL};
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
-    c.sbuf = malloc(sizeof(float) * (size_t)(nt * a->Hq));
+    c.sbuf = malloc(sizeof(float) * (size_t)(nt * a->Hq * DB));
     lk_status st = LK_ERR_NOMEM;
     if (c.unit_b && c.unit_c && c.st && c.st_o && c.qbuf && c.sbuf) {
         int64_t u = 0;

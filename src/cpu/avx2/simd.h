@@ -86,15 +86,10 @@ static inline float lk8_hmax(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* exp(x), relative error ~2 ulp over the f32 range; exp(-inf) = 0, exp(+inf) = inf,
- * NaN propagates; x < -87.3 flushes to 0 (the f32 subnormal range is not produced). */
-static inline __m256 lk8_exp(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.3365447504f);
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    /* x = n ln2 + r, |r| <= ln2/2 */
+/* exp building blocks shared by the variants below: x = n ln2 + r with |r| <= ln2/2,
+ * e^r by a degree-7 polynomial (~2 ulp), then 2^n applied in two halves so n = 128
+ * (x up to ln(FLT_MAX)) and n down to -150 stay in the exponent range. */
+static inline __m256 lk8_exp_poly(__m256 xc, __m256 *n_out) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
@@ -105,13 +100,27 @@ static inline __m256 lk8_exp(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* scale by 2^n in two steps so n = 128 does not overflow the exponent field */
+    *n_out = n;
+    return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
+static inline __m256 lk8_scale_pow2(__m256 p, __m256 n) {
     __m256i ni = _mm256_cvtps_epi32(n);
     __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
     __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
-    p = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+/* exp(x), relative error ~2 ulp over the f32 range; exp(-inf) = 0, exp(+inf) = inf,
+ * NaN propagates; x < -87.3 flushes to 0 (the f32 subnormal range is not produced). */
+static inline __m256 lk8_exp(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.3365447504f);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 n, p = lk8_exp_poly(_mm256_min_ps(_mm256_max_ps(x, lo), hi), &n);
+    p = lk8_scale_pow2(p, n);
     p = _mm256_blendv_ps(p, _mm256_set1_ps(__builtin_inff()), over);
     p = _mm256_andnot_ps(under, p);
     return _mm256_blendv_ps(p, x, nan);
@@ -124,23 +133,19 @@ static inline __m256 lk8_exp(__m256 x) {
  * propagate through another operand (sigmoid-style g / (1 + exp(-g))). ~6 instructions
  * cheaper than lk8_exp, which matters in kernels that are compute-bound on bf16. */
 static inline __m256 lk8_exp_nonan(__m256 x) {
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-150.0f)), _mm256_set1_ps(100.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i ni = _mm256_cvtps_epi32(n); /* |n| <= 217: each half is a normal power of 2 */
-    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    __m256 n, p = lk8_exp_poly(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-150.0f)), _mm256_set1_ps(100.0f)), &n);
+    return lk8_scale_pow2(p, n);
+}
+
+/* exp(x) for x <= 0 (including -inf; no NaN, no +inf), as after a softmax's max
+ * subtraction: bit-identical to lk8_exp on that domain with about 2/3 of its work
+ * (no overflow or NaN handling, one 2^n scaling since n >= -126). x < -87.3 gives 0. */
+static inline __m256 lk8_exp_nonpos(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3365447504f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 n, p = lk8_exp_poly(_mm256_max_ps(x, lo), &n);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 /* 16 bf16 values as two f32 vectors in the in-lane unpack order: *lo holds elements
@@ -155,28 +160,6 @@ static inline void lk8x2_load_bf16(const void *p, __m256 *lo, __m256 *hi) {
 
 static inline void lk8x2_store_bf16(void *p, __m256 lo, __m256 hi) {
     _mm256_storeu_si256((__m256i *)p, _mm256_packus_epi32(lk8_bf16_bits(lo), lk8_bf16_bits(hi)));
-}
-
-/* exp(x) for x <= 0 (including -inf; no NaN, no +inf), as after a softmax's max
- * subtraction: bit-identical to lk8_exp on that domain with about 2/3 of its work
- * (no overflow or NaN handling, one 2^n scaling since n >= -126). x < -87.3 gives 0. */
-static inline __m256 lk8_exp_nonpos(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3365447504f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    __m256 xc = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 #endif

@@ -1,0 +1,290 @@
+/*
+ * mla_prefix_prefill: the B x Q x P sweep of the MLA issue (H = 4 heads per rank,
+ * QK 192 = 128 + 64, V 128, latent 512, page 128, bf16 everywhere, one-buffer ND cache,
+ * every request on its own pages), plus H = 16 at (16, 100, 768), B = 32 alternating
+ * prefixes 768 / 0, and B = 10 long mixed queries; then NZ / ND for split + merge.
+ *
+ * Per case every strategy runs in interleaved rounds (one call of each per round, so
+ * machine noise hits all alike); the row gives each strategy's median ms, its ratio to
+ * the best median, auto's choice (from the trace) with the ratio of the chosen
+ * strategy's median to the best, auto's own median, and the best strategy's GFLOP/s
+ * against the FMA peak measured in the same run.
+ * FLOPs counted: what the strategy performs, 2 per multiply-add, visible keys only:
+ *   projecting strategies: 2 * rows * Dl * H (Dn + Dv)  (rows = prefix pages * 128)
+ *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (P_b + (Q_b + 1) / 2)
+ *   absorbed:              2 * T * H * (Dn Dl + Dl Dv) + 2 * H * (2 Dl + Dr) * sum_b Q_b P_b
+ *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (Q_b + 1) / 2
+ * Max error: small cases against the ref ISA (split + merge, float64 attention); the
+ * others: the largest difference between strategies (all must agree).
+ * Default: a short subset; --full: every case (a progress line per case on stderr).
+ * LLMKERN_MLA_TRACE=1 also prints one traced call per strategy (time per internal op).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+
+#define NS 5 /* auto + 4 strategies */
+#define H_ 4
+#define DN 128
+#define DR 64
+#define DV 128
+#define DL 512
+#define BS 128
+
+typedef struct {
+    lk_tensor out, q, k, v, cu, pl, bt, cache, w;
+    lk_mla_params p;
+    void *bufs[9];
+    int64_t T, H, B;
+    int32_t *qlen, *plen;
+} mla_ctx;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void setup(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, lk_kv_layout lay) {
+    memset(c, 0, sizeof *c);
+    int64_t T = 0, pages = 0, maxp = 1, E = DL + DR;
+    for (int64_t b = 0; b < B; b++) {
+        T += ql[b];
+        int64_t np = (pl[b] + BS - 1) / BS;
+        pages += np;
+        if (np > maxp) maxp = np;
+    }
+    c->T = T, c->H = H, c->B = B;
+    int64_t nb = pages + 1;
+    c->bufs[0] = bench_alloc(LK_BF16, T * H * DV, 0, 0);
+    c->bufs[1] = bench_alloc(LK_BF16, T * H * (DN + DR), -1, 1);
+    c->bufs[2] = bench_alloc(LK_BF16, T * H * (DN + DR), -1, 1);
+    c->bufs[3] = bench_alloc(LK_BF16, T * H * DV, -1, 1);
+    c->bufs[4] = bench_alloc(LK_I32, B + 1, 0, 0);
+    c->bufs[5] = bench_alloc(LK_I32, B, 0, 0);
+    c->bufs[6] = bench_alloc(LK_I32, B * maxp, 0, 0);
+    c->bufs[7] = bench_alloc(LK_BF16, nb * BS * E, -1, 1);
+    c->bufs[8] = bench_alloc(LK_BF16, H * (DN + DV) * DL, -0.075, 0.075);
+    int32_t *cu = c->bufs[4], *plv = c->bufs[5], *bt = c->bufs[6];
+    /* every request on its own pages, scattered over the cache (block 0 unused):
+     * logical page n of the batch is block 1 + (n * 7919) % pages (7919 is prime) */
+    cu[0] = 0;
+    for (int64_t b = 0, n = 0; b < B; b++) {
+        cu[b + 1] = cu[b] + ql[b];
+        plv[b] = pl[b];
+        int64_t np = (pl[b] + BS - 1) / BS;
+        for (int64_t i = 0; i < maxp; i++) bt[b * maxp + i] = i < np ? (int32_t)(1 + (n + i) * 7919 % pages) : -1;
+        n += np;
+    }
+    c->out = lk_tensor_make(c->bufs[0], LK_BF16, 3, (int64_t[]){T, H, DV});
+    c->q = lk_tensor_make(c->bufs[1], LK_BF16, 3, (int64_t[]){T, H, DN + DR});
+    c->k = lk_tensor_make(c->bufs[2], LK_BF16, 3, (int64_t[]){T, H, DN + DR});
+    c->v = lk_tensor_make(c->bufs[3], LK_BF16, 3, (int64_t[]){T, H, DV});
+    c->cu = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){B + 1});
+    c->pl = lk_tensor_make(plv, LK_I32, 1, (int64_t[]){B});
+    c->bt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){B, maxp});
+    if (lay == LK_KV_NZ) c->cache = lk_tensor_make(c->bufs[7], LK_BF16, 4, (int64_t[]){nb, E / 16, BS, 16});
+    else c->cache = lk_tensor_make(c->bufs[7], LK_BF16, 3, (int64_t[]){nb, BS, E});
+    c->w = lk_tensor_make(c->bufs[8], LK_BF16, 2, (int64_t[]){H * (DN + DV), DL});
+    c->p = lk_mla_params_default(0.1147f);
+    c->p.cache_layout = lay;
+    c->qlen = malloc(sizeof(int32_t) * (size_t)B), c->plen = malloc(sizeof(int32_t) * (size_t)B);
+    memcpy(c->qlen, ql, sizeof(int32_t) * (size_t)B), memcpy(c->plen, pl, sizeof(int32_t) * (size_t)B);
+}
+
+static void teardown(mla_ctx *c) {
+    for (int i = 0; i < 9; i++) bench_free(c->bufs[i]);
+    free(c->qlen), free(c->plen);
+}
+
+static double run(mla_ctx *c, lk_mla_strategy st) {
+    c->p.strategy = st;
+    double t0 = now_s();
+    lk_status s = lk_mla_prefix_prefill(&c->out, &c->q, &c->k, &c->v, &c->cu, &c->pl, &c->bt, &c->cache, NULL,
+                                        &c->w, &c->p);
+    double t = now_s() - t0;
+    if (s) {
+        fprintf(stderr, "mla_prefill failed: %s\n", lk_last_error());
+        exit(1);
+    }
+    return t;
+}
+
+static double flops_of(const mla_ctx *c, lk_mla_strategy st) {
+    double f = 0, rows = 0, E = DL + DR;
+    for (int64_t b = 0; b < c->B; b++) {
+        double Q = c->qlen[b], P = c->plen[b];
+        f += 2.0 * c->H * (DN + DR + DV) * Q * (Q + 1) / 2;
+        if (st == LK_MLA_ABSORBED) f += 2.0 * c->H * (E + DL) * Q * P;
+        else f += 2.0 * c->H * (DN + DR + DV) * Q * P;
+        rows += Q > 0 ? ceil(P / BS) * BS : 0;
+    }
+    if (st == LK_MLA_ABSORBED) f += 2.0 * (double)c->T * c->H * (DN * DL + DL * DV);
+    else f += 2.0 * rows * DL * c->H * (DN + DV);
+    return f;
+}
+
+static lk_mla_strategy auto_choice(mla_ctx *c) {
+    run(c, LK_MLA_AUTO);
+    const char *tr = lk_mla_last_trace();
+    for (int s = 1; s < NS; s++) {
+        char want[64];
+        snprintf(want, sizeof want, "strategy=%s ", lk_mla_strategy_name((lk_mla_strategy)s));
+        if (!strncmp(tr, want, strlen(want))) return (lk_mla_strategy)s;
+    }
+    return LK_MLA_AUTO;
+}
+
+/* max difference between strategies (or against the ref ISA when small) */
+static double check(mla_ctx *c) {
+    int64_t n = c->T * c->H * DV;
+    double work = 0;
+    for (int64_t b = 0; b < c->B; b++) work += (double)c->qlen[b] * (c->plen[b] + c->qlen[b]);
+    void *ref = bench_alloc(LK_BF16, n, 0, 0);
+    if (work * c->H <= 2e6) {
+        lk_isa isa = lk_isa_current();
+        lk_set_isa(LK_ISA_REF);
+        run(c, LK_MLA_SPLIT_MERGE);
+        lk_set_isa(isa);
+    } else {
+        run(c, LK_MLA_SPLIT_MERGE);
+    }
+    memcpy(ref, c->out.data, (size_t)n * 2);
+    double err = 0;
+    for (int s = 1; s < NS; s++) {
+        run(c, (lk_mla_strategy)s);
+        double e = bench_max_err(c->out.data, ref, LK_BF16, n);
+        if (e > err) err = e;
+    }
+    bench_free(ref);
+    return err;
+}
+
+/* interleaved rounds; med[s] = median seconds of strategy s (s = 0: auto) */
+static void time_all(mla_ctx *c, double *med, int rounds) {
+    double t1[NS], *samp = malloc(sizeof(double) * NS * (size_t)rounds);
+    for (int s = 0; s < NS; s++) t1[s] = run(c, (lk_mla_strategy)s); /* warm-up */
+    double best1 = t1[1];
+    for (int s = 2; s < NS; s++)
+        if (t1[s] < best1) best1 = t1[s];
+    int n[NS] = {0};
+    for (int r = 0; r < rounds; r++)
+        for (int s = 0; s < NS; s++) {
+            /* strategies far off the best get 3 samples at most (they only set ratios) */
+            if (r >= 3 && t1[s] > 3 * best1) continue;
+            samp[s * rounds + n[s]++] = run(c, (lk_mla_strategy)s);
+        }
+    for (int s = 0; s < NS; s++) {
+        qsort(samp + s * rounds, (size_t)n[s], sizeof(double), cmpd);
+        med[s] = n[s] % 2 ? samp[s * rounds + n[s] / 2] : 0.5 * (samp[s * rounds + n[s] / 2 - 1] + samp[s * rounds + n[s] / 2]);
+    }
+    free(samp);
+}
+
+static int rounds_for(double t) {
+    int r = BENCH.reps;
+    if (t > 0.5 && r > 5) r = 5;
+    if (t > 2.0 && r > 3) r = 3;
+    return r;
+}
+
+static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label) {
+    mla_ctx c;
+    setup(&c, B, ql, pl, H, LK_KV_ND);
+    double err = check(&c);
+    double t = run(&c, LK_MLA_SPLIT_MERGE), med[NS];
+    time_all(&c, med, rounds_for(t));
+    int best = 1;
+    for (int s = 2; s < NS; s++)
+        if (med[s] < med[best]) best = s;
+    lk_mla_strategy ch = auto_choice(&c);
+    double gf = flops_of(&c, (lk_mla_strategy)best) / med[best] / 1e9;
+    printf("%-22s %9.2f %9.2f %9.2f %9.2f | %5.2f %5.2f %5.2f %5.2f | %-11s %5.2f %9.2f %5.2f | %6.1f %4.0f%% %9.2e\n",
+           label, 1e3 * med[1], 1e3 * med[2], 1e3 * med[3], 1e3 * med[4], med[1] / med[best], med[2] / med[best],
+           med[3] / med[best], med[4] / med[best], lk_mla_strategy_name(ch), med[ch] / med[best], 1e3 * med[0],
+           med[0] / med[best], gf, BENCH.fma_gflops > 0 ? 100 * gf / BENCH.fma_gflops : 0, err);
+    fflush(stdout);
+    if (getenv("LLMKERN_MLA_TRACE")) /* where the time goes: one traced call per strategy */
+        for (int s = 1; s < NS; s++) {
+            run(&c, (lk_mla_strategy)s);
+            printf("    %s\n", lk_mla_last_trace());
+        }
+    teardown(&c);
+}
+
+static void nz_case(int64_t B, int32_t q, int32_t p) {
+    int32_t *ql = malloc(sizeof(int32_t) * (size_t)B), *pl = malloc(sizeof(int32_t) * (size_t)B);
+    for (int64_t b = 0; b < B; b++) ql[b] = q, pl[b] = p;
+    mla_ctx nd, nz;
+    setup(&nd, B, ql, pl, H_, LK_KV_ND);
+    setup(&nz, B, ql, pl, H_, LK_KV_NZ);
+    double t = run(&nd, LK_MLA_SPLIT_MERGE);
+    int rounds = rounds_for(t) + 2;
+    double *a = malloc(sizeof(double) * (size_t)rounds), *z = malloc(sizeof(double) * (size_t)rounds);
+    run(&nz, LK_MLA_SPLIT_MERGE);
+    for (int r = 0; r < rounds; r++) a[r] = run(&nd, LK_MLA_SPLIT_MERGE), z[r] = run(&nz, LK_MLA_SPLIT_MERGE);
+    qsort(a, (size_t)rounds, sizeof(double), cmpd), qsort(z, (size_t)rounds, sizeof(double), cmpd);
+    double ma = a[rounds / 2], mz = z[rounds / 2];
+    char label[64];
+    snprintf(label, sizeof label, "(%lld,%d,%d)", (long long)B, q, p);
+    printf("%-22s %9.2f %9.2f %6.3f\n", label, 1e3 * ma, 1e3 * mz, mz / ma);
+    fflush(stdout);
+    teardown(&nd), teardown(&nz);
+    free(a), free(z), free(ql), free(pl);
+}
+
+void bench_mla_prefill(void) {
+    static const int32_t sweep[][3] = {{1, 100, 768},   {2, 100, 768},   {4, 100, 768},   {8, 100, 768},
+                                       {16, 100, 768},  {32, 100, 768},  {64, 100, 768},  {128, 100, 768},
+                                       {1, 256, 2048},  {4, 256, 2048},  {16, 256, 2048}, {32, 256, 2048},
+                                       {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};
+    static const int quick[] = {0, 3, 8};
+    int n = BENCH.full ? (int)(sizeof sweep / sizeof sweep[0]) : (int)(sizeof quick / sizeof quick[0]);
+    printf("\n== mla_prefix_prefill sweep (H=4 per rank, QK 192, V 128, latent 512, page 128, bf16; median ms of "
+           "interleaved rounds)\n");
+    printf("%-22s %9s %9s %9s %9s | %5s %5s %5s %5s | %-11s %5s %9s %5s | %6s %5s %9s\n", "case (B,Q,P)", "split",
+           "concat", "fused", "absorbed", "/best", "/best", "/best", "/best", "auto", "/best", "auto ms", "/best",
+           "GF/s", "peak", "max err");
+    int total = n + (BENCH.full ? 3 : 0);
+    for (int i = 0; i < n; i++) {
+        const int32_t *s = sweep[BENCH.full ? i : quick[i]];
+        int32_t *ql = malloc(sizeof(int32_t) * (size_t)s[0]), *pl = malloc(sizeof(int32_t) * (size_t)s[0]);
+        for (int b = 0; b < s[0]; b++) ql[b] = s[1], pl[b] = s[2];
+        char label[64];
+        snprintf(label, sizeof label, "(%d,%d,%d)", s[0], s[1], s[2]);
+        if (BENCH.full) fprintf(stderr, "mla_prefill sweep [%d/%d] %s\n", i + 1, total, label);
+        sweep_case(s[0], ql, pl, H_, label);
+        free(ql), free(pl);
+    }
+    if (BENCH.full) {
+        int32_t ql[32], pl[32];
+        fprintf(stderr, "mla_prefill sweep [%d/%d] H=16 (16,100,768)\n", n + 1, total);
+        for (int b = 0; b < 16; b++) ql[b] = 100, pl[b] = 768;
+        sweep_case(16, ql, pl, 16, "H16 (16,100,768)");
+        fprintf(stderr, "mla_prefill sweep [%d/%d] B=32 prefixes 768/0\n", n + 2, total);
+        for (int b = 0; b < 32; b++) ql[b] = 100, pl[b] = b % 2 ? 0 : 768;
+        sweep_case(32, ql, pl, H_, "(32,100,768/0)");
+        fprintf(stderr, "mla_prefill sweep [%d/%d] B=10 mixed\n", n + 3, total);
+        static const int32_t q10[10] = {101, 870, 876, 874, 869, 864, 904, 863, 837, 768};
+        static const int32_t p10[10] = {768, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        sweep_case(10, q10, p10, H_, "B10 mixed");
+    }
+    printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n%-22s %9s %9s %6s\n",
+           "case (B,Q,P)", "ND", "NZ", "NZ/ND");
+    static const int32_t nzc[][3] = {{1, 100, 768}, {8, 100, 768}, {32, 100, 768},
+                                     {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};
+    int nn = BENCH.full ? 6 : 2;
+    for (int i = 0; i < nn; i++) {
+        if (BENCH.full) fprintf(stderr, "mla_prefill NZ/ND [%d/%d]\n", i + 1, nn);
+        nz_case(nzc[i][0], nzc[i][1], nzc[i][2]);
+    }
+}

@@ -1,0 +1,396 @@
+/*
+ * MLA prefix prefill, the steps the strategies share (see mla.h for the pipeline):
+ * OpenBLAS set-up, f32 operand views, the projection plan (groups + dedup), the gather
+ * of the unique prefix pages, their projection, the causal attention of the new tokens
+ * over themselves and the final LSE merge.
+ *
+ * Determinism: every sgemm call is single-threaded and its shape depends only on the
+ * problem (a unique group is always projected by the same call, M = its pages *
+ * block_size rows), calls are independent units handed to threads dynamically, so the
+ * bits depend neither on the thread count nor on dedup (OpenBLAS's result for a row
+ * depends on the row's position inside the call, measured: period 12 rows on Zen).
+ */
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "../../core/half.h"
+#include "mla.h"
+
+/* ---------------------------------------------------------------- OpenBLAS */
+
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+static int blas_users, blas_saved = 1;
+
+void lk_mla_blas_begin(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (blas_users++ == 0) {
+        blas_saved = openblas_get_num_threads();
+        if (blas_saved != 1) openblas_set_num_threads(1);
+    }
+    pthread_mutex_unlock(&blas_mu);
+}
+
+void lk_mla_blas_end(void) {
+    pthread_mutex_lock(&blas_mu);
+    if (--blas_users == 0 && blas_saved != 1) openblas_set_num_threads(blas_saved);
+    pthread_mutex_unlock(&blas_mu);
+}
+
+void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, int accumulate, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* nothing to add: C = 0 or C unchanged */
+        for (int64_t i = 0; i < M && !accumulate; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, 1.0f, A, (int)lda, B, (int)ldb, accumulate ? 1.0f : 0.0f, C, (int)ldc);
+}
+
+/* ---------------------------------------------------------------- f32 views */
+
+typedef struct {
+    const lk_tensor *src;
+    float *dst; /* contiguous, rows of the last dim */
+} conv_ctx;
+
+static void conv_rows(void *vctx, int64_t r0, int64_t r1) {
+    const conv_ctx *c = vctx;
+    const lk_tensor *t = c->src;
+    int64_t D = t->shape[t->ndim - 1], s = t->stride[t->ndim - 1];
+    lk_rowit it;
+    lk_rowit_init(&it, t, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&it)) {
+        float *d = c->dst + r * D;
+        if (t->dtype == LK_F32) {
+            const float *p = (const float *)t->data + it.off;
+            for (int64_t i = 0; i < D; i++) d[i] = p[i * s];
+        } else if (t->dtype == LK_BF16) {
+            const uint16_t *p = (const uint16_t *)t->data + it.off;
+            for (int64_t i = 0; i < D; i++) d[i] = lk_bf16_to_f32(p[i * s]);
+        } else {
+            const uint16_t *p = (const uint16_t *)t->data + it.off;
+            for (int64_t i = 0; i < D; i++) d[i] = lk_f16_to_f32(p[i * s]);
+        }
+    }
+}
+
+lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned) {
+    int nd = t->ndim;
+    int usable = t->dtype == LK_F32 && t->stride[nd - 1] == 1;
+    for (int i = 0; i < nd && usable; i++)
+        if (t->stride[i] < 0 || t->stride[i] > INT_MAX) usable = 0;
+    if (usable && nd >= 2 && t->stride[0] < t->shape[nd - 1]) usable = 0;
+    *owned = NULL;
+    *view = *t;
+    if (usable) return LK_OK;
+    int64_t n = lk_numel(t);
+    float *buf = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!buf) return LK_ERR_NOMEM;
+    conv_ctx c = {t, buf};
+    int64_t D = t->shape[nd - 1];
+    if (D > 0) lk_parallel_for(n / D, D * 6, conv_rows, &c);
+    *view = lk_tensor_make(buf, LK_F32, nd, t->shape);
+    *owned = buf;
+    return LK_OK;
+}
+
+/* ---------------------------------------------------------------- plan */
+
+/* projection rows per sgemm call the plan aims at: OpenBLAS repacks the whole weight
+ * (N x Dl) in every call, so the call must be long enough to amortise it (measured
+ * single-threaded on this Zen 3, N = 1024, K = 512: 128 rows 74.6, 512 rows 76.2,
+ * 4096 rows 77.7 GFLOP/s; N = 4096: 128 rows 64.8, 512 rows 75.8; in the projection
+ * step with 128-row calls the weight packing was 9% of the time) */
+static int64_t target_rows(int64_t N) {
+    (void)N;
+    return 512;
+}
+
+static uint64_t hash_ids(const int32_t *ids, int64_t n) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) h = (h ^ (uint32_t)ids[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+void lk_mla_plan_free(lk_mla_plan *p) {
+    free(p->gp_pages);
+    free(p->ptable);
+    memset(p, 0, sizeof *p);
+}
+
+int64_t lk_mla_plan_g(const lk_mla_args *a) {
+    int64_t bs = a->lat.block_size, total = 0;
+    for (int64_t b = 0; b < a->B; b++)
+        if (a->cu_q[b + 1] > a->cu_q[b]) total += (a->prefix[b] + bs - 1) / bs;
+    int64_t g = (target_rows(a->H * (a->Dn + a->Dv)) + bs - 1) / bs;
+    if (g > total / 8) g = total / 8;
+    return g < 1 ? 1 : g;
+}
+
+lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p) {
+    memset(p, 0, sizeof *p);
+    int64_t B = a->B, maxp = a->max_pages, bs = a->lat.block_size;
+    p->bs = bs, p->g = g;
+    int64_t nl = 0;
+    for (int64_t b = 0; b < B; b++)
+        if (a->cu_q[b + 1] > a->cu_q[b]) nl += ((a->prefix[b] + bs - 1) / bs + g - 1) / g;
+    int64_t hcap = 16;
+    while (hcap < 2 * nl) hcap *= 2;
+    /* one allocation: the 4 final per-group arrays, 3 in discovery order, the logical ->
+     * unique map (nl each) and the hash slots */
+    int64_t *mem = malloc(sizeof(int64_t) * (size_t)(8 * nl + hcap + 1));
+    p->ptable = malloc(sizeof(int32_t) * (size_t)(B * maxp > 0 ? B * maxp : 1));
+    if (!mem || !p->ptable) {
+        free(mem);
+        free(p->ptable);
+        p->ptable = NULL;
+        return LK_ERR_NOMEM;
+    }
+    p->gp_pages = mem, p->gp_used = mem + nl, p->gp_page0 = mem + 2 * nl, p->gp_ids = mem + 3 * nl;
+    int64_t *u_pages = mem + 4 * nl, *u_used = mem + 5 * nl, *u_ids = mem + 6 * nl;
+    int64_t *lg_u = mem + 7 * nl, *slot = mem + 8 * nl;
+    for (int64_t i = 0; i < hcap; i++) slot[i] = -1;
+    memset(p->ptable, 0, sizeof(int32_t) * (size_t)(B * maxp));
+    /* unique groups in discovery order */
+    int64_t nu = 0, l = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (a->cu_q[b + 1] == a->cu_q[b]) continue;
+        int64_t P = a->prefix[b], np = (P + bs - 1) / bs;
+        for (int64_t k = 0; k * g < np; k++, l++) {
+            int64_t npg = np - k * g < g ? np - k * g : g;
+            int64_t used = (P < (k * g + npg) * bs ? P : (k * g + npg) * bs) - k * g * bs;
+            int64_t ids = b * maxp + k * g, u = -1;
+            if (a->dedup) {
+                uint64_t h = hash_ids(a->table + ids, npg) & (uint64_t)(hcap - 1);
+                for (; slot[h] >= 0; h = (h + 1) & (uint64_t)(hcap - 1)) {
+                    int64_t c = slot[h];
+                    if (u_pages[c] == npg &&
+                        !memcmp(a->table + u_ids[c], a->table + ids, sizeof(int32_t) * (size_t)npg)) {
+                        u = c;
+                        break;
+                    }
+                }
+                if (u < 0) slot[h] = nu;
+            }
+            if (u < 0) {
+                u = nu++;
+                u_pages[u] = npg, u_used[u] = used, u_ids[u] = ids;
+            } else if (used > u_used[u]) {
+                u_used[u] = used;
+            }
+            lg_u[l] = u;
+        }
+    }
+    /* final order: groups of full pages first (gathered in one call), then the others */
+    int64_t *rank = slot; /* the hash is no longer needed; hcap >= nu */
+    int64_t nf = 0, nr = 0;
+    for (int64_t u = 0; u < nu; u++)
+        if (u_used[u] == u_pages[u] * bs) rank[u] = nf++;
+    nr = nf;
+    for (int64_t u = 0; u < nu; u++)
+        if (u_used[u] != u_pages[u] * bs) rank[u] = nr++;
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t r = rank[u];
+        p->gp_pages[r] = u_pages[u], p->gp_used[r] = u_used[u], p->gp_ids[r] = u_ids[u];
+    }
+    int64_t pages = 0;
+    for (int64_t r = 0; r < nu; r++) p->gp_page0[r] = pages, pages += p->gp_pages[r];
+    l = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (a->cu_q[b + 1] == a->cu_q[b]) continue;
+        int64_t np = (a->prefix[b] + bs - 1) / bs;
+        for (int64_t k = 0; k * g < np; k++, l++) {
+            int64_t r = rank[lg_u[l]];
+            for (int64_t i = k * g; i < np && i < (k + 1) * g; i++)
+                p->ptable[b * maxp + i] = (int32_t)(p->gp_page0[r] + i - k * g);
+        }
+    }
+    p->n_groups = nu, p->n_full = nf, p->n_logical = nl, p->pages = pages;
+    return LK_OK;
+}
+
+/* ---------------------------------------------------------------- gather */
+
+/* gather_cache kernel call for unique groups [u0, u0 + n) into G rows from row0 */
+static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32_t *tbl,
+                               int32_t *lens, int64_t u0, int64_t n, float *G, int64_t row0) {
+    int64_t E = a->Dl + a->Dr, rows = 0;
+    for (int64_t u = u0; u < u0 + n; u++) rows += lens[u];
+    if (rows == 0) return LK_OK;
+    lk_gather_cache_args ga;
+    memset(&ga, 0, sizeof ga);
+    int64_t tshape[2] = {n, p->g};
+    ga.block_table = lk_tensor_make(tbl + u0 * p->g, LK_I32, 2, tshape);
+    ga.seq_lens = lk_tensor_make(lens + u0, LK_I32, 1, &n);
+    int parts = a->one_buffer ? 1 : 2;
+    for (int part = 0; part < parts; part++) {
+        ga.cache = part ? a->rope : a->lat;
+        int64_t D = ga.cache.D, oshape[3] = {rows, 1, D};
+        ga.out = lk_tensor_make(G + row0 * E + (part ? a->Dl : 0), LK_F32, 3, oshape);
+        ga.out.stride[0] = E, ga.out.stride[1] = D;
+        lk_status s = lk_kernels()->gather_cache(&ga);
+        if (s) return s;
+    }
+    return LK_OK;
+}
+
+lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G) {
+    int64_t nu = p->n_groups, g = p->g, bs = p->bs, E = a->Dl + a->Dr;
+    int32_t *tbl = malloc(sizeof(int32_t) * (size_t)(nu * g + 1));
+    int32_t *lens = malloc(sizeof(int32_t) * (size_t)(nu + 1));
+    lk_status s = LK_ERR_NOMEM;
+    if (tbl && lens) {
+        for (int64_t u = 0; u < nu; u++) {
+            for (int64_t i = 0; i < g; i++) /* unused slots repeat the first page */
+                tbl[u * g + i] = a->table[p->gp_ids[u] + (i < p->gp_pages[u] ? i : 0)];
+            lens[u] = (int32_t)p->gp_used[u];
+        }
+        s = gather_groups(a, p, tbl, lens, 0, p->n_full, G, 0);
+        for (int64_t u = p->n_full; u < nu && !s; u++) {
+            int64_t r0 = p->gp_page0[u] * bs, used = p->gp_used[u], end = r0 + p->gp_pages[u] * bs;
+            s = gather_groups(a, p, tbl, lens, u, 1, G, r0);
+            memset(G + (r0 + used) * E, 0, sizeof(float) * (size_t)((end - r0 - used) * E));
+        }
+        lk_mla_trace("gather pages=%lld rows=%lld E=%lld calls=%lld", (long long)p->pages,
+                     (long long)(p->pages * bs), (long long)E,
+                     (long long)((p->n_full > 0) + nu - p->n_full) * (a->one_buffer ? 1 : 2));
+    }
+    free(tbl);
+    free(lens);
+    return s;
+}
+
+/* ---------------------------------------------------------------- projection */
+
+typedef struct {
+    const lk_mla_args *a;
+    const lk_mla_plan *p;
+    const float *G, *W; /* G [pages * bs, E]; W [N, Dl] rows ldw apart */
+    int64_t ldw;
+    float *Kp, *Vp, *tmp; /* tmp: per thread [g * bs, N] */
+    int64_t tmp_floats;
+} proj_ctx;
+
+static void proj_unit(void *vctx, int64_t u, int tid) {
+    const proj_ctx *c = vctx;
+    const lk_mla_args *a = c->a;
+    int64_t H = a->H, Dn = a->Dn, Dr = a->Dr, Dv = a->Dv, Dl = a->Dl, E = Dl + Dr, Dqk = Dn + Dr;
+    int64_t N = H * (Dn + Dv), row0 = c->p->gp_page0[u] * c->p->bs, M = c->p->gp_pages[u] * c->p->bs;
+    float *C = c->tmp + (size_t)tid * (size_t)c->tmp_floats; // [M, N]
+    lk_mla_sgemm(1, M, N, Dl, c->G + row0 * E, E, c->W, c->ldw, 0, C, N);
+    for (int64_t r = 0; r < c->p->gp_used[u]; r++) {
+        const float *cr = C + r * N, *pe = c->G + (row0 + r) * E + Dl;
+        float *kr = c->Kp + (row0 + r) * H * Dqk, *vr = c->Vp + (row0 + r) * H * Dv;
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(kr + h * Dqk, cr + h * (Dn + Dv), sizeof(float) * (size_t)Dn);
+            memcpy(kr + h * Dqk + Dn, pe, sizeof(float) * (size_t)Dr);
+            memcpy(vr + h * Dv, cr + h * (Dn + Dv) + Dn, sizeof(float) * (size_t)Dv);
+        }
+    }
+}
+
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+                         float *Vp) {
+    const lk_tensor *w32 = &a->w32;
+    int64_t N = a->H * (a->Dn + a->Dv), maxm = 0;
+    for (int64_t u = 0; u < p->n_groups; u++)
+        if (p->gp_pages[u] * p->bs > maxm) maxm = p->gp_pages[u] * p->bs;
+    int nt = lk_plan_units(p->n_groups);
+    proj_ctx c = {a, p, G, w32->data, w32->stride[0], Kp, Vp, NULL, maxm * N};
+    c.tmp = malloc(sizeof(float) * (size_t)(nt * maxm * N + 1));
+    if (!c.tmp) return LK_ERR_NOMEM;
+    lk_mla_blas_begin();
+    lk_parallel_units(p->n_groups, nt, proj_unit, &c);
+    lk_mla_blas_end();
+    free(c.tmp);
+    lk_mla_trace("project sgemm=%lld rows=%lld N=%lld K=%lld (groups %lld of %lld logical, %lld pages each)",
+                 (long long)p->n_groups, (long long)(p->pages * p->bs), (long long)N, (long long)a->Dl,
+                 (long long)p->n_groups, (long long)p->n_logical, (long long)p->g);
+    return LK_OK;
+}
+
+lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp, float **Vp) {
+    int64_t rows = p->pages * p->bs, E = a->Dl + a->Dr;
+    float *G = malloc(sizeof(float) * (size_t)(rows * E + 1));
+    *Kp = malloc(sizeof(float) * (size_t)(rows * a->H * (a->Dn + a->Dr) + 1));
+    *Vp = malloc(sizeof(float) * (size_t)(rows * a->H * a->Dv + 1));
+    lk_status s = LK_ERR_NOMEM;
+    if (G && *Kp && *Vp && !(s = lk_mla_gather(a, p, G))) s = lk_mla_project(a, p, G, *Kp, *Vp);
+    free(G);
+    if (s) {
+        free(*Kp), free(*Vp);
+        *Kp = *Vp = NULL;
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- attention pieces */
+
+lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float *lse) {
+    int32_t *len = malloc(sizeof(int32_t) * (size_t)(a->B + 1));
+    if (!len) return LK_ERR_NOMEM;
+    for (int64_t b = 0; b < a->B; b++) len[b] = a->cu_q[b + 1] - a->cu_q[b];
+    lk_attn_args fa;
+    memset(&fa, 0, sizeof fa);
+    int64_t Dqk = a->Dn + a->Dr, lshape[2] = {a->T, a->H};
+    fa.out = *out;
+    if (lse) fa.lse = lk_tensor_make(lse, LK_F32, 2, lshape);
+    fa.has_lse = lse != NULL;
+    fa.q = a->q;
+    const lk_tensor *k = &a->k, *v = &a->v;
+    fa.kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, a->T, a->H, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};
+    fa.vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, a->T, a->H, a->Dv, 0, v->stride[0], v->stride[1], v->stride[2]};
+    fa.cu_q = a->cu_q, fa.k_start = a->cu_q, fa.k_len = len;
+    fa.B = a->B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
+    fa.scale = a->scale, fa.wl = -1, fa.wr = 0;
+    lk_status s = lk_kernels()->flash_attn(&fa);
+    free(len);
+    lk_mla_trace("flash_current causal tokens=%lld H=%lld D=%lld/%lld", (long long)(a->cu_q[a->B] - a->cu_q[0]),
+                 (long long)a->H, (long long)Dqk, (long long)a->Dv);
+    return s;
+}
+
+lk_status lk_mla_merge(const lk_mla_args *a, float *o1, float *lse1, float *o2, float *lse2) {
+    int64_t oshape[3] = {a->T, a->H, a->Dv}, lshape[2] = {a->T, a->H};
+    lk_tensor st[2] = {lk_tensor_make(o1, LK_F32, 3, oshape), lk_tensor_make(o2, LK_F32, 3, oshape)};
+    lk_tensor ls[2] = {lk_tensor_make(lse1, LK_F32, 2, lshape), lk_tensor_make(lse2, LK_F32, 2, lshape)};
+    lk_merge_args m;
+    memset(&m, 0, sizeof m);
+    m.out = a->out, m.n = 2, m.states = st, m.lses = ls;
+    lk_mla_trace("merge T=%lld H=%lld D=%lld", (long long)a->T, (long long)a->H, (long long)a->Dv);
+    return lk_kernels()->merge_attn_states(&m);
+}
+
+void lk_mla_load_q(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, float *Qs) {
+    const lk_tensor *q = &a->q;
+    int64_t Dqk = a->Dn + a->Dr;
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t off = (t0 + r) * q->stride[0] + h * q->stride[1];
+        for (int64_t d = 0; d < Dqk; d++) Qs[r * Dqk + d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+    }
+}
+
+void lk_mla_store_rows(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, const float *O, int64_t ldo,
+                       const lk_online_state *st) {
+    const lk_tensor *o = &a->out;
+    for (int64_t r = 0; r < nq; r++) {
+        float inv = lk_softmax_inv(st[r].l);
+        int64_t off = (t0 + r) * o->stride[0] + h * o->stride[1];
+        for (int64_t d = 0; d < a->Dv; d++) lk_store_f(o->data, o->dtype, off + d * o->stride[2], O[r * ldo + d] * inv);
+    }
+}
+
+void lk_mla_zero_padding(const lk_mla_args *a) {
+    const lk_tensor *o = &a->out;
+    for (int64_t t = 0; t < a->T; t++) {
+        if (t >= a->cu_q[0] && t < a->cu_q[a->B]) continue;
+        for (int64_t h = 0; h < a->H; h++)
+            for (int64_t d = 0; d < a->Dv; d++)
+                lk_store_f(o->data, o->dtype, t * o->stride[0] + h * o->stride[1] + d * o->stride[2], 0.0f);
+    }
+}

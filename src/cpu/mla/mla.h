@@ -1,0 +1,161 @@
+/*
+ * MLA prefix prefill: internal interface between the front-end (src/ops/mla_prefill.c:
+ * validation, strategy choice, trace) and the strategies (src/cpu/mla/), which are
+ * compositions of the kernel table's flash_attn / merge_attn_states / gather_cache and
+ * OpenBLAS sgemm, plus one kernel of their own (the fused online-softmax pass).
+ *
+ * Shapes: T tokens, H heads, Dn nope + Dr rope query/key dims (Dqk = Dn + Dr), Dv value
+ * dims, Dl latent dims, B requests, bs cache block size. E = Dl + Dr is one cache entry.
+ *
+ * Shared pipeline of the projecting strategies (split_merge, concat, fused):
+ *   plan    (lk_mla_plan_build)  group each request's prefix pages into projection
+ *            groups of g pages; with dedup, groups with the same block ids are one
+ *            unique group; every unique group gets `pages` consecutive pages of the
+ *            "uniform" buffers below (page p holds rows [p * bs, (p + 1) * bs)), and
+ *            ptable maps (request, logical page) to them;
+ *   gather  (lk_mla_gather)      G [pages * bs, E] f32 = the cache entries of every unique
+ *            page through the gather_cache kernel (rows past a group's used length are 0);
+ *   project (lk_mla_project)     one sgemm per unique group, M = pages * bs (the same call
+ *            for the same group whatever the batch, so dedup on/off and any thread count
+ *            give the same bits):  [rows, H * (Dn + Dv)] = G[:, :Dl] . kv_b_proj^T, then
+ *            Kp [pages * bs, H, Dqk] = [k_nope | G[:, Dl:]] and Vp [pages * bs, H, Dv].
+ */
+#ifndef LK_MLA_H
+#define LK_MLA_H
+
+#include "../kernels.h"
+
+/* validated arguments (front-end output) */
+typedef struct {
+    lk_tensor out;          /* [T, H, Dv] */
+    lk_tensor q, k;         /* [T, H, Dn + Dr] */
+    lk_tensor v;            /* [T, H, Dv] */
+    lk_tensor w;            /* kv_b_proj [H * (Dn + Dv), Dl] */
+    lk_tensor w32;          /* the same as f32 rows (lk_mla_f32_view, made once per call) */
+    lk_paged lat;           /* latent cache, H = 1; D = Dl + Dr (one buffer) or Dl */
+    lk_paged rope;          /* two buffers: rope cache, H = 1, D = Dr; one buffer: = lat */
+    int one_buffer;         /* rope dims are [Dl, Dl + Dr) of lat's entries */
+    const int32_t *cu_q;    /* [B + 1] */
+    const int32_t *prefix;  /* [B] */
+    const int32_t *table;   /* [B, max_pages] row-major */
+    int64_t max_pages;
+    int64_t B, T, H, Dn, Dr, Dv, Dl;
+    float scale;
+    int dedup;
+} lk_mla_args;
+
+/* shape summary the cost model reads (no data) */
+typedef struct {
+    int64_t B, H, Dn, Dr, Dv, Dl, bs;
+    const int32_t *q_len;     /* [B] */
+    const int32_t *prefix;    /* [B] */
+    int64_t unique_rows;      /* prefix rows to project after dedup (pages * bs) */
+} lk_mla_shape;
+
+/* cost model: predicted seconds per strategy (index = lk_mla_strategy, [0] unused) and
+ * the cheapest; depends on the shape only (never on the thread count). */
+lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]);
+
+/* scratch budget of one wave of requests (front-end; default 24 MiB, <= 0 restores it);
+ * process-wide, for tests */
+void lk_mla_set_wave_bytes(int64_t bytes);
+
+/* append "; <formatted>" to this thread's trace (front-end owns the buffer) */
+void lk_mla_trace(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+/* ---------------------------------------------------------------- plan */
+
+typedef struct {
+    int64_t bs, g;           /* block size, pages per projection group */
+    int64_t n_groups;        /* unique groups; [0, n_full) hold only full pages */
+    int64_t n_full;
+    int64_t n_logical;       /* groups over all requests before dedup */
+    int64_t pages;           /* pages of the uniform buffers */
+    int64_t *gp_pages;       /* [n_groups] pages of the group */
+    int64_t *gp_used;        /* [n_groups] cache rows read (max over the requests using it) */
+    int64_t *gp_page0;       /* [n_groups] first uniform page */
+    int64_t *gp_ids;         /* [n_groups] offset of its block ids in args->table */
+    int32_t *ptable;         /* [B, max_pages] uniform page of (request, logical page) */
+} lk_mla_plan;
+
+/* pages per projection group for the whole batch: about 512 rows per sgemm, but ~8
+ * groups at least when there are enough pages; from the logical page count, so the
+ * same with or without dedup */
+int64_t lk_mla_plan_g(const lk_mla_args *a);
+lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p);
+void lk_mla_plan_free(lk_mla_plan *p);
+
+/* ---------------------------------------------------------------- shared steps */
+
+/* OpenBLAS runs single-threaded inside lk_parallel_units workers between begin/end
+ * (process-wide setting, reference counted across concurrent calls). */
+void lk_mla_blas_begin(void);
+void lk_mla_blas_end(void);
+/* row-major sgemm C[M, N] = A . op(B) (+ C when accumulate); op(B) = B^T when trans_b */
+void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, int accumulate, float *C, int64_t ldc);
+
+/* An f32 view of t with unit last-dim stride and non-negative strides below INT_MAX
+ * (what sgemm can address): t itself when it already is one, else a contiguous copy
+ * made here (*owned, free() it). NULL *owned and LK_OK when t is usable as is. */
+lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned);
+
+lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G);
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+                         float *Vp);
+/* gather + project into freshly allocated Kp / Vp (free() both) */
+lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp,
+                                float **Vp);
+
+/* flash_attn of the new tokens over themselves (causal) -> out [T, H, Dv] (any view) and,
+ * if lse != NULL, lse [T, H] f32 contiguous */
+lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float *lse);
+/* out = LSE merge of (o1, lse1) and (o2, lse2), all [T, H, (Dv)] f32 contiguous */
+lk_status lk_mla_merge(const lk_mla_args *a, float *o1, float *lse1, float *o2, float *lse2);
+/* Qs [nq, Dqk] = scale * q[t0 + r, h, :] (any dtype / strides) */
+void lk_mla_load_q(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, float *Qs);
+/* out[t0 + r, h, :] = O[r] * lk_softmax_inv(st[r].l), rows ldo apart, rounded once */
+void lk_mla_store_rows(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, const float *O, int64_t ldo,
+                       const lk_online_state *st);
+/* zero the out rows outside [cu_q[0], cu_q[B]) */
+void lk_mla_zero_padding(const lk_mla_args *a);
+
+/* ---------------------------------------------------------------- online engine */
+
+#define LK_MLA_KB 256 /* keys per block of the online engine */
+#define LK_MLA_KD 64  /* keys per block on a causal diagonal */
+
+/* keys n rows: K rows ldk floats apart, V rows ldv apart; causal: key c visible to query
+ * row r iff c <= lim0 + r */
+typedef struct {
+    const float *K, *V;
+    int64_t ldk, ldv, n;
+    int causal;
+    int64_t lim0;
+} lk_mla_segment;
+
+/* online softmax of nq rows Q [nq, Dqk] (rows ldq apart, already scaled) over the
+ * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
+ * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =
+ * the rows' states (init: start from O = 0 and empty states; else continue from the
+ * given ones). Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c. */
+void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
+                        const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
+                        float *panel, float *O, int64_t ldo, lk_online_state *st, int init);
+/* request b's prefix as segments (runs of consecutive uniform pages) of the uniform
+ * buffers K (rows ldk apart) and V (ldv): at most ceil(P / bs) segments; returns the count */
+int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,
+                               int64_t ldk, const float *V, int64_t ldv, lk_mla_segment *seg);
+
+/* ---------------------------------------------------------------- strategies */
+
+lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p);
+lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p);
+lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p);
+lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p);
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * MLA prefix prefill: the online-softmax attention engine of the fused and absorbed
+ * strategies, with OpenBLAS doing the two products of every key block.
+ *
+ *   rows: nq query rows Q [nq, Dqk] (already scaled), states (m, l), O [nq, Dv] = 0
+ *   key blocks: the prefix as one logical sequence in blocks of LK_MLA_KB keys (read in
+ *   place when the block lies in one run of pages, else copied into a panel: the same
+ *   values and shapes, so the bits do not depend on how pages are laid out, deduped or
+ *   split into waves), then the current keys (causal: the keys every row sees in blocks
+ *   of LK_MLA_KB, the diagonal in chunks of LK_MLA_KD keys, each for the rows that see
+ *   some of it only, so the masked triangle costs ~nq * KD / 2); for each block:
+ *     S [nq, kb] = Q . Kb^T                                    (sgemm)
+ *     kernel table's mla_softmax_block: causal mask (segment flag), block max,
+ *       alpha = lk_online_rescale, S = exp(S - shift), l += sum, O *= alpha
+ *     O += S . Vb                                              (sgemm, beta = 1)
+ * A segment is a run of keys whose rows are `ldk` / `ldv` floats apart: a run of
+ * consecutive uniform pages of the prefix, or the request's own keys (causal: key c is
+ * visible to row r iff c <= lim0 + r). Absorbed: V rows are the first Dv dims of the K
+ * rows (V == K, ldv == ldk). The caller normalises (lk_softmax_inv(l)) and
+ * stores; the engine is single-threaded (units are the caller's parallel split), and a
+ * unit's arithmetic depends only on its rows and keys.
+ */
+#include <string.h>
+
+#include "mla.h"
+
+/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V */
+static void key_block(const float *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk, int64_t Dv,
+                      const float *K, int64_t ldk, const float *V, int64_t ldv, int64_t kb, int causal,
+                      int64_t lim0, float *S, float *O, int64_t ldo, lk_online_state *st) {
+    int64_t n = nq - r0;
+    lk_mla_sgemm(1, n, kb, Dqk, Q + r0 * ldq, ldq, K, ldk, 0, S, LK_MLA_KB);
+    lk_mla_softmax_args sa = {S, LK_MLA_KB, n, kb, causal, lim0 + r0, st + r0, O + r0 * ldo, ldo, Dv};
+    lk_kernels()->mla_softmax_block(&sa);
+    lk_mla_sgemm(0, n, Dv, kb, S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+}
+
+void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
+                        const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
+                        float *panel, float *O, int64_t ldo, lk_online_state *st, int init) {
+    for (int64_t r = 0; r < nq && init; r++) {
+        st[r] = lk_online_init();
+        for (int64_t d = 0; d < Dv; d++) O[r * ldo + d] = 0.0f;
+    }
+    /* prefix: blocks of the logical key sequence; a block spanning runs is copied into
+     * the panel (rows K then V, or the shared rows once when V aliases K) */
+    int64_t total = 0, ri = 0, off = 0; /* run index and offset of the next key */
+    for (int64_t g = 0; g < npre; g++) total += pre[g].n;
+    int shared = npre && pre[0].V == pre[0].K && pre[0].ldv == pre[0].ldk;
+    int64_t W = shared ? (Dqk > Dv ? Dqk : Dv) : 0;
+    for (int64_t j = 0; j < total; j += LK_MLA_KB) {
+        int64_t kb = total - j < LK_MLA_KB ? total - j : LK_MLA_KB;
+        while (off == pre[ri].n) ri++, off = 0;
+        const lk_mla_segment *sg = &pre[ri];
+        const float *K = sg->K + off * sg->ldk, *V = sg->V + off * sg->ldv;
+        int64_t ldk = sg->ldk, ldv = sg->ldv;
+        if (off + kb <= sg->n) {
+            off += kb;
+        } else {
+            float *Kc = panel, *Vc = shared ? panel : panel + LK_MLA_KB * Dqk;
+            ldk = shared ? W : Dqk, ldv = shared ? W : Dv;
+            for (int64_t c = 0; c < kb; c++, off++) {
+                while (off == pre[ri].n) ri++, off = 0;
+                const lk_mla_segment *q = &pre[ri];
+                memcpy(Kc + c * ldk, q->K + off * q->ldk, sizeof(float) * (size_t)(shared ? W : Dqk));
+                if (!shared) memcpy(Vc + c * ldv, q->V + off * q->ldv, sizeof(float) * (size_t)Dv);
+            }
+            K = Kc, V = Vc;
+        }
+        key_block(Q, ldq, 0, nq, Dqk, Dv, K, ldk, V, ldv, kb, 0, 0, S, O, ldo, st);
+    }
+    if (!cur) return;
+    /* current keys: those every row sees ([0, full)) in blocks, then the diagonal in
+     * chunks of LK_MLA_KD keys, each for the rows from the first one that sees its first
+     * key */
+    int64_t full = cur->lim0 + 1 < 0 ? 0 : cur->lim0 + 1 < cur->n ? cur->lim0 + 1 : cur->n;
+    for (int64_t j = 0; j < full; j += LK_MLA_KB) {
+        int64_t kb = full - j < LK_MLA_KB ? full - j : LK_MLA_KB;
+        key_block(Q, ldq, 0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk, cur->V + j * cur->ldv, cur->ldv, kb, 0, 0,
+                  S, O, ldo, st);
+    }
+    for (int64_t j = full; j < cur->n; j += LK_MLA_KD) {
+        int64_t kb = cur->n - j < LK_MLA_KD ? cur->n - j : LK_MLA_KD, r0 = j - cur->lim0;
+        if (r0 >= nq) break;
+        key_block(Q, ldq, r0 < 0 ? 0 : r0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk, cur->V + j * cur->ldv,
+                  cur->ldv, kb, 1, cur->lim0 - j, S, O, ldo, st);
+    }
+}
+
+int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,
+                               int64_t ldk, const float *V, int64_t ldv, lk_mla_segment *seg) {
+    const int32_t *pt = p->ptable + b * a->max_pages;
+    int64_t P = a->prefix[b], bs = p->bs, np = (P + bs - 1) / bs, n = 0;
+    for (int64_t i = 0; i < np;) {
+        int64_t run = 1;
+        while (i + run < np && pt[i + run] == pt[i] + run) run++;
+        int64_t keys = (P < (i + run) * bs ? P : (i + run) * bs) - i * bs, row0 = (int64_t)pt[i] * bs;
+        seg[n++] = (lk_mla_segment){K + row0 * ldk, V + row0 * ldv, ldk, ldv, keys, 0, 0};
+        i += run;
+    }
+    return n;
+}
