@@ -32,6 +32,9 @@ extern bench_env BENCH;
 
 /* measured once at start-up */
 void bench_measure_machine(void);
+/* the FMA peak again, now (a quarter-length probe): for long runs on a shared machine
+ * whose speed drifts, to set a row against the speed it ran at */
+double bench_fma_now(void);
 
 typedef void (*bench_fn)(void *ctx);
 /* median milliseconds per call over BENCH.reps samples */

@@ -193,16 +193,13 @@ __attribute__((target("avx512f"))) static double fma_avx512(long iters) {
     return (double)s;
 }
 
-static void measure_fma(void) {
+/* median GFLOP/s of `reps` samples of `iters` iterations on every thread (0 on ref) */
+static double fma_median(long iters, int reps) {
     lk_isa isa = lk_isa_current();
-    if (isa == LK_ISA_REF) {
-        BENCH.fma_gflops = 0;
-        return;
-    }
-    long iters = 20000000;
+    if (isa == LK_ISA_REF) return 0;
     double flops_per_iter = isa == LK_ISA_AVX512 ? 12 * 16 * 2 : 10 * 8 * 2;
     double samples[5];
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < reps; r++) {
         double sink = 0, t0 = now_s();
         int nt = BENCH.threads;
 #pragma omp parallel num_threads(nt) reduction(+ : sink)
@@ -210,8 +207,12 @@ static void measure_fma(void) {
         double t = now_s() - t0;
         samples[r] = flops_per_iter * (double)iters * nt / t / 1e9 + (sink == 42.0 ? 1e-9 : 0);
     }
-    BENCH.fma_gflops = median(samples, 5);
+    return median(samples, reps);
 }
+
+static void measure_fma(void) { BENCH.fma_gflops = fma_median(20000000, 5); }
+
+double bench_fma_now(void) { return fma_median(5000000, 3); }
 
 void bench_measure_machine(void) {
     measure_bandwidth();

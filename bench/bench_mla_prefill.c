@@ -8,7 +8,8 @@
  * machine noise hits all alike); the row gives each strategy's median ms, its ratio to
  * the best median, auto's choice (from the trace) with the ratio of the chosen
  * strategy's median to the best, auto's own median, and the best strategy's GFLOP/s
- * against the FMA peak measured in the same run.
+ * against the FMA peak measured in the same run: at start-up, and again around the case
+ * (the shared machine's speed drifts by 2-3x over minutes).
  * FLOPs counted: what the strategy performs, 2 per multiply-add, visible keys only:
  *   projecting strategies: 2 * rows * Dl * H (Dn + Dv)  (rows = prefix pages * 128)
  *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (P_b + (Q_b + 1) / 2)
@@ -178,14 +179,16 @@ static void time_all(mla_ctx *c, double *med, int rounds) {
         if (t1[s] < best1) best1 = t1[s];
     int n[NS] = {0};
     for (int r = 0; r < rounds; r++)
-        for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < NS; i++) {
+            int s = (i + r) % NS; /* rotate the order: no strategy always runs first */
             /* strategies far off the best get 3 samples at most (they only set ratios) */
             if (r >= 3 && t1[s] > 3 * best1) continue;
             samp[s * rounds + n[s]++] = run(c, (lk_mla_strategy)s);
         }
     for (int s = 0; s < NS; s++) {
         qsort(samp + s * rounds, (size_t)n[s], sizeof(double), cmpd);
-        med[s] = n[s] % 2 ? samp[s * rounds + n[s] / 2] : 0.5 * (samp[s * rounds + n[s] / 2 - 1] + samp[s * rounds + n[s] / 2]);
+        const double *v = samp + s * rounds;
+        med[s] = n[s] % 2 ? v[n[s] / 2] : 0.5 * (v[n[s] / 2 - 1] + v[n[s] / 2]);
     }
     free(samp);
 }
@@ -193,7 +196,7 @@ static void time_all(mla_ctx *c, double *med, int rounds) {
 static int rounds_for(double t) {
     int r = BENCH.reps;
     if (t > 0.5 && r > 5) r = 5;
-    if (t > 2.0 && r > 3) r = 3;
+    if (t > 2.0 && r > 4) r = 4;
     return r;
 }
 
@@ -202,16 +205,20 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
     setup(&c, B, ql, pl, H, LK_KV_ND);
     double err = check(&c);
     double t = run(&c, LK_MLA_SPLIT_MERGE), med[NS];
+    double peak0 = bench_fma_now();
     time_all(&c, med, rounds_for(t));
+    double peak = 0.5 * (peak0 + bench_fma_now());
     int best = 1;
     for (int s = 2; s < NS; s++)
         if (med[s] < med[best]) best = s;
     lk_mla_strategy ch = auto_choice(&c);
     double gf = flops_of(&c, (lk_mla_strategy)best) / med[best] / 1e9;
-    printf("%-22s %9.2f %9.2f %9.2f %9.2f | %5.2f %5.2f %5.2f %5.2f | %-11s %5.2f %9.2f %5.2f | %6.1f %4.0f%% %9.2e\n",
+    printf("%-18s %8.2f %8.2f %8.2f %8.2f | %4.2f %4.2f %4.2f %4.2f | %-8.8s %4.2f %8.2f %4.2f | %5.1f %3.0f%% %5.1f %3.0f%% "
+           "%8.2e\n",
            label, 1e3 * med[1], 1e3 * med[2], 1e3 * med[3], 1e3 * med[4], med[1] / med[best], med[2] / med[best],
            med[3] / med[best], med[4] / med[best], lk_mla_strategy_name(ch), med[ch] / med[best], 1e3 * med[0],
-           med[0] / med[best], gf, BENCH.fma_gflops > 0 ? 100 * gf / BENCH.fma_gflops : 0, err);
+           med[0] / med[best], gf, BENCH.fma_gflops > 0 ? 100 * gf / BENCH.fma_gflops : 0, peak,
+           peak > 0 ? 100 * gf / peak : 0, err);
     fflush(stdout);
     if (getenv("LLMKERN_MLA_TRACE")) /* where the time goes: one traced call per strategy */
         for (int s = 1; s < NS; s++) {
@@ -236,7 +243,7 @@ static void nz_case(int64_t B, int32_t q, int32_t p) {
     double ma = a[rounds / 2], mz = z[rounds / 2];
     char label[64];
     snprintf(label, sizeof label, "(%lld,%d,%d)", (long long)B, q, p);
-    printf("%-22s %9.2f %9.2f %6.3f\n", label, 1e3 * ma, 1e3 * mz, mz / ma);
+    printf("%-18s %9.2f %9.2f %6.3f\n", label, 1e3 * ma, 1e3 * mz, mz / ma);
     fflush(stdout);
     teardown(&nd), teardown(&nz);
     free(a), free(z), free(ql), free(pl);
@@ -251,9 +258,12 @@ void bench_mla_prefill(void) {
     int n = BENCH.full ? (int)(sizeof sweep / sizeof sweep[0]) : (int)(sizeof quick / sizeof quick[0]);
     printf("\n== mla_prefix_prefill sweep (H=4 per rank, QK 192, V 128, latent 512, page 128, bf16; median ms of "
            "interleaved rounds)\n");
-    printf("%-22s %9s %9s %9s %9s | %5s %5s %5s %5s | %-11s %5s %9s %5s | %6s %5s %9s\n", "case (B,Q,P)", "split",
-           "concat", "fused", "absorbed", "/best", "/best", "/best", "/best", "auto", "/best", "auto ms", "/best",
-           "GF/s", "peak", "max err");
+    printf("columns: median ms per strategy | each over the best | auto's choice, its median over the best, auto's "
+           "own median ms and over the best | the best's GFLOP/s, %% of the FMA peak measured at start-up, the peak "
+           "measured around this case and %% of it | max error\n");
+    printf("%-18s %8s %8s %8s %8s | %4s %4s %4s %4s | %-8s %4s %8s %4s | %5s %4s %5s %4s %8s\n", "case (B,Q,P)", "split",
+           "concat", "fused", "absorbed", "/bst", "/bst", "/bst", "/bst", "auto", "/bst", "auto ms", "/bst", "GF/s",
+           "pk0", "pk", "pk", "max err");
     int total = n + (BENCH.full ? 3 : 0);
     for (int i = 0; i < n; i++) {
         const int32_t *s = sweep[BENCH.full ? i : quick[i]];
@@ -278,7 +288,7 @@ void bench_mla_prefill(void) {
         static const int32_t p10[10] = {768, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         sweep_case(10, q10, p10, H_, "B10 mixed");
     }
-    printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n%-22s %9s %9s %6s\n",
+    printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n%-18s %9s %9s %6s\n",
            "case (B,Q,P)", "ND", "NZ", "NZ/ND");
     static const int32_t nzc[][3] = {{1, 100, 768}, {8, 100, 768}, {32, 100, 768},
                                      {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};

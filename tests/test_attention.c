@@ -562,6 +562,45 @@ static void test_regress_nz_unit_dim_strides(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* fuzz regression (fuzz_attention): every visible score is -inf (q holds -inf, k > 0)
+ * and a visible key's V holds +inf. The row sees no weight: out = 0 and lse = -inf by the
+ * attention-state rules; AVX2 returned NaN (weight 0 * inf in the accumulator, then
+ * scaled by 1/l = 0). Every ISA, decode (1 query) and prefill (8 queries). */
+static void test_regress_all_neg_inf_scores(void) {
+    enum { T = 8, K = 6, D = 16 };
+    float k[K][1][D], v[K][1][D], q[T][1][D], out[T][1][D], lse[T][1];
+    for (int j = 0; j < K; j++)
+        for (int d = 0; d < D; d++) k[j][0][d] = 0.5f, v[j][0][d] = j == 2 ? INFINITY : 0.25f;
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) q[t][0][d] = d == 0 ? -INFINITY : 0.1f;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int prefill = 0; prefill <= 1; prefill++) {
+        int tq = prefill ? T : 1;
+        int32_t cq[2] = {0, tq}, ck[2] = {0, K};
+        lk_tensor ttq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){tq, 1, D});
+        lk_tensor ttk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){K, 1, D});
+        lk_tensor ttv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){K, 1, D});
+        lk_tensor tto = lk_tensor_make(out, LK_F32, 3, (int64_t[]){tq, 1, D});
+        lk_tensor ttl = lk_tensor_make(lse, LK_F32, 2, (int64_t[]){tq, 1});
+        lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2});
+        lk_tensor tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
+        lk_attn_params p = lk_attn_params_default(0.25f);
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            lk_status st = lk_flash_attn_varlen(&tto, &ttl, &ttq, &ttk, &ttv, &tcq, &tck, NULL, NULL, &p);
+            int ok = st == LK_OK;
+            for (int t = 0; t < tq; t++) {
+                ok &= lse[t][0] == -INFINITY;
+                for (int d = 0; d < D; d++) ok &= out[t][0][d] == 0.0f;
+            }
+            tu_check(ok, "regress %s %s: all visible scores -inf give out 0, lse -inf (out %g)",
+                     lk_isa_name(isas[ii]), prefill ? "prefill" : "decode", (double)out[0][0][0]);
+        }
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -571,5 +610,6 @@ int main(void) {
     test_regress_masked_inf_value();
     test_regress_visible_inf_value();
     test_regress_nz_unit_dim_strides();
+    test_regress_all_neg_inf_scores();
     return tu_finish("test_attention");
 }

@@ -910,6 +910,114 @@ static void test_gather_bad(void) {
     for (int k = 0; k < 9; k++) tu_free(all[k]);
 }
 
+/* fuzz regression (fuzz_mla_cache): a single token whose row stride is 2^62 - 1
+ * (kv_c [1, 16]; gather: out [1, 32]). The SIMD copy functions multiplied the row step
+ * by the element size (signed overflow, UBSan). The row step of one token is now 0:
+ * every ISA gives the bits of the same calls with ordinary strides. */
+static void test_regress_single_token_huge_stride(void) {
+    float kv[16];
+    uint16_t pe[16], c1[3 * 4 * 32], c2[3 * 4 * 32];
+    float o1[32], o2[32];
+    for (int i = 0; i < 16; i++) kv[i] = 0.25f * (float)i - 2.0f, pe[i] = (uint16_t)(0x3f00 + i);
+    int32_t slot[1] = {5}, bt[1][1] = {{1}}, len[1] = {1};
+    lk_tensor tkv = lk_tensor_make(kv, LK_F32, 2, (int64_t[]){1, 16});
+    lk_tensor tpe = lk_tensor_make(pe, LK_BF16, 2, (int64_t[]){1, 16});
+    lk_tensor tsm = lk_tensor_make(slot, LK_I32, 1, (int64_t[]){1});
+    lk_tensor tc1 = lk_tensor_make(c1, LK_BF16, 3, (int64_t[]){3, 4, 32});
+    lk_tensor tc2 = lk_tensor_make(c2, LK_BF16, 3, (int64_t[]){3, 4, 32});
+    lk_tensor tbt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){1, 1});
+    lk_tensor tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){1});
+    lk_tensor to1 = lk_tensor_make(o1, LK_F32, 2, (int64_t[]){1, 32});
+    lk_tensor to2 = lk_tensor_make(o2, LK_F32, 2, (int64_t[]){1, 32});
+    lk_tensor hkv = tkv, ho2 = to2;
+    hkv.stride[0] = ho2.stride[0] = ((int64_t)1 << 62) - 1;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(c1, 0, sizeof c1), memset(c2, 0, sizeof c2), memset(o1, 0, sizeof o1), memset(o2, 0, sizeof o2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv, &tpe, &tc1, NULL, &tsm, LK_KV_ND);
+        lk_status s2 = lk_concat_and_cache_mla(&hkv, &tpe, &tc2, NULL, &tsm, LK_KV_ND);
+        lk_status s3 = lk_gather_cache(&to1, &tc1, &tbt, &tl, LK_KV_ND);
+        lk_status s4 = lk_gather_cache(&ho2, &tc2, &tbt, &tl, LK_KV_ND);
+        tu_check(s1 == LK_OK && s2 == LK_OK && s3 == LK_OK && s4 == LK_OK && !memcmp(c1, c2, sizeof c1) &&
+                     !memcmp(o1, o2, sizeof o1),
+                 "regress %s: one token with a 2^62 - 1 row stride (concat %s, gather %s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2), lk_status_str(s4));
+    }
+    lk_set_isa(lk_isa_best());
+    /* the same for an empty k_pe [3, 0] (its strides are never validated), NZ cache */
+    uint16_t kv3[3 * 32], n1[3 * 2 * 3 * 16], n2[3 * 2 * 3 * 16];
+    float pe0[1];
+    for (int i = 0; i < 96; i++) kv3[i] = (uint16_t)(0x3c00 + i);
+    int64_t slots2[2] = {8, 6};
+    lk_tensor tkv3 = lk_tensor_make(kv3, LK_BF16, 2, (int64_t[]){3, 32});
+    lk_tensor tpe0 = lk_tensor_make(pe0, LK_F32, 2, (int64_t[]){3, 0}), hpe0 = tpe0;
+    hpe0.stride[0] = ((int64_t)1 << 62) - 1;
+    lk_tensor tsm2 = lk_tensor_make(slots2, LK_I64, 1, (int64_t[]){2});
+    lk_tensor tn1 = lk_tensor_make(n1, LK_BF16, 4, (int64_t[]){3, 2, 3, 16});
+    lk_tensor tn2 = lk_tensor_make(n2, LK_BF16, 4, (int64_t[]){3, 2, 3, 16});
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(n1, 0, sizeof n1), memset(n2, 0, sizeof n2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv3, &tpe0, &tn1, NULL, &tsm2, LK_KV_NZ);
+        lk_status s2 = lk_concat_and_cache_mla(&tkv3, &hpe0, &tn2, NULL, &tsm2, LK_KV_NZ);
+        tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(n1, n2, sizeof n1),
+                 "regress %s: empty k_pe with a 2^62 - 1 row stride (%s)", lk_isa_name(isas[ii]), lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
+/* fuzz regression (fuzz_mla_cache): gather_cache with an empty out [0, 16] whose strides
+ * are 3074457345618258602: the front-end's [S, C] -> [S, H, D] reshape multiplied the
+ * unvalidated stride (signed overflow, UBSan); likewise an empty ND cache [0, 2, 32]
+ * reshaped to [0, 2, 2, 16]. Both are valid no-op calls. */
+static void test_regress_gather_empty_huge_stride(void) {
+    float ob[1] = {7.0f}, cb[1] = {0};
+    int32_t bt[1] = {0}, len[1] = {0};
+    lk_tensor out = lk_tensor_make(ob, LK_F32, 2, (int64_t[]){0, 16});
+    out.stride[0] = out.stride[1] = 3074457345618258602;
+    lk_tensor cache = lk_tensor_make(cb, LK_F32, 4, (int64_t[]){0, 1, 1, 16});
+    lk_tensor tbt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){0, 1}), tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){0});
+    lk_status s1 = lk_gather_cache(&out, &cache, &tbt, &tl, LK_KV_ND);
+    lk_tensor out3 = lk_tensor_make(ob, LK_F32, 3, (int64_t[]){0, 2, 16});
+    lk_tensor c3 = lk_tensor_make(cb, LK_F32, 3, (int64_t[]){0, 2, 32});
+    c3.stride[2] = 3074457345618258602;
+    lk_status s2 = lk_gather_cache(&out3, &c3, &tbt, &tl, LK_KV_ND);
+    tu_check(s1 == LK_OK && s2 == LK_OK && ob[0] == 7.0f,
+             "regress: gather with empty out / cache and huge strides is a no-op (%s, %s)", lk_status_str(s1),
+             lk_status_str(s2));
+}
+
+/* fuzz regression (fuzz_mla_cache): two NZ caches, the k_pe one empty ([3, 0, 3, 16],
+ * Dr = 0) with slot stride 2^61. Its slot offsets were computed from that unvalidated
+ * stride (signed overflow, UBSan); lk_paged_init now zeroes an empty cache's strides.
+ * Every ISA gives the bits of the same call with ordinary strides. */
+static void test_regress_empty_cache_huge_stride(void) {
+    uint16_t kv[5 * 16], c1[3 * 3 * 16], c2[3 * 3 * 16], pe[1], pc[1];
+    for (int i = 0; i < 80; i++) kv[i] = (uint16_t)(0x3c00 + 3 * i);
+    int32_t slots[4] = {0, 4, 8, 1};
+    lk_tensor tkv = lk_tensor_make(kv, LK_F16, 2, (int64_t[]){5, 16});
+    lk_tensor tpe = lk_tensor_make(pe, LK_F16, 2, (int64_t[]){5, 0});
+    lk_tensor tsm = lk_tensor_make(slots, LK_I32, 1, (int64_t[]){4});
+    lk_tensor tc1 = lk_tensor_make(c1, LK_F16, 4, (int64_t[]){3, 1, 3, 16});
+    lk_tensor tc2 = lk_tensor_make(c2, LK_F16, 4, (int64_t[]){3, 1, 3, 16});
+    lk_tensor tpc = lk_tensor_make(pc, LK_F32, 4, (int64_t[]){3, 0, 3, 16}), hpc = tpc;
+    hpc.stride[2] = (int64_t)1 << 61;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        memset(c1, 0, sizeof c1), memset(c2, 0, sizeof c2);
+        lk_status s1 = lk_concat_and_cache_mla(&tkv, &tpe, &tc1, &tpc, &tsm, LK_KV_NZ);
+        lk_status s2 = lk_concat_and_cache_mla(&tkv, &tpe, &tc2, &hpc, &tsm, LK_KV_NZ);
+        tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(c1, c2, sizeof c1),
+                 "regress %s: empty NZ k_pe cache with a 2^61 slot stride (%s)", lk_isa_name(isas[ii]),
+                 lk_status_str(s2));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_concat_cases();
@@ -922,5 +1030,8 @@ int main(void) {
     test_empty();
     test_concat_bad();
     test_gather_bad();
+    test_regress_single_token_huge_stride();
+    test_regress_gather_empty_huge_stride();
+    test_regress_empty_cache_huge_stride();
     return tu_finish("test_mla_cache");
 }

@@ -19,6 +19,7 @@ from .ops import (
     get_num_threads,
     isa,
     merge_attn_states,
+    mla_last_trace,
     mla_prefix_prefill,
     reshape_and_cache_flash,
     rms_norm,
@@ -35,6 +36,6 @@ __all__ = [
     "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",
     "gemma_fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding",
     "reshape_and_cache_flash", "concat_and_cache_mla", "gather_cache", "merge_attn_states",
-    "flash_attn_varlen_func", "mla_prefix_prefill", "causal_softmax", "set_num_threads",
+    "flash_attn_varlen_func", "mla_prefix_prefill", "mla_last_trace", "causal_softmax", "set_num_threads",
     "get_num_threads", "isa", "best_isa", "set_isa", "version",
 ]

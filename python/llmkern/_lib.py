@@ -50,6 +50,7 @@ _ITEMSIZE = (4, 2, 2, 4, 8)
 MAX_DIMS = 8
 ISAS = {"ref": 0, "avx2": 1, "avx512": 2}
 LAYOUTS = {"ND": 0, "NZ": 1}
+MLA_STRATEGIES = {"auto": 0, "split_merge": 1, "concat": 2, "fused": 3, "absorbed": 4}
 
 
 class LkTensor(ctypes.Structure):
@@ -64,12 +65,19 @@ class LkAttnParams(ctypes.Structure):
                 ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int)]
 
 
+class LkMlaParams(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("strategy", ctypes.c_int),
+                ("cache_layout", ctypes.c_int), ("dedup", ctypes.c_int)]
+
+
 # _PACK[nd](ptr, dtype, nd, *shape, *strides) -> the bytes of one lk_tensor (unused dims 0)
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
 _PACK_PARAMS = struct.Struct("@fiqqfi").pack
+_PACK_MLA_PARAMS = struct.Struct("@fiii").pack
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
 assert struct.calcsize("@fiqqfi") == ctypes.sizeof(LkAttnParams)
+assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
 
 # ---------------------------------------------------------------- errors
 
@@ -134,6 +142,8 @@ causal_softmax = cfunc("lk_causal_softmax", [_T, _T])
 concat_and_cache_mla = cfunc("lk_concat_and_cache_mla", [_T, _T, _T, _T, _T, _i])
 gather_cache = cfunc("lk_gather_cache", [_T, _T, _T, _T, _i])
 flash_attn_varlen = cfunc("lk_flash_attn_varlen", [_T] * 9 + [ctypes.c_char_p])
+mla_prefix_prefill = cfunc("lk_mla_prefix_prefill", [_T] * 10 + [ctypes.c_char_p])
+mla_last_trace = cfunc("lk_mla_last_trace", [], ctypes.c_char_p)
 set_num_threads = cfunc("lk_set_num_threads", [_i], None)
 get_num_threads = cfunc("lk_get_num_threads", [], _i)
 isa_current = cfunc("lk_isa_current", [], _i)
@@ -355,3 +365,7 @@ def is_torch(x):
 
 def attn_params(scale, causal, window_left, window_right, softcap, layout):
     return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout)
+
+
+def mla_params(scale, strategy, layout, dedup):
+    return _PACK_MLA_PARAMS(scale, strategy, layout, dedup)

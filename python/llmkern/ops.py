@@ -245,18 +245,41 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_softmax_lse else out
 
 
-MLA_STRATEGIES = ("auto", "split_merge", "concat", "fused", "absorbed")
-
-
 def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,
-                       softmax_scale, out=None, kv_layout="ND", strategy="auto"):
-    """MLA prefix prefill (SPEC.md): attention of each request's new tokens over its cached
-    prefix (latent cache, projected by kv_b_proj) and itself. Not available yet: the C
-    operator does not exist in this version of libllmkern."""
-    if strategy not in MLA_STRATEGIES:
-        raise ValueError("strategy: %r, expected one of %s" % (strategy, ", ".join(MLA_STRATEGIES)))
-    raise NotImplementedError("mla_prefix_prefill: the C operator (lk_mla_prefix_prefill) does "
-                              "not exist in this version of libllmkern")
+                       softmax_scale, out=None, kv_layout="ND", strategy="auto",
+                       k_pe_cache=None, dedup=True):
+    """MLA prefill of new tokens over a cached prefix (DeepSeek-V2/V3 attention).
+    q, k [T, H, Dn + Dr] (k = [k_nope | k_rope broadcast]), v [T, H, Dv] of the new
+    tokens; cu_seqlens_q [B + 1]; prefix_lens [B]; block_table [B, max_pages];
+    kv_cache: the latent cache, one buffer of [Dl + Dr] entries (ND [blocks, block_size,
+    Dl + Dr] or NZ physical [blocks, (Dl + Dr)/16, block_size, 16]) or, with k_pe_cache,
+    the [.., Dl] part; kv_b_proj [H * (Dn + Dv), Dl] (torch Linear weight); softmax_scale
+    explicit. strategy: 'auto', 'split_merge', 'concat', 'fused', 'absorbed'. Returns
+    out [T, H, Dv] (allocated like q when None). mla_last_trace() tells what ran.
+    NotImplementedError where the loaded library lacks lk_mla_prefix_prefill."""
+    try:
+        strat = L.MLA_STRATEGIES[strategy]
+    except (KeyError, TypeError):
+        raise ValueError("strategy: %r, expected one of %s"
+                         % (strategy, ", ".join(L.MLA_STRATEGIES))) from None
+    lay = _layout(kv_layout)
+    if out is None:
+        if len(q.shape) != 3:
+            raise ValueError("q: shape %s, expected [num_tokens, num_heads, head_dim]" % (tuple(q.shape),))
+        out = _empty(q, (q.shape[0], q.shape[1], v.shape[-1]))
+    params = L.mla_params(softmax_scale, strat, lay, 1 if dedup else 0)
+    s = L.mla_prefix_prefill(_out(out, "out"), _view(q, "q"), _view(k, "k"), _view(v, "v"),
+                             _view(cu_seqlens_q, "cu_seqlens_q"), _view(prefix_lens, "prefix_lens"),
+                             _view(block_table, "block_table"), _view(kv_cache, "kv_cache"),
+                             _view(k_pe_cache, "k_pe_cache"), _view(kv_b_proj, "kv_b_proj"), params)
+    if s:
+        _raise(s)
+    return out
+
+
+def mla_last_trace():
+    """What the last mla_prefix_prefill call on this thread ran ("strategy=... ; ...")."""
+    return L.mla_last_trace().decode()
 
 
 # ---------------------------------------------------------------- runtime

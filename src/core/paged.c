@@ -42,6 +42,10 @@ void lk_paged_drop_unit_strides(lk_paged *pc) {
     int nz = pc->layout == LK_KV_NZ;
     int64_t n1 = nz ? pc->H * pc->D / 16 : pc->block_size, n2 = nz ? pc->block_size : pc->H;
     int64_t n3 = nz ? 16 : pc->D;
+    if (pc->num_blocks == 0 || n1 == 0 || n2 == 0 || n3 == 0) { /* empty: no stride is validated */
+        pc->s0 = pc->s1 = pc->s2 = pc->s3 = 0;
+        return;
+    }
     if (pc->num_blocks <= 1) pc->s0 = 0;
     if (n1 <= 1) pc->s1 = 0;
     if (n2 <= 1) pc->s2 = 0;

@@ -29,10 +29,11 @@ typedef struct {
 lk_status lk_paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H,
                         int64_t D, const char *name);
 
-/* Zero the strides of physical dims of size <= 1. Such a dim is never stepped, and
- * lk_check_view does not bound its stride (a size-1 dim adds no offset), so kernels
- * that multiply strides (byte steps, chunk strides) would overflow on a huge one.
- * lk_paged_init applies it; callers filling an lk_paged by hand (dense K/V) do too. */
+/* Zero the strides of physical dims of size <= 1, and every stride of an empty cache.
+ * Such a dim is never stepped, and lk_check_view does not bound its stride (a size-1 dim
+ * adds no offset, an empty view touches nothing), so kernels that multiply strides (byte
+ * steps, chunk strides, slot offsets) would overflow on a huge one. lk_paged_init
+ * applies it; callers filling an lk_paged by hand (dense K/V) do too. */
 void lk_paged_drop_unit_strides(lk_paged *pc);
 
 static inline int64_t lk_paged_off(const lk_paged *pc, int64_t page, int64_t slot, int64_t h,

@@ -93,7 +93,7 @@ static void mla_range(void *ctx, int64_t t0, int64_t t1) {
             g.ntok++;
         for (int p = 0; p < 2; p++) {
             g.part[p].cache = (char *)pcs[p]->data + lk_paged_off(pcs[p], page, s, 0, 0) * c->ces[p];
-            g.part[p].row = (char *)src[p]->data + t * src[p]->stride[0] * c->res[p];
+            g.part[p].row = (char *)src[p]->data + t * g.part[p].rstep * c->res[p];
         }
         c->copy(&g);
     }
@@ -118,8 +118,11 @@ lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy) {
         c.ces[p] = (int64_t)lk_dtype_size(pcs[p]->dtype);
         c.res[p] = (int64_t)lk_dtype_size(src[p]->dtype);
         lk_copy_run *r = runs + (p ? Dl : 0);
+        /* row step 0 for a single token or an empty part (Dl or Dr = 0): those strides are
+         * unvalidated (maybe huge) and the copy functions multiply them */
+        int64_t rstep = src[p]->shape[0] > 1 && n[p] > 0 ? src[p]->stride[0] : 0;
         g->part[p] = (lk_copy_part){NULL, pcs[p]->dtype, lk_paged_off(pcs[p], 0, 1, 0, 0), NULL, src[p]->dtype,
-                                    src[p]->stride[0], r, build_runs(r, pcs[p], c0[p], n[p], n[p] + 1, 0, src[p]->stride[1])};
+                                    rstep, r, build_runs(r, pcs[p], c0[p], n[p], n[p] + 1, 0, src[p]->stride[1])};
         nruns += g->part[p].nruns;
         bytes += n[p] * (c.ces[p] + c.res[p]);
         written += n[p] * c.ces[p];
@@ -185,7 +188,8 @@ lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn c
     lk_copy_group *g = &c.proto;
     *g = (lk_copy_group){0};
     g->nparts = 1;
-    g->part[0] = (lk_copy_part){NULL, pc->dtype, lk_paged_off(pc, 0, 1, 0, 0), NULL, a->out.dtype, a->out.stride[0],
+    int64_t rstep = a->out.shape[0] > 1 ? a->out.stride[0] : 0; /* as in concat */
+    g->part[0] = (lk_copy_part){NULL, pc->dtype, lk_paged_off(pc, 0, 1, 0, 0), NULL, a->out.dtype, rstep,
                                 runs, build_runs(runs, pc, 0, C, pc->D, a->out.stride[1], a->out.stride[2])};
     g->token_major = long_runs(C, g->part[0].nruns);
     g->stream = a->out.shape[0] * C * c.oes >= LK_STREAM_MIN_BYTES;

@@ -120,6 +120,13 @@ lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
 
 /* ---------------------------------------------------------------- gather_cache */
 
+/* a * b, or 0 where it overflows: only reachable for a stride that is never used (an
+ * empty view's, whose strides lk_check_view does not bound) */
+static int64_t stride_mul(int64_t a, int64_t b) {
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? 0 : r;
+}
+
 /* entry shape (H, D) of the cache as out sees it, and out / an ND cache as views of
  * that shape: out [S, C] -> [S, H, D]; ND cache [nb, bs, C] -> [nb, bs, H, D] */
 static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layout, int64_t *H,
@@ -139,7 +146,7 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
         out->ndim = 3;
         out->shape[1] = *H, out->shape[2] = *D;
         out->stride[2] = out->stride[1];
-        out->stride[1] = *D * out->stride[1];
+        out->stride[1] = stride_mul(*D, out->stride[1]);
     }
     if (layout == LK_KV_ND && cache->ndim == 3 && *H != 1) { /* [nb, bs, C] as [nb, bs, H, D] */
         if (cache->shape[2] != C)
@@ -148,7 +155,7 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
         cache->ndim = 4;
         cache->shape[2] = *H, cache->shape[3] = *D;
         cache->stride[3] = cache->stride[2];
-        cache->stride[2] = *D * cache->stride[2];
+        cache->stride[2] = stride_mul(*D, cache->stride[2]);
     }
     return LK_OK;
 }

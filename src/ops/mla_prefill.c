@@ -195,7 +195,8 @@ static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_ten
     if (H < 1) return lk_fail(LK_ERR_SHAPE, "q: shape %s needs at least one head", lk_shape_str(q));
     if ((s = lk_check_same_shape(k, "k", q, "q"))) return s;
     if (v->shape[0] != T || v->shape[1] != H)
-        return lk_fail(LK_ERR_SHAPE, "v: shape %s does not match q %s in tokens and heads", lk_shape_str(v), lk_shape_str(q));
+        return lk_fail(LK_ERR_SHAPE, "v: shape %s does not match q %s in tokens and heads", lk_shape_str(v),
+                       lk_shape_str(q));
     if ((s = lk_check_same_shape(out, "out", v, "v"))) return s;
     if (Dv < 1) return lk_fail(LK_ERR_SHAPE, "v: value dim must be >= 1, shape %s", lk_shape_str(v));
     int64_t rows = w->shape[0], Dl = w->shape[1];
@@ -209,14 +210,16 @@ static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_ten
     if (Dl < 1) return lk_fail(LK_ERR_SHAPE, "kv_b_proj: latent dim must be >= 1, shape %s", lk_shape_str(w));
     /* sgemm takes int sizes */
     if (rows > INT_MAX / 2 || H * (Dl + Dr + Dv) > INT_MAX / 2)
-        return lk_fail(LK_ERR_OVERFLOW, "kv_b_proj: %lld x %lld is beyond OpenBLAS's int sizes", (long long)rows, (long long)Dl);
+        return lk_fail(LK_ERR_OVERFLOW, "kv_b_proj: %lld x %lld is beyond OpenBLAS's int sizes", (long long)rows,
+                       (long long)Dl);
     if (cu->shape[0] < 1) return lk_fail(LK_ERR_SHAPE, "cu_seqlens_q: needs B + 1 >= 1 entries");
     int64_t B = cu->shape[0] - 1;
     if (pl->shape[0] != B)
         return lk_fail(LK_ERR_SHAPE, "prefix_lens: shape %s, expected [%lld] (cu_seqlens_q has B + 1 entries)",
                        lk_shape_str(pl), (long long)B);
     if (bt->shape[0] != B)
-        return lk_fail(LK_ERR_SHAPE, "block_table: shape %s, expected [%lld, max_pages]", lk_shape_str(bt), (long long)B);
+        return lk_fail(LK_ERR_SHAPE, "block_table: shape %s, expected [%lld, max_pages]", lk_shape_str(bt),
+                       (long long)B);
     a->T = T, a->H = H, a->Dn = Dn, a->Dr = Dr, a->Dv = Dv, a->Dl = Dl, a->B = B;
     a->max_pages = bt->shape[1];
     return LK_OK;
@@ -265,13 +268,15 @@ static lk_status check_values(lk_mla_args *a, idx_copies *cp, const lk_tensor *c
                            cp->cu_q[i], cp->cu_q[i - 1]);
     }
     if (cp->cu_q[B] > a->T)
-        return lk_fail(LK_ERR_INDEX, "cu_seqlens_q: last entry %d exceeds the %lld tokens of q", cp->cu_q[B], (long long)a->T);
+        return lk_fail(LK_ERR_INDEX, "cu_seqlens_q: last entry %d exceeds the %lld tokens of q", cp->cu_q[B],
+                       (long long)a->T);
     int64_t cap = bs > 0 && maxp > INT32_MAX / bs ? INT32_MAX : maxp * bs, keys = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t P = cp->prefix[b];
         cp->q_len[b] = cp->cu_q[b + 1] - cp->cu_q[b];
         if (P < 0 || P > cap)
-            return lk_fail(LK_ERR_INDEX, "prefix_lens: request %lld has %lld prefix tokens, block_table holds %lld (%lld pages of %lld)",
+            return lk_fail(LK_ERR_INDEX,
+                           "prefix_lens: request %lld has %lld prefix tokens, block_table holds %lld (%lld pages of %lld)",
                            (long long)b, (long long)P, (long long)cap, (long long)maxp, (long long)bs);
         keys += P + cp->q_len[b];
         for (int64_t j = 0; j < (P + bs - 1) / bs; j++) {
@@ -355,7 +360,8 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
     lk_set_op("lk_mla_prefix_prefill");
     trace_reset();
     const lk_tensor *req[9] = {out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, kv_b_proj};
-    const char *names[9] = {"out", "q", "k", "v", "cu_seqlens_q", "prefix_lens", "block_table", "kv_c_cache", "kv_b_proj"};
+    const char *names[9] = {"out", "q", "k", "v", "cu_seqlens_q", "prefix_lens", "block_table", "kv_c_cache",
+                            "kv_b_proj"};
     for (int i = 0; i < 9; i++)
         if (!req[i]) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", names[i]);
     lk_mla_args a;
@@ -376,6 +382,9 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
     }
     a.out = *out, a.q = *q, a.k = *k, a.v = *v, a.w = *kv_b_proj;
     a.scale = params->scale, a.dedup = params->dedup != 0;
+    lk_mla_ws ws;
+    memset(&ws, 0, sizeof ws);
+    a.ws = &ws;
     int64_t g = lk_mla_plan_g(&a);
     lk_mla_plan plan;
     float *w_owned = NULL;
@@ -407,6 +416,7 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
         if (waves > 1) lk_mla_trace("waves=%lld (ops listed for the first)", (long long)waves);
     }
     free(w_owned);
+    lk_mla_ws_free(&ws);
     free_copies(&cp);
     if (s == LK_ERR_NOMEM && !lk_last_error()[0]) lk_fail(s, "out of memory for scratch buffers");
     if (s) trace_reset();

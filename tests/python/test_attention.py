@@ -298,14 +298,85 @@ def test_flash_attn_torch(rng, dt):
 # ---------------------------------------------------------------- mla_prefix_prefill
 
 
-def test_mla_prefix_prefill_not_implemented():
+def ref_mla_prefill(q, k, v, cu_q, prefix_lens, block_table, nd_cache, w, dl, scale):
+    """Dense reference: per request, keys/values = [projected prefix | current]."""
+    q, k, v, nd_cache, w = f64(q), f64(k), f64(v), f64(nd_cache), f64(w)
+    H, Dv = v.shape[1], v.shape[2]
+    dn = w.shape[0] // H - Dv
+    bs = nd_cache.shape[1]
+    ks, vs, k_lens, k_starts = [], [], [], []
+    start = 0
+    for b in range(len(cu_q) - 1):
+        P = int(prefix_lens[b])
+        t = np.arange(P)
+        ent = nd_cache[block_table[b, t // bs], t % bs]  # [P, Dl + Dr]
+        proj = (ent[:, :dl] @ w.T).reshape(P, H, dn + Dv)
+        kpe = np.broadcast_to(ent[:, None, dl:], (P, H, ent.shape[1] - dl))
+        kb = np.concatenate([np.concatenate([proj[..., :dn], kpe], axis=2), k[cu_q[b]:cu_q[b + 1]]])
+        vb = np.concatenate([proj[..., dn:], v[cu_q[b]:cu_q[b + 1]]])
+        ks.append(kb)
+        vs.append(vb)
+        k_lens.append(len(kb))
+        k_starts.append(start)
+        start += len(kb)
+    return ref_attention(q, np.concatenate(ks), np.concatenate(vs), cu_q, k_lens, k_starts,
+                         scale, True, (-1, -1), 0.0)[0]
+
+
+def mla_inputs(rng, dt, H=2, Dn=16, Dr=16, Dv=16, Dl=32, BS=4):
+    q_lens, prefix_lens = [3, 2, 1], np.array([5, 0, 9], np.int32)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(cu[-1])
+    q = rand(rng, (T, H, Dn + Dr), dt)
+    k = rand(rng, (T, H, Dn + Dr), dt)
+    k[:, 1, Dn:] = k[:, 0, Dn:]  # k_rope is shared by the heads
+    v = rand(rng, (T, H, Dv), dt)
+    nd = rand(rng, (7, BS, Dl + Dr), dt)
+    table = np.array([[6, 2, 0], [0, 0, 0], [1, 3, 5]], np.int32)
+    w = rand(rng, (H * (Dn + Dv), Dl), dt, 1.0 / math.sqrt(Dl))
+    return q, k, v, cu, prefix_lens, table, nd, w, Dl
+
+
+def _need_mla_prefill():
+    from helpers import c_op_missing
+    if c_op_missing("mla_prefix_prefill"):
+        pytest.skip("lk_mla_prefix_prefill is not in this libllmkern")
+
+
+@pytest.mark.parametrize("strategy", ["auto", "split_merge", "concat", "fused", "absorbed"])
+@pytest.mark.parametrize("layout", ["ND", "NZ"])
+def test_mla_prefix_prefill(rng, strategy, layout):
+    _need_mla_prefill()
+    q, k, v, cu, plens, table, nd, w, dl = mla_inputs(rng, np.float32)
+    cache = to_nz(nd) if layout == "NZ" else nd
+    out = lk.mla_prefix_prefill(q, k, v, cu, plens, table, cache, w, 0.2, kv_layout=layout,
+                                strategy=strategy)
+    assert out.shape == (q.shape[0], 2, 16) and out.dtype == np.float32
+    close(out, ref_mla_prefill(q, k, v, cu, plens, table, nd, w, dl, 0.2), 20.0)
+    trace = lk.mla_last_trace()
+    assert trace.startswith("strategy=") and (strategy == "auto" or strategy in trace)
+
+
+def test_mla_prefix_prefill_f16_out_given_and_errors(rng):
+    _need_mla_prefill()
+    q, k, v, cu, plens, table, nd, w, dl = mla_inputs(rng, np.float16)
+    out = np.full((q.shape[0], 2, 16), np.nan, np.float16)
+    assert lk.mla_prefix_prefill(q, k, v, cu, plens, table, nd, w, 0.2, out=out) is out
+    close(out, ref_mla_prefill(q, k, v, cu, plens, table, nd, w, dl, 0.2), 2.0)
+    with pytest.raises(lk.LlmkernError) as e:  # a prefix longer than its block table row
+        lk.mla_prefix_prefill(q, k, v, cu, np.array([5, 0, 13], np.int32), table, nd, w, 0.2)
+    assert "lk_mla_prefix_prefill" in str(e.value) and "prefix_lens" in str(e.value)
+    with pytest.raises(ValueError, match="strategy"):
+        lk.mla_prefix_prefill(q, k, v, cu, plens, table, nd, w, 0.2, strategy="magic")
+
+
+def test_mla_prefix_prefill_missing_c_raises_not_implemented(monkeypatch):
+    """Against a library without lk_mla_prefix_prefill (older build) the binding raises
+    NotImplementedError naming it."""
+    from llmkern import _lib
+    monkeypatch.setattr(_lib, "mla_prefix_prefill", _lib._missing("lk_mla_prefix_prefill"))
     z = np.zeros((1, 1, 8), np.float32)
     with pytest.raises(NotImplementedError, match="lk_mla_prefix_prefill"):
         lk.mla_prefix_prefill(z, z, z, np.array([0, 1], np.int32), np.zeros(1, np.int32),
                               np.zeros((1, 1), np.int32), np.zeros((1, 1, 8), np.float32),
                               np.zeros((16, 4), np.float32), 0.1)
-    for s in ("split_merge", "concat", "fused", "absorbed"):
-        with pytest.raises(NotImplementedError):
-            lk.mla_prefix_prefill(z, z, z, None, None, None, None, None, 0.1, strategy=s)
-    with pytest.raises(ValueError, match="strategy"):
-        lk.mla_prefix_prefill(z, z, z, None, None, None, None, None, 0.1, strategy="magic")

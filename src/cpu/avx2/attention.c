@@ -168,16 +168,21 @@ static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const flo
                           lk_online_state st) {
     const lk_tensor *out = &a->out;
     float inv = lk_softmax_inv(st.l);
+    /* every visible score -inf (l = 0): zeros, never NaN, even where a zero weight met an
+     * infinite V value in the accumulator (0 * inf) */
+    __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(st.l == 0.0f ? 0 : -1));
     int64_t off = t * out->stride[0] + h * out->stride[1], D = a->Dv;
     if (out->stride[2] == 1) {
         int64_t es = lk_esize(out->dtype);
         char *p = (char *)out->data + off * es;
         __m256 vi = _mm256_set1_ps(inv);
         int64_t d = 0;
-        for (; d + 8 <= D; d += 8) lk8_store(p + d * es, out->dtype, _mm256_mul_ps(_mm256_loadu_ps(o + d), vi));
-        for (; d < D; d++) lk_store_f(p, out->dtype, d, o[d] * inv);
+        for (; d + 8 <= D; d += 8)
+            lk8_store(p + d * es, out->dtype, _mm256_and_ps(keep, _mm256_mul_ps(_mm256_loadu_ps(o + d), vi)));
+        for (; d < D; d++) lk_store_f(p, out->dtype, d, st.l == 0.0f ? 0.0f : o[d] * inv);
     } else {
-        for (int64_t d = 0; d < D; d++) lk_store_f(out->data, out->dtype, off + d * out->stride[2], o[d] * inv);
+        for (int64_t d = 0; d < D; d++)
+            lk_store_f(out->data, out->dtype, off + d * out->stride[2], st.l == 0.0f ? 0.0f : o[d] * inv);
     }
     if (a->has_lse)
         ((float *)a->lse.data)[t * a->lse.stride[0] + h * a->lse.stride[1]] = lk_online_lse(st);

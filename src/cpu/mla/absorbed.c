@@ -14,8 +14,8 @@
  *        (W_UV is linear: sum p_j W_UV c_j = W_UV sum p_j c_j)           (sgemm per head)
  *     per head: the engine continues from (O_h, states) over the current keys k / v
  *        (causal), so no LSE merge is needed; out = O_h * lk_softmax_inv(l).
- *   Tokens of a request with a prefix go in units of about RB (head, token) rows; of a
- *   request without one in blocks of up to QB tokens per head (what fused does).
+ *   Tokens of a request with a prefix go in units of about RB (head, token) rows; a
+ *   request without one runs as fused does (units of one head and up to QB tokens).
  * Costs ~ Q * H * P * (2 Dl + Dr) per request instead of the projection's P * Dl * H *
  * (Dn + Dv) + Q * H * P * (Dqk + Dv): the better choice when few new tokens meet a long
  * prefix.
@@ -31,14 +31,18 @@
 #define RB 128 /* (head, token) rows per unit of a request with a prefix, at most */
 #define QB 256 /* tokens per unit of a request without one, at most */
 
-/* a request's units and their token count: its tokens split evenly */
-static int64_t n_units_of(const lk_mla_args *a, int64_t b) {
+/* a request's token blocks (its tokens split evenly), their token count, and its units:
+ * one per block with a prefix (all heads), one per (block, head) without (as fused) */
+static int64_t n_blocks_of(const lk_mla_args *a, int64_t b) {
     int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
     return a->prefix[b] > 0 ? (ql * a->H + RB - 1) / RB : (ql + QB - 1) / QB;
 }
 static int64_t unit_tokens(const lk_mla_args *a, int64_t b) {
-    int64_t ql = a->cu_q[b + 1] - a->cu_q[b], n = n_units_of(a, b);
+    int64_t ql = a->cu_q[b + 1] - a->cu_q[b], n = n_blocks_of(a, b);
     return n ? (ql + n - 1) / n : 0;
+}
+static int64_t n_units_of(const lk_mla_args *a, int64_t b) {
+    return n_blocks_of(a, b) * (a->prefix[b] > 0 ? 1 : a->H);
 }
 
 typedef struct {
@@ -57,8 +61,10 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
     const abs_ctx *c = vctx;
     const lk_mla_args *a = c->a;
     int64_t H = a->H, Dn = a->Dn, Dr = a->Dr, Dv = a->Dv, Dl = a->Dl, E = Dl + Dr, Dqk = Dn + Dr;
-    int64_t b = c->unit[u] / c->ublk, ut = unit_tokens(a, b), q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0;
-    int64_t i0 = c->unit[u] % c->ublk * ut, tok = ql - i0 < ut ? ql - i0 : ut, t0 = q0 + i0, P = a->prefix[b];
+    int64_t b = c->unit[u] / c->ublk, k = c->unit[u] % c->ublk, P = a->prefix[b];
+    int64_t ut = unit_tokens(a, b), q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0;
+    int64_t i0 = (P > 0 ? k : k / H) * ut, tok = ql - i0 < ut ? ql - i0 : ut, t0 = q0 + i0;
+    int64_t h0 = P > 0 ? 0 : k % H, h1 = P > 0 ? H : h0 + 1; /* heads of the unit */
     int64_t mt = c->maxtok, rows = H * mt;
     float *S = (float *)(c->scratch + (size_t)tid * c->scratch_bytes);  // [max(rows, mt), KB]
     float *panel = S + (rows > mt ? rows : mt) * LK_MLA_KB;              // [KB, E or Dqk + Dv]
@@ -85,7 +91,7 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
                          O + h * tok * Dv, Dv);
     }
     const float *kf = c->kf.data, *vf = c->vf.data;
-    for (int64_t h = 0; h < H; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         float *Qs = Qa; /* the latent rows are done with */
         lk_mla_load_q(a, t0, tok, h, Qs);
         lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1],
@@ -118,7 +124,7 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     c.scratch_bytes = (c.scratch_bytes + 63) / 64 * 64;
     c.scratch = malloc(c.scratch_bytes * (size_t)nt);
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
-    if (p->pages) G = malloc(sizeof(float) * (size_t)(p->pages * p->bs * E + 1));
+    if (p->pages) G = lk_mla_ws_get(a, 0, sizeof(float) * (size_t)(p->pages * p->bs * E));
     lk_status s = c.scratch && c.unit && (G || !p->pages) ? LK_OK : LK_ERR_NOMEM;
     if (!s && p->pages) s = lk_mla_gather(a, p, G);
     if (!s) s = lk_mla_f32_view(&a->q, &c.qf, &q_owned);
@@ -136,6 +142,6 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
                      "current keys causal) rows=%d kblock=%d",
                      (long long)n_units, (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
     }
-    free(G), free(q_owned), free(k_owned), free(v_owned), free(c.scratch), free(c.unit);
+    free(q_owned), free(k_owned), free(v_owned), free(c.scratch), free(c.unit);
     return s;
 }

@@ -51,6 +51,24 @@ void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, 
                 (int)K, 1.0f, A, (int)lda, B, (int)ldb, accumulate ? 1.0f : 0.0f, C, (int)ldc);
 }
 
+/* ---------------------------------------------------------------- workspace */
+
+void *lk_mla_ws_get(const lk_mla_args *a, int slot, size_t bytes) {
+    lk_mla_ws *ws = a->ws;
+    if (bytes < 64) bytes = 64;
+    if (ws->n[slot] < bytes) {
+        free(ws->p[slot]);
+        ws->p[slot] = malloc(bytes);
+        ws->n[slot] = ws->p[slot] ? bytes : 0;
+    }
+    return ws->p[slot];
+}
+
+void lk_mla_ws_free(lk_mla_ws *ws) {
+    for (int i = 0; i < LK_MLA_WS_SLOTS; i++) free(ws->p[i]);
+    memset(ws, 0, sizeof *ws);
+}
+
 /* ---------------------------------------------------------------- f32 views */
 
 typedef struct {
@@ -316,16 +334,11 @@ lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float
 
 lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp, float **Vp) {
     int64_t rows = p->pages * p->bs, E = a->Dl + a->Dr;
-    float *G = malloc(sizeof(float) * (size_t)(rows * E + 1));
-    *Kp = malloc(sizeof(float) * (size_t)(rows * a->H * (a->Dn + a->Dr) + 1));
-    *Vp = malloc(sizeof(float) * (size_t)(rows * a->H * a->Dv + 1));
+    float *G = lk_mla_ws_get(a, 0, sizeof(float) * (size_t)(rows * E));
+    *Kp = lk_mla_ws_get(a, 1, sizeof(float) * (size_t)(rows * a->H * (a->Dn + a->Dr)));
+    *Vp = lk_mla_ws_get(a, 2, sizeof(float) * (size_t)(rows * a->H * a->Dv));
     lk_status s = LK_ERR_NOMEM;
     if (G && *Kp && *Vp && !(s = lk_mla_gather(a, p, G))) s = lk_mla_project(a, p, G, *Kp, *Vp);
-    free(G);
-    if (s) {
-        free(*Kp), free(*Vp);
-        *Kp = *Vp = NULL;
-    }
     return s;
 }
 
@@ -371,7 +384,8 @@ void lk_mla_load_q(const lk_mla_args *a, int64_t t0, int64_t nq, int64_t h, floa
     int64_t Dqk = a->Dn + a->Dr;
     for (int64_t r = 0; r < nq; r++) {
         int64_t off = (t0 + r) * q->stride[0] + h * q->stride[1];
-        for (int64_t d = 0; d < Dqk; d++) Qs[r * Dqk + d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+        for (int64_t d = 0; d < Dqk; d++)
+            Qs[r * Dqk + d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
     }
 }
 

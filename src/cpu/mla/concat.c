@@ -55,10 +55,7 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
     if (s) return s;
     int64_t B = a->B, Dqk = a->Dn + a->Dr;
     int32_t *kstart = malloc(sizeof(int32_t) * (size_t)(2 * B + 2));
-    if (!kstart) {
-        free(Kp), free(Vp);
-        return LK_ERR_NOMEM;
-    }
+    if (!kstart) return LK_ERR_NOMEM;
     int32_t *klen = kstart + B + 1;
     kstart[0] = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -67,15 +64,13 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
         kstart[b + 1] = kstart[b] + klen[b];
     }
     int64_t rows = kstart[B];
-    float *Kc = malloc(sizeof(float) * (size_t)(rows * a->H * (Dqk + a->Dv) + 1));
+    float *Kc = lk_mla_ws_get(a, 3, sizeof(float) * (size_t)(rows * a->H * (Dqk + a->Dv)));
     if (!Kc) s = LK_ERR_NOMEM;
     if (!s) {
         cat_ctx c = {a, p, Kp, Vp, Kc, Kc + rows * a->H * Dqk, kstart};
         lk_parallel_for(rows, a->H * (Dqk + a->Dv) * 8, cat_rows, &c);
         lk_mla_trace("concat_copy rows=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
                      (long long)Dqk, (long long)a->Dv);
-        free(Kp), free(Vp);
-        Kp = Vp = NULL;
         lk_attn_args fa;
         memset(&fa, 0, sizeof fa);
         fa.out = a->out;
@@ -89,6 +84,6 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
         lk_mla_trace("flash_concat causal keys=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
                      (long long)Dqk, (long long)a->Dv);
     }
-    free(Kp), free(Vp), free(Kc), free(kstart);
+    free(kstart);
     return s;
 }

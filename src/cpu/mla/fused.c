@@ -54,8 +54,9 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     lk_mla_load_q(a, q0 + i0, nq, h, Qs);
     int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, c->Kp + h * Dqk, H * Dqk, c->Vp + h * Dv, H * Dv, seg) : 0;
     const float *kf = c->kf.data, *vf = c->vf.data;
-    lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1], vf + q0 * c->vf.stride[0] + h * c->vf.stride[1],
-                          c->kf.stride[0], c->vf.stride[0], i0 + nq, 1, i0};
+    lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1],
+                          vf + q0 * c->vf.stride[0] + h * c->vf.stride[1], c->kf.stride[0], c->vf.stride[0],
+                          i0 + nq, 1, i0};
     lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, panel, O, Dv, st, 1);
     lk_mla_store_rows(a, q0 + i0, nq, h, O, Dv, st);
 }
@@ -100,6 +101,6 @@ lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {
         lk_mla_trace("fused_attn units=%lld qblock=%d kblock=%d H=%lld D=%lld/%lld", (long long)n_units, QB,
                      LK_MLA_KB, (long long)H, (long long)Dqk, (long long)a->Dv);
     }
-    free(Kp), free(Vp), free(k_owned), free(v_owned), free(c.unit), free(c.scratch);
+    free(k_owned), free(v_owned), free(c.unit), free(c.scratch);
     return s;
 }

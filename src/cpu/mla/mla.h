@@ -25,6 +25,14 @@
 
 #include "../kernels.h"
 
+/* reusable scratch of one call: the big buffers keep their memory across the waves
+ * of requests (no page faults again each wave); freed at the end of the call */
+#define LK_MLA_WS_SLOTS 4
+typedef struct {
+    void *p[LK_MLA_WS_SLOTS];
+    size_t n[LK_MLA_WS_SLOTS];
+} lk_mla_ws;
+
 /* validated arguments (front-end output) */
 typedef struct {
     lk_tensor out;          /* [T, H, Dv] */
@@ -42,7 +50,12 @@ typedef struct {
     int64_t B, T, H, Dn, Dr, Dv, Dl;
     float scale;
     int dedup;
+    lk_mla_ws *ws;          /* slots: 0 gathered prefix, 1 / 2 projected K / V, 3 strategy's own */
 } lk_mla_args;
+
+/* slot's buffer of at least `bytes` (contents undefined), NULL when out of memory */
+void *lk_mla_ws_get(const lk_mla_args *a, int slot, size_t bytes);
+void lk_mla_ws_free(lk_mla_ws *ws);
 
 /* shape summary the cost model reads (no data) */
 typedef struct {
@@ -107,7 +120,7 @@ lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned);
 lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G);
 lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
                          float *Vp);
-/* gather + project into freshly allocated Kp / Vp (free() both) */
+/* gather + project into Kp / Vp (workspace slots 0-2, owned by the call) */
 lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp,
                                 float **Vp);
 

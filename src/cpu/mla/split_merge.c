@@ -21,11 +21,8 @@ lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p) {
     lk_status s = lk_mla_project_prefix(a, p, &Kp, &Vp);
     if (s) return s;
     int64_t TH = a->T * a->H, Dqk = a->Dn + a->Dr, bs = p->bs;
-    float *o = malloc(sizeof(float) * (size_t)(2 * TH * a->Dv + 2 * TH + 1));
-    if (!o) {
-        free(Kp), free(Vp);
-        return LK_ERR_NOMEM;
-    }
+    float *o = lk_mla_ws_get(a, 3, sizeof(float) * (size_t)(2 * TH * a->Dv + 2 * TH));
+    if (!o) return LK_ERR_NOMEM;
     float *o2 = o + TH * a->Dv, *lse1 = o2 + TH * a->Dv, *lse2 = lse1 + TH;
     int64_t oshape[3] = {a->T, a->H, a->Dv}, lshape[2] = {a->T, a->H};
     lk_attn_args fa;
@@ -42,10 +39,8 @@ lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p) {
     s = lk_kernels()->flash_attn(&fa);
     lk_mla_trace("flash_prefix paged pages=%lld H=%lld D=%lld/%lld", (long long)p->pages, (long long)a->H,
                  (long long)Dqk, (long long)a->Dv);
-    free(Kp), free(Vp);
     lk_tensor o2t = lk_tensor_make(o2, LK_F32, 3, oshape);
     if (!s) s = lk_mla_attn_current(a, &o2t, lse2);
     if (!s) s = lk_mla_merge(a, o, lse1, o2, lse2);
-    free(o);
     return s;
 }
