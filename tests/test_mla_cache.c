@@ -1014,6 +1014,13 @@ static void test_regress_empty_cache_huge_stride(void) {
         tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(c1, c2, sizeof c1),
                  "regress %s: empty NZ k_pe cache with a 2^61 slot stride (%s)", lk_isa_name(isas[ii]),
                  lk_status_str(s2));
+        /* empty views may have NULL data: no pointer arithmetic on it (NULL + 0 is UB) */
+        lk_tensor npe = tpe, npc = hpc;
+        npe.data = NULL, npc.data = NULL;
+        memset(c2, 0, sizeof c2);
+        s2 = lk_concat_and_cache_mla(&tkv, &npe, &tc2, &npc, &tsm, LK_KV_NZ);
+        tu_check(s2 == LK_OK && !memcmp(c1, c2, sizeof c1), "regress %s: empty k_pe and k_pe_cache with NULL data (%s)",
+                 lk_isa_name(isas[ii]), lk_status_str(s2));
     }
     lk_set_isa(lk_isa_best());
 }

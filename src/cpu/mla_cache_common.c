@@ -92,6 +92,7 @@ static void mla_range(void *ctx, int64_t t0, int64_t t1) {
                lk_load_index(smd, sdt, (t + g.ntok) * ss) == slot + g.ntok)
             g.ntok++;
         for (int p = 0; p < 2; p++) {
+            if (!g.part[p].nruns) continue; /* empty part: its data may be NULL */
             g.part[p].cache = (char *)pcs[p]->data + lk_paged_off(pcs[p], page, s, 0, 0) * c->ces[p];
             g.part[p].row = (char *)src[p]->data + t * g.part[p].rstep * c->res[p];
         }
