@@ -19,6 +19,11 @@
  *            for the same group whatever the batch, so dedup on/off and any thread count
  *            give the same bits):  [rows, H * (Dn + Dv)] = G[:, :Dl] . kv_b_proj^T, then
  *            Kp [pages * bs, H, Dqk] = [k_nope | G[:, Dl:]] and Vp [pages * bs, H, Dv].
+ * The front-end runs a batch in waves of consecutive requests (about 24 MiB of projected
+ * prefix each; the strategies see a wave as their batch, with exact token rows), reusing
+ * the workspace buffers (lk_mla_ws) from wave to wave. Attention: split / concat call
+ * the kernel table's flash_attn; fused / absorbed run the online-softmax engine of
+ * online.c (OpenBLAS tiles + the kernel table's mla_softmax_block).
  */
 #ifndef LK_MLA_H
 #define LK_MLA_H
