@@ -9,7 +9,7 @@
 
 #include "testutil.h"
 
-static const int64_t SIZES[][2] = {{1, 1}, {3, 7}, {7, 33}, {2, 4097}, {5, 128}, {33, 64}, {4, 8192}};
+static const int64_t SIZES[][2] = {{1, 1}, {3, 7}, {7, 33}, {2, 4097}, {5, 128}, {33, 64}, {17, 37}, {4, 8192}};
 #define NSIZES (int)(sizeof SIZES / sizeof SIZES[0])
 
 /* float64 rms_norm of row-major rows x[R][D] into want */
@@ -407,6 +407,66 @@ static void test_regress_disjoint_huge_stride(void) {
              "regress: x and residual one view with a huge size-1 stride -> %s", lk_status_str(s1));
 }
 
+/* Special values through the bf16 fast path (16 rows or more, f32 weight copy): rows
+ * holding an inf, a NaN, all zeros (eps 0: 0 * inf) or overflowing squares, and weights
+ * holding inf / NaN, must give the reference's NaN and inf positions on every ISA, the
+ * finite values within one bf16 ulp. */
+static void test_special_values(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    const int64_t R = 20, D = 40, shape[2] = {R, D};
+    for (int wcase = 0; wcase < 3; wcase++) /* finite weights, an inf weight, an f16 NaN weight */
+        for (int ei = 0; ei < 2; ei++) {
+            float eps = ei ? 1e-6f : 0.0f;
+            /* contiguous: the SIMD fast path */
+            tu_buf x = tu_alloc(LK_BF16, 2, shape, 0), w = tu_alloc(wcase == 2 ? LK_F16 : LK_BF16, 1, &D, 0);
+            tu_fill_uniform(&x, -2, 2);
+            tu_fill_uniform(&w, -1.5, 1.5);
+            tu_set(&x, 3 * D + 5, INFINITY);
+            tu_set(&x, 5 * D + 39, NAN);
+            for (int64_t i = 0; i < D; i++) tu_set(&x, 7 * D + i, 0.0);
+            tu_set(&x, 9 * D + 17, 3e38);
+            tu_set(&x, 11 * D + 0, -INFINITY);
+            if (wcase == 1) tu_set(&w, 33, INFINITY);
+            /* an f16 NaN with every payload bit set: 0x7fffe000 as f32, which rounding to
+             * bf16 without the NaN rule would carry into the sign (-0) */
+            if (wcase == 2) ((uint16_t *)w.t.data)[2] = 0x7fff;
+            double *ref = NULL;
+            for (int ii = 0; ii < nisa; ii++) {
+                lk_set_isa(isas[ii]);
+                tu_buf o = tu_alloc(LK_BF16, 2, shape, 0);
+                tu_snapshot(&o);
+                lk_status st = lk_rms_norm(&o.t, &x.t, &w.t, eps, 0);
+                double *got = tu_values(&o);
+                if (ii == 0) {
+                    ref = got;
+                } else {
+                    int64_t bad = -1;
+                    for (int64_t i = 0; i < R * D && bad < 0; i++) {
+                        int same = isnan(got[i]) ? isnan(ref[i])
+                                   : isinf(got[i]) ? got[i] == ref[i]
+                                   : !isnan(ref[i]) && !isinf(ref[i]) &&
+                                         fabs(got[i] - ref[i]) <= 8e-3 * (1 + fabs(ref[i]));
+                        if (!same) bad = i;
+                    }
+                    tu_check(st == LK_OK && bad < 0 && tu_outside_intact(&o),
+                             "rms_norm bf16 special values %s wcase=%d eps=%g: element %lld got %g ref %g",
+                             lk_isa_name(isas[ii]), wcase, eps, (long long)bad,
+                             bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : ref[bad]);
+                    free(got);
+                }
+                tu_free(&o);
+            }
+            /* the rules themselves (docs/ops.md): a NaN row is all NaN; eps 0 zero row NaN */
+            tu_check(isnan(ref[5 * D]) && isnan(ref[5 * D + 39]) && (ei || isnan(ref[7 * D + 1])) &&
+                         (!ei || ref[7 * D + 1] == 0.0) && isnan(ref[3 * D + 5]) && ref[3 * D + 6] == 0.0,
+                     "rms_norm bf16 special values ref rules wcase=%d eps=%g", wcase, eps);
+            free(ref);
+            tu_free(&x);
+            tu_free(&w);
+        }
+}
+
 int main(void) {
     tu_init();
     test_rms_norm_cases();
@@ -414,6 +474,7 @@ int main(void) {
     test_transposed();
     test_fused();
     test_threads();
+    test_special_values();
     test_empty();
     test_bad_inputs();
     test_regress_empty_huge_stride();

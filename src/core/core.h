@@ -107,7 +107,9 @@ int lk_plan_threads(int64_t n, int64_t bytes_per_item);
 /* Outputs larger than this are written with non-temporal stores by the SIMD kernels
  * that support them: they would not stay in the last-level cache anyway, and streaming
  * them skips the read-for-ownership of every written line. */
+#ifndef LK_STREAM_MIN_BYTES
 #define LK_STREAM_MIN_BYTES ((int64_t)16 << 20)
+#endif
 
 /* g[i] = w[i] (+ 1 with add_one) as f32: weights converted once per call, not once per
  * row. Returns NULL on allocation failure; free with free(). */

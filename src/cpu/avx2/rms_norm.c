@@ -11,6 +11,9 @@
  * thread (lk_parallel_for). Per row, pass 1 accumulates squares in 4 x 8 f32 lanes,
  * pass 2 re-reads the row (from L1/L2) and writes it; one rounding per output element.
  * Outputs beyond LK_STREAM_MIN_BYTES whose rows are aligned use non-temporal stores.
+ * For inputs that size, pass 2 also prefetches the next row (prefetch_next), so its DRAM
+ * read overlaps this row's arithmetic instead of following it. bf16 -> bf16 with the f32
+ * weight copy runs 16 values per step without cross-lane shuffles (scale_row_bf16).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,6 +28,8 @@ typedef struct {
     float one;                /* 1 for gemma unless folded into the f32 copy */
     float eps;
     int stream;
+    int prefetch;             /* prefetch the next row during pass 2 (big inputs only) */
+    int finite_g;             /* w is the f32 copy and holds no inf or NaN */
 } rows_ctx;
 
 static inline float sumsq(const char *x, lk_dtype dt, int64_t D) {
@@ -50,12 +55,31 @@ static inline float sumsq(const char *x, lk_dtype dt, int64_t D) {
     return lk8_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
+/* Row prefetch: pass 2 works on a row already in L1/L2, so without help no DRAM read is
+ * in flight while it runs. pf[0..npf) are the next row's inputs (dtype xt, same length):
+ * one line of each is prefetched per 64 bytes of x processed, so the next row streams in
+ * while this one is scaled and stored. */
+static inline __attribute__((always_inline)) void prefetch_next(const char *const *pf, int npf,
+                                                                int64_t byte) {
+    if ((byte & 63) == 0)
+        for (int k = 0; k < npf; k++) _mm_prefetch(pf[k] + byte, _MM_HINT_T0);
+}
+
 /* o[i] = x[i] * inv * (w[i] + one); w is the f32 copy g when one was made */
 static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
-                             lk_dtype wt, float one, int64_t D, float inv, int stream) {
+                             lk_dtype wt, float one, int64_t D, float inv, int stream,
+                             const char *const *pf, int npf) {
     size_t oes = lk_dtype_size(ot), xes = lk_dtype_size(xt), wes = lk_dtype_size(wt);
     __m256 vinv = _mm256_set1_ps(inv), vone = _mm256_set1_ps(one);
     int64_t i = 0;
+    if (npf) /* prefetch_next's byte offset must meet every multiple of 64 */
+        for (; i + 8 <= D; i += 8) {
+            prefetch_next(pf, npf, i * (int64_t)xes);
+            __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), vone);
+            __m256 v = _mm256_mul_ps(_mm256_mul_ps(lk8_load(x + i * xes, xt), vinv), g);
+            if (stream) lk8_stream(o + i * oes, ot, v);
+            else lk8_store(o + i * oes, ot, v);
+        }
     if (stream)
         for (; i + 8 <= D; i += 8) {
             __m256 g = _mm256_add_ps(lk8_load(w + i * wes, wt), vone);
@@ -73,20 +97,60 @@ static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtyp
     }
 }
 
+/* bf16 in and out with f32 weights g (the per-call copy), a row known to give no NaN
+ * (finite inv and weights): 16 values per step in lk8x2_load_bf16's in-lane order
+ * ({0-3, 8-11} and {4-7, 12-15}, the weights loaded to match); packus_epi32 of the two
+ * rounded halves restores the order, so no cross-lane shuffles. Rounding is lk8_bf16_bits without its NaN branch (bit-identical for
+ * non-NaN values). Returns the number of values done (a multiple of 16). */
+static inline __m256i bf16_round_nonan(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+}
+
+static int64_t scale_row_bf16(char *o, const char *x, const float *g, int64_t D, float inv,
+                              int stream, const char *const *pf, int npf) {
+    __m256 vinv = _mm256_set1_ps(inv);
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        if (npf) prefetch_next(pf, npf, i * 2);
+        __m256 a, b;
+        lk8x2_load_bf16(x + i * 2, &a, &b);
+        __m256 ga = _mm256_loadu2_m128(g + i + 8, g + i), gb = _mm256_loadu2_m128(g + i + 12, g + i + 4);
+        __m256i ra = bf16_round_nonan(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
+        __m256i rb = bf16_round_nonan(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
+        __m256i r = _mm256_packus_epi32(ra, rb);
+        if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
+        else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
+    }
+    return i;
+}
+
 /* the loop specialised for the common all-same-dtype cases (constant dtypes let the
  * compiler drop the per-vector dtype branches), generic otherwise */
 static void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
-                      lk_dtype wt, float one, int64_t D, float inv, int stream) {
+                      lk_dtype wt, float one, int finite_g, int64_t D, float inv, int stream,
+                      const char *const *pf, int npf) {
+    if (xt == LK_BF16 && ot == LK_BF16 && wt == LK_F32 && one == 0.0f && finite_g && isfinite(inv) &&
+        inv > 0.0f) { /* inv in (0, inf): every x finite, so no NaN can arise */
+        int64_t done = scale_row_bf16(o, x, (const float *)w, D, inv, stream, pf, npf);
+        o += done * 2;
+        x += done * 2;
+        w += done * 4;
+        D -= done;
+        if (D == 0) return;
+        stream = 0; /* the tail is less than 16 values: plain stores */
+    }
     if (ot == xt && wt == xt) {
-        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_BF16, one, D, inv, stream);
-        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F16, one, D, inv, stream);
-        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream);
+        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_BF16, one, D, inv, stream, pf, npf);
+        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F16, one, D, inv, stream, pf, npf);
+        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream, pf, npf);
     } else if (ot == xt && wt == LK_F32) {
-        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_F32, one, D, inv, stream);
-        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F32, one, D, inv, stream);
-        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream);
+        if (xt == LK_BF16) scale_row_any(o, LK_BF16, x, LK_BF16, w, LK_F32, one, D, inv, stream, pf, npf);
+        else if (xt == LK_F16) scale_row_any(o, LK_F16, x, LK_F16, w, LK_F32, one, D, inv, stream, pf, npf);
+        else scale_row_any(o, LK_F32, x, LK_F32, w, LK_F32, one, D, inv, stream, pf, npf);
     } else {
-        scale_row_any(o, ot, x, xt, w, wt, one, D, inv, stream);
+        scale_row_any(o, ot, x, xt, w, wt, one, D, inv, stream, pf, npf);
     }
 }
 
@@ -94,15 +158,19 @@ static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
     const rows_ctx *c = ctx;
     const lk_tensor *x = c->x, *out = c->out;
     int64_t D = x->shape[x->ndim - 1];
-    lk_rowit xi, oi;
+    lk_rowit xi, oi, ni; /* ni: one row ahead of xi, for the prefetch */
     lk_rowit_init(&xi, x, 1, r0);
     lk_rowit_init(&oi, out, 1, r0);
+    ni = xi;
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
         const char *xr = lk_at(x, xi.off); // [D]
         char *orow = lk_at(out, oi.off);   // [D]
+        lk_rowit_next(&ni);
+        const char *pf[1] = {lk_at(x, ni.off)}; // [D], the next row (unused after the last)
         float inv = 1.0f / sqrtf(sumsq(xr, x->dtype, D) / (float)D + c->eps);
         int st = c->stream && ((uintptr_t)orow & 31) == 0;
-        scale_row(orow, out->dtype, xr, x->dtype, c->w, c->wt, c->one, D, inv, st);
+        scale_row(orow, out->dtype, xr, x->dtype, c->w, c->wt, c->one, c->finite_g, D, inv, st, pf,
+                  c->prefetch && r + 1 < r1);
     }
     if (c->stream) _mm_sfence();
 }
@@ -120,6 +188,8 @@ static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t
     c->w = (const char *)*owned;
     c->wt = LK_F32;
     c->one = 0.0f;
+    c->finite_g = 1;
+    for (int64_t i = 0; i < w->shape[0]; i++) c->finite_g &= isfinite((*owned)[i]) != 0;
     return LK_OK;
 }
 
@@ -130,13 +200,14 @@ lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a) {
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
     size_t oes = lk_dtype_size(a->out.dtype);
     float *owned;
-    rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0};
+    rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0, 0, 0};
     if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
     /* stream only when whole rows are multiples of 32 bytes and the output is big and
      * does not alias the input (in place keeps the lines in cache anyway) */
     c.stream = rows * D * (int64_t)oes >= LK_STREAM_MIN_BYTES && (D * (int64_t)oes) % 32 == 0 &&
                a->out.data != a->x.data;
     int64_t bytes = D * (int64_t)(lk_dtype_size(a->x.dtype) + oes);
+    c.prefetch = rows * bytes >= LK_STREAM_MIN_BYTES;
     lk_parallel_for(rows, bytes, rms_rows, &c);
     free(owned);
     return LK_OK;
@@ -171,14 +242,22 @@ static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
     const rows_ctx *c = ctx;
     const lk_tensor *res = c->x, *x = c->out;
     int64_t D = x->shape[x->ndim - 1];
-    lk_rowit xi, ri;
+    lk_rowit xi, ri, nx, nr; /* nx, nr: one row ahead, for the prefetch */
     lk_rowit_init(&xi, x, 1, r0);
     lk_rowit_init(&ri, res, 1, r0);
+    nx = xi;
+    nr = ri;
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&ri)) {
         char *xr = lk_at(x, xi.off);   // [D]
         char *rr = lk_at(res, ri.off); // [D]
+        lk_rowit_next(&nx);
+        lk_rowit_next(&nr);
+        const char *pf[2] = {lk_at(res, nr.off), lk_at(x, nx.off)}; // [D] each, next row
         float inv = 1.0f / sqrtf(add_store(rr, res->dtype, xr, x->dtype, D) / (float)D + c->eps);
-        scale_row(xr, x->dtype, rr, res->dtype, c->w, c->wt, c->one, D, inv, 0);
+        /* prefetch_next steps by the residual's element size: both rows are covered
+         * when x's elements are not larger */
+        int npf = c->prefetch && r + 1 < r1 && lk_dtype_size(x->dtype) <= lk_dtype_size(res->dtype) ? 2 : 0;
+        scale_row(xr, x->dtype, rr, res->dtype, c->w, c->wt, c->one, c->finite_g, D, inv, 0, pf, npf);
     }
 }
 
@@ -188,9 +267,10 @@ lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
         return lk_ref_fused_add_rms_norm(a);
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
     float *owned;
-    rows_ctx c = {&a->residual, &a->x, NULL, LK_F32, 0.0f, a->eps, 0};
+    rows_ctx c = {&a->residual, &a->x, NULL, LK_F32, 0.0f, a->eps, 0, 0, 0};
     if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
     int64_t bytes = 2 * D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->residual.dtype));
+    c.prefetch = rows * bytes >= LK_STREAM_MIN_BYTES;
     lk_parallel_for(rows, bytes, fused_rows, &c);
     free(owned);
     return LK_OK;
