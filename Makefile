@@ -30,8 +30,10 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/run.sh $(ASAN_BUILD)
 
 # every test: the C tests of the optimised build and of the sanitizer build, the Python
-# binding's pytest suite, one grand total at the end
-TEST_SUITES = python=./scripts/test_python.sh $(BUILD)
+# binding's pytest suite on the package as `pip install ./python` builds it (installed
+# into $(BUILD)/py-install, nothing outside the build directory changes), one grand
+# total at the end
+TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)

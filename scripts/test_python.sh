@@ -2,9 +2,11 @@
 # Tests of the Python binding (tests/python, pytest). Usage: scripts/test_python.sh [build-dir]
 #  default: the package from python/ (PYTHONPATH) on <build-dir>/libllmkern.so (LLMKERN_LIB),
 #           built beforehand by `make build` (default build dir: build);
-#  LLMKERN_PY_INSTALL=1: `pip install ./python` first (it builds its own copy of the library
-#           with cmake) and test the installed package.
-# Installs numpy and pytest when missing. torch is optional (its tests skip without it).
+#  LLMKERN_PY_INSTALL=1: `pip install ./python` first, into <build-dir>/py-install (pip
+#           --target: nothing outside the build directory changes; the package builds its
+#           own copy of the library with cmake), and test that installed package.
+# Installs numpy, pytest and ml_dtypes (NumPy's bf16 dtype) when missing. torch is optional
+# (its tests skip without it: PyPI's torch wheels are ~3 GB).
 # Prints pytest's summary line ("N passed ..."); exit status non-zero on any failure.
 set -eo pipefail
 cd "$(dirname "$0")/.."
@@ -28,11 +30,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]/#/python3-}"
   fi
 fi
+# ml_dtypes (bf16 NumPy arrays) from PyPI where pip is there
+if ! "$PY" -c 'import ml_dtypes' 2>/dev/null && "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "installing: ml_dtypes"
+  pip_install ml_dtypes
+fi
 
 if [ "${LLMKERN_PY_INSTALL:-0}" = 1 ]; then
-  pip_install ./python
+  target="$PWD/$build/py-install"
+  rm -rf "$target"
+  echo "pip install ./python -> $target"
+  pip_install --no-deps --target "$target" ./python
   unset LLMKERN_LIB
+  export PYTHONPATH="$target"
   cd tests/python  # not from the checkout root: the installed package is the one imported
+  # the package imported, and the library it loaded, must be the installed ones
+  "$PY" -c 'import llmkern, sys; t = sys.argv[1]; print("installed package:", llmkern.__file__, "library:", llmkern.lib_path); sys.exit(0 if llmkern.__file__.startswith(t) and str(llmkern.lib_path).startswith(t) else 1)' "$target"
   exec "$PY" -m pytest -q -p no:cacheprovider .
 fi
 if [ ! -f "$build/libllmkern.so" ]; then
