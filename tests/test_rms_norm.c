@@ -467,6 +467,50 @@ static void test_special_values(void) {
         }
 }
 
+/* The same through the fused bf16 path (16-wide add with rounding from registers): the
+ * stored residual is bit-identical to ref's on every ISA, inf + -inf and NaN included. */
+static void test_special_values_fused(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    const int64_t R = 20, D = 40, shape[2] = {R, D};
+    tu_buf x0 = tu_alloc(LK_BF16, 2, shape, 0), r0 = tu_alloc(LK_BF16, 2, shape, 0), w = tu_alloc(LK_BF16, 1, &D, 0);
+    tu_fill_uniform(&x0, -2, 2);
+    tu_fill_uniform(&r0, -2, 2);
+    tu_fill_uniform(&w, -1.5, 1.5);
+    tu_set(&x0, 3 * D + 5, INFINITY), tu_set(&r0, 3 * D + 5, -INFINITY); /* NaN */
+    tu_set(&x0, 5 * D + 33, NAN);
+    tu_set(&r0, 8 * D + 2, -INFINITY);
+    tu_set(&x0, 9 * D + 17, 3e38), tu_set(&r0, 9 * D + 17, 3e38); /* overflows to inf */
+    ((uint16_t *)r0.t.data)[12 * D + 20] = 0xffff; /* a full-payload negative NaN */
+    tu_buf rx = tu_alloc(LK_BF16, 2, shape, 0), rr = tu_alloc(LK_BF16, 2, shape, 0);
+    for (int ii = 0; ii < nisa; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_buf x = tu_alloc(LK_BF16, 2, shape, 0), r = tu_alloc(LK_BF16, 2, shape, 0);
+        memcpy(x.t.data, x0.t.data, (size_t)(R * D * 2));
+        memcpy(r.t.data, r0.t.data, (size_t)(R * D * 2));
+        lk_status st = lk_fused_add_rms_norm(&x.t, &r.t, &w.t, 1e-6f, 0);
+        if (ii == 0) {
+            memcpy(rx.t.data, x.t.data, (size_t)(R * D * 2));
+            memcpy(rr.t.data, r.t.data, (size_t)(R * D * 2));
+            tu_check(st == LK_OK && isnan(tu_get(&r, 3 * D + 5)) && isnan(tu_get(&x, 3 * D)) &&
+                         ((uint16_t *)r.t.data)[12 * D + 20] == 0xffff && isinf(tu_get(&r, 9 * D + 17)),
+                     "fused_add_rms_norm bf16 special values ref rules");
+        } else {
+            int64_t bad = -1;
+            for (int64_t i = 0; i < R * D && bad < 0; i++) {
+                double g = tu_get(&x, i), f = tu_get(&rx, i);
+                int same = isnan(g) ? isnan(f) : isinf(g) ? g == f : !isnan(f) && !isinf(f) && fabs(g - f) <= 8e-3 * (1 + fabs(f));
+                if (!same) bad = i;
+            }
+            tu_check(st == LK_OK && memcmp(r.t.data, rr.t.data, (size_t)(R * D * 2)) == 0 && bad < 0,
+                     "fused_add_rms_norm bf16 special values %s: residual bitwise, x element %lld",
+                     lk_isa_name(isas[ii]), (long long)bad);
+        }
+        tu_free(&x), tu_free(&r);
+    }
+    tu_free(&x0), tu_free(&r0), tu_free(&w), tu_free(&rx), tu_free(&rr);
+}
+
 int main(void) {
     tu_init();
     test_rms_norm_cases();
@@ -475,6 +519,7 @@ int main(void) {
     test_fused();
     test_threads();
     test_special_values();
+    test_special_values_fused();
     test_empty();
     test_bad_inputs();
     test_regress_empty_huge_stride();
