@@ -194,7 +194,7 @@ static lk_status call_gather(const oc_inst *in) {
 static void attn_common(oc_inst *in, oc_size sz, int64_t *B, int64_t ql[2], int64_t kl[2], int64_t *Hq,
                         int64_t *Hk, int64_t *D) {
     *B = 2, *Hq = sz == OC_LARGE ? 8 : 4, *Hk = 2, *D = sz == OC_LARGE ? 64 : 16;
-    ql[0] = sz == OC_LARGE ? 40 : 2, ql[1] = sz == OC_LARGE ? 1 : 3;
+    ql[0] = sz == OC_LARGE ? 40 : 2, ql[1] = sz == OC_LARGE ? 1 : 6; /* > 4 queries: the prefill path */
     kl[0] = sz == OC_LARGE ? 200 : 5, kl[1] = sz == OC_LARGE ? 300 : 7;
     int64_t Tq = ql[0] + ql[1];
     add(in, "out", LK_BF16, 3, (int64_t[]){Tq, *Hq, *D}, 1, 0);
