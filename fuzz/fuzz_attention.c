@@ -1,0 +1,186 @@
+/*
+ * Fuzz harness: lk_flash_attn_varlen (see fuzz_common.h for the checks). Input: batch
+ * (0..3 requests), per-request query and key lengths, padding rows, GQA groups, head
+ * dims (0 too), dense K/V or paged ND / NZ caches (block size, pages, block table with
+ * unused tail entries), lse present or NULL, params (scale, causal, windows, softcap,
+ * layout; out-of-domain values too), index tensors i32/i64 with injected bad values
+ * (validated here from the stored values: cu_seqlens negative / decreasing / beyond the
+ * rows, seqused_k beyond the block table, block_table entries of read pages outside
+ * [0, num_blocks)), API misuse (cu_seqlens_k with a block table, seqused_k without),
+ * out aliasing q, NULL params. out is compared with the ref within the test suite's
+ * vs-ref tolerance, lse within 1e-4.
+ */
+#include "fuzz_common.h"
+
+typedef struct {
+    int out, lse, q, k, v, cuq, cuk, used, table, null_params;
+    lk_attn_params p;
+} attn_attrs;
+
+static lk_status call(const fz_world *w, const void *ap) {
+    const attn_attrs *a = ap;
+    return lk_flash_attn_varlen(fz_t(w, a->out), fz_t(w, a->lse), fz_t(w, a->q), fz_t(w, a->k),
+                                fz_t(w, a->v), fz_t(w, a->cuq), fz_t(w, a->cuk), fz_t(w, a->used),
+                                fz_t(w, a->table), a->null_params ? NULL : &a->p);
+}
+
+/* cu_seqlens rules from the stored values: >= 0, non-decreasing, last <= rows */
+static void check_cu(fz_world *w, int vi, int64_t n1, int64_t rows) {
+    if (!fz_usable(w, vi)) return;
+    for (int64_t i = 0; i < n1; i++) {
+        int64_t c = fz_idx_get(w, vi, i);
+        if (c < 0 || (i && c < fz_idx_get(w, vi, i - 1)) || c > rows)
+            fz_fail_expected(w, "bad cu_seqlens entry");
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fz_in in = {data, size, 0};
+    fz_world w;
+    fz_init(&w, &in, "lk_flash_attn_varlen");
+    attn_attrs a;
+    memset(&a, 0, sizeof a);
+    a.cuk = a.used = a.table = a.lse = -1;
+    int64_t B = fz_range(&in, 0, 3), ql[3], kl[3], Tq = 0, Tk = 0;
+    for (int64_t b = 0; b < B; b++) {
+        ql[b] = fz_range(&in, 0, 4), kl[b] = fz_range(&in, 0, 12);
+        Tq += ql[b], Tk += kl[b];
+    }
+    Tq += fz_range(&in, 0, 2); /* padding rows: out 0, lse -inf */
+    int paged = (int)(fz_u8(&in) % 3);    /* 0 dense, 1 paged ND, 2 paged NZ */
+    int64_t Hk = 1 + (int64_t)(fz_u8(&in) % 2), G = 1 + (int64_t)(fz_u8(&in) % 3), Hq = Hk * G;
+    int64_t Dqk, Dv;
+    if (paged == 2) {
+        Dqk = (16 / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
+        Dv = (16 / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
+    } else {
+        Dqk = fz_dim(&in, 24), Dv = fz_dim(&in, 24);
+        if (Dqk == 0 || Dv == 0) fz_fail_expected(&w, "head dim 0");
+    }
+    if (fz_chance(&in, 6)) {
+        Hq += 1;
+        if (Hq % Hk) fz_fail_expected(&w, "query heads not a multiple of KV heads");
+    }
+    lk_dtype qt = fz_ftype(&in), kt = fz_ftype(&in), vt = fz_ftype(&in), ot = fz_ftype(&in);
+    int64_t qs[3] = {Tq, Hq, Dqk}, os[3] = {Tq, Hq, Dv}, ls[2] = {Tq, Hq};
+    a.q = fz_view_new(&w, &in, "q", qt, 3, qs, FZ_IN);
+    if (fz_u8(&in) % 8 == 0 && Dv == Dqk) { /* out is q */
+        a.out = fz_view_alias(&w, a.q, "out", FZ_OUT);
+        w.v[a.out].inplace_of = -1;
+    } else {
+        a.out = fz_view_new(&w, &in, "out", ot, 3, os, FZ_OUT);
+    }
+    fz_tol(&w, a.out, 3e-5);
+    /* a visible key with an infinite V value: the ref (double) gives +-inf where its
+     * weight is tiny, the f32 kernels NaN where the weight underflows to 0 */
+    w.v[a.out].nonfinite_any = 1;
+    if (fz_u8(&in) % 3) {
+        lk_dtype lt = LK_F32;
+        if (fz_chance(&in, 4)) lt = LK_BF16, fz_fail_expected(&w, "lse not f32");
+        a.lse = fz_view_new(&w, &in, "lse", lt, 2, ls, FZ_OUT);
+        fz_tol(&w, a.lse, 1e-4);
+    }
+    int64_t nb1 = B + 1;
+    a.cuq = fz_view_new(&w, &in, "cu_seqlens_q", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &nb1, FZ_IDX);
+    int64_t cq[4] = {0}, ck[4] = {0};
+    for (int64_t b = 0; b < B; b++) cq[b + 1] = cq[b] + ql[b], ck[b + 1] = ck[b] + kl[b];
+    if (Tq > cq[B] && fz_u8(&in) & 1) /* padding rows first instead of last */
+        for (int64_t b = 0; b <= B; b++) cq[b] += Tq - cq[B];
+    fz_idx_fill(&w, &in, a.cuq, cq, nb1, Tq + 1);
+    check_cu(&w, a.cuq, nb1, Tq);
+    if (paged == 0) {
+        Tk += fz_range(&in, 0, 2);
+        int64_t ks[3] = {Tk, Hk, Dqk}, vs[3] = {Tk, Hk, Dv};
+        a.k = fz_view_new(&w, &in, "k", kt, 3, ks, FZ_IN);
+        a.v = fz_view_new(&w, &in, "v", vt, 3, vs, FZ_IN);
+        a.cuk = fz_view_new(&w, &in, "cu_seqlens_k", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &nb1, FZ_IDX);
+        fz_idx_fill(&w, &in, a.cuk, ck, nb1, Tk + 1);
+        check_cu(&w, a.cuk, nb1, Tk);
+    } else {
+        int64_t bs = 1 + (int64_t)(fz_u8(&in) % 5), NB = 1 + (int64_t)(fz_u8(&in) % 6), maxp = 0;
+        for (int64_t b = 0; b < B; b++)
+            if ((kl[b] + bs - 1) / bs > maxp) maxp = (kl[b] + bs - 1) / bs;
+        maxp += fz_range(&in, 0, 1);
+        if (paged == 1) {
+            int64_t ks[4] = {NB, bs, Hk, Dqk}, vs[4] = {NB, bs, Hk, Dv};
+            a.k = fz_view_new(&w, &in, "k", kt, 4, ks, FZ_IN);
+            a.v = fz_view_new(&w, &in, "v", vt, 4, vs, FZ_IN);
+        } else {
+            int64_t ks[4] = {NB, Hk * Dqk / 16, bs, 16}, vs[4] = {NB, Hk * Dv / 16, bs, 16};
+            a.k = fz_view_new(&w, &in, "k", kt, 4, ks, FZ_IN);
+            a.v = fz_view_new(&w, &in, "v", vt, 4, vs, FZ_IN);
+        }
+        a.p.kv_layout = paged == 2 ? LK_KV_NZ : LK_KV_ND;
+        int64_t ts[2] = {B, maxp};
+        lk_dtype tdt = fz_chance(&in, 4) ? LK_I64 : LK_I32; /* i64 tables are accepted too */
+        a.table = fz_view_new(&w, &in, "block_table", tdt, 2, ts, FZ_IDX);
+        int64_t tv[3 * 13]; /* B <= 3, maxp <= 12 + 1 */
+        for (int64_t i = 0; i < B * maxp; i++) tv[i] = (int64_t)(fz_next(&w.rng) % (uint64_t)NB);
+        fz_idx_fill(&w, &in, a.table, tv, B * maxp, NB);
+        a.used = fz_view_new(&w, &in, "seqused_k", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &B, FZ_IDX);
+        fz_idx_fill(&w, &in, a.used, kl, B, maxp * bs + 1);
+        if (fz_usable(&w, a.used) && !w.v[a.table].bad)
+            for (int64_t b = 0; b < B; b++) {
+                int64_t u = fz_idx_get(&w, a.used, b);
+                if (u < 0 || u > maxp * bs) {
+                    fz_fail_expected(&w, "seqused_k beyond the block table");
+                    continue;
+                }
+                for (int64_t j = 0; j < (u + bs - 1) / bs; j++) {
+                    int64_t pg = fz_idx_get(&w, a.table, b * maxp + j);
+                    if (pg < 0 || pg >= NB) fz_fail_expected(&w, "block_table entry outside the cache");
+                }
+            }
+    }
+    unsigned misuse = fz_u8(&in);
+    if (misuse == 0 && paged) { /* cu_seqlens_k with a block table */
+        a.cuk = a.cuq;
+        fz_fail_expected(&w, "cu_seqlens_k given with a block table");
+    } else if (misuse == 1 && !paged) { /* seqused_k without one */
+        a.used = a.cuq;
+        fz_fail_expected(&w, "seqused_k given without a block table");
+    } else if (misuse == 2 && paged) {
+        a.used = -1;
+        fz_fail_expected(&w, "paged without seqused_k");
+    } else if (misuse == 3 && !paged) {
+        a.cuk = -1;
+        fz_fail_expected(&w, "dense without cu_seqlens_k");
+    }
+    static const float SC[8] = {0.25f, 0.5f, 1.0f, 0.0f, -0.3f, 0.125f, NAN, INFINITY};
+    unsigned si = fz_u8(&in) % 8;
+    a.p.scale = SC[si];
+    if (si >= 6) fz_fail_expected(&w, "scale not finite");
+    a.p.causal = (int)(fz_u8(&in) % 3);
+    static const int64_t WL[6] = {-1, -1, 0, 1, 3, -2}, WR[5] = {-1, -1, 0, 2, -3};
+    unsigned wl = fz_u8(&in) % 6, wr = fz_u8(&in) % 5;
+    a.p.window_left = WL[wl], a.p.window_right = WR[wr];
+    if (wl == 5 || wr == 4) fz_fail_expected(&w, "window < -1");
+    static const float CAP[6] = {0.0f, 0.0f, 5.0f, 30.0f, -1.0f, NAN};
+    unsigned ci = fz_u8(&in) % 6;
+    a.p.softcap = CAP[ci];
+    if (ci >= 4) fz_fail_expected(&w, "softcap out of domain");
+    if (paged && fz_chance(&in, 4)) {
+        a.p.kv_layout = (lk_kv_layout)7;
+        fz_fail_expected(&w, "unknown kv layout");
+    }
+    fz_fill(&w, a.q, -2, 2);
+    fz_fill(&w, a.k, -2, 2);
+    fz_fill(&w, a.v, -2, 2);
+    if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");
+    if (fz_chance(&in, 4)) {
+        unsigned k = fz_u8(&in) % 5;
+        if (k == 0) a.out = -1;
+        else if (k == 1) a.q = -1;
+        else if (k == 2) a.k = -1;
+        else if (k == 3) a.v = -1;
+        else a.cuq = -1;
+        fz_fail_expected(&w, "NULL tensor pointer");
+    }
+    if (getenv("FZ_VERBOSE"))
+        fprintf(stderr, "params: scale %g causal %d window (%lld, %lld) softcap %g layout %d null %d\n",
+                (double)a.p.scale, a.p.causal, (long long)a.p.window_left, (long long)a.p.window_right,
+                (double)a.p.softcap, (int)a.p.kv_layout, a.null_params);
+    fz_run(&w, call, &a);
+    fz_free(&w);
+    return 0;
+}

@@ -1,0 +1,97 @@
+/*
+ * Fuzz harness: lk_reshape_and_cache_flash (see fuzz_common.h for the checks). Input:
+ * T, H, Dk, Dv, num_blocks, block_size (0 too), N <= T (or N > T), dtypes, cache layouts
+ * (any permutation: NHD, HND, ...), k and v caches interleaved in one [NB, 2, ...]
+ * buffer, or one view; slot_mapping i32/i64 with padding (-1 and other negatives),
+ * injected out-of-range values and duplicates. The harness re-validates the stored
+ * slots (>= num_blocks * block_size or a slot used twice must be rejected). Caches are
+ * compared with the ref kernel bit for bit (copies and one rounding).
+ */
+#include "fuzz_common.h"
+
+typedef struct {
+    int k, v, kc, vc, sm;
+} kv_attrs;
+
+static lk_status call(const fz_world *w, const void *ap) {
+    const kv_attrs *a = ap;
+    return lk_reshape_and_cache_flash(fz_t(w, a->k), fz_t(w, a->v), fz_t(w, a->kc), fz_t(w, a->vc),
+                                      fz_t(w, a->sm));
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fz_in in = {data, size, 0};
+    fz_world w;
+    fz_init(&w, &in, "lk_reshape_and_cache_flash");
+    kv_attrs a = {-1, -1, -1, -1, -1};
+    int64_t T = fz_dim(&in, 8), H = fz_dim(&in, 3), Dk = fz_dim(&in, 20), Dv = fz_dim(&in, 20);
+    int64_t NB = fz_dim(&in, 5), bs = fz_dim(&in, 5), N = fz_range(&in, 0, T);
+    if (bs == 0) fz_fail_expected(&w, "block_size 0");
+    if (fz_chance(&in, 6)) {
+        N = T + 1;
+        fz_fail_expected(&w, "more slots than tokens");
+    }
+    lk_dtype kt = fz_ftype(&in), vt = fz_ftype(&in), kct = fz_ftype(&in), vct = fz_ftype(&in);
+    unsigned mode = fz_u8(&in) % 5;
+    if (mode <= 1) Dv = Dk, vct = kct;
+    int64_t kshape[3] = {T, H, Dk}, vshape[3] = {T, H, Dv};
+    if (fz_chance(&in, 6)) {
+        vshape[fz_u8(&in) & 1] += 1;
+        fz_fail_expected(&w, "v's [T, H] differ from k's");
+    }
+    a.k = fz_view_new(&w, &in, "k", kt, 3, kshape, FZ_IN);
+    a.v = fz_view_new(&w, &in, "v", vt, 3, vshape, FZ_IN);
+    int64_t kcs[4] = {NB, bs, H, Dk}, vcs[4] = {NB, bs, H, Dv};
+    if (mode == 0) { /* one [NB, 2, bs, H, D] buffer: k_cache = [:, 0], v_cache = [:, 1] */
+        int64_t ps[5] = {NB, 2, bs, H, Dk};
+        int p = fz_view_new(&w, &in, "kv_cache", kct, 5, ps, FZ_NONE);
+        a.kc = fz_view_select(&w, p, "k_cache", 1, 0, FZ_OUT);
+        a.vc = fz_view_select(&w, p, "v_cache", 1, 1, FZ_OUT);
+    } else if (mode == 1) { /* v_cache is k_cache */
+        a.kc = fz_view_new(&w, &in, "k_cache", kct, 4, kcs, FZ_OUT);
+        a.vc = fz_view_alias(&w, a.kc, "v_cache", FZ_OUT);
+        w.v[a.vc].inplace_of = -1;
+    } else {
+        if (fz_chance(&in, 6)) {
+            vcs[fz_u8(&in) % 3] += 1;
+            fz_fail_expected(&w, "v_cache's [NB, bs, H] differ from k_cache's");
+        }
+        a.kc = fz_view_new(&w, &in, "k_cache", kct, 4, kcs, FZ_OUT);
+        a.vc = fz_view_new(&w, &in, "v_cache", vct, 4, vcs, FZ_OUT);
+    }
+    a.sm = fz_view_new(&w, &in, "slot_mapping", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &N, FZ_IDX);
+    /* valid slots: distinct, from a shuffled [0, NB * bs), with padding */
+    int64_t nslots = NB * bs, sv[9];
+    int64_t perm[25];
+    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
+    for (int64_t i = nslots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(fz_next(&w.rng) % (uint64_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    unsigned pad = fz_u8(&in);
+    for (int64_t i = 0; i < N; i++)
+        sv[i] = (i < nslots && (fz_next(&w.rng) & 255) >= pad / 2) ? perm[i] : -1 - (int64_t)(fz_next(&w.rng) % 3);
+    if (N >= 2 && fz_chance(&in, 16)) sv[fz_range(&in, 0, N - 1)] = sv[fz_range(&in, 0, N - 1)];
+    fz_idx_fill(&w, &in, a.sm, sv, N, nslots);
+    if (fz_usable(&w, a.sm))
+        for (int64_t i = 0; i < N; i++) {
+            int64_t s = fz_idx_get(&w, a.sm, i);
+            if (s >= nslots) fz_fail_expected(&w, "slot beyond the cache");
+            for (int64_t j = 0; j < i && s >= 0; j++)
+                if (fz_idx_get(&w, a.sm, j) == s) fz_fail_expected(&w, "slot used twice");
+        }
+    fz_fill(&w, a.k, -4, 4);
+    fz_fill(&w, a.v, -4, 4);
+    if (fz_chance(&in, 4)) {
+        unsigned k = fz_u8(&in) % 5;
+        if (k == 0) a.k = -1;
+        else if (k == 1) a.v = -1;
+        else if (k == 2) a.kc = -1;
+        else if (k == 3) a.vc = -1;
+        else a.sm = -1;
+        fz_fail_expected(&w, "NULL tensor pointer");
+    }
+    fz_run(&w, call, &a);
+    fz_free(&w);
+    return 0;
+}

@@ -1,0 +1,198 @@
+/*
+ * Fuzz harness: lk_concat_and_cache_mla and lk_gather_cache (see fuzz_common.h for the
+ * checks). concat: T, Dl, Dr (0 too), one cache or two, ND (3-D or 4-D) or NZ
+ * physical views (widths that are and are not multiples of 16), slot_mapping i32/i64
+ * with padding, out-of-range values and duplicates (re-validated here from the stored
+ * values), the k_pe cache aliasing the kv_c cache. gather: batch, seq_lens (i32; i64
+ * rejected) with negative / too long values, block_table (i32) entries in and outside
+ * [0, num_blocks) for pages that are and are not read, out [S, C] or [S, H, D], ND / NZ
+ * caches, out rows not matching sum(seq_lens). Results are compared bit for bit.
+ */
+#include "fuzz_common.h"
+
+typedef struct {
+    int gather, layout;
+    int kv_c, k_pe, c0, c1, sm;         /* concat */
+    int out, cache, table, lens;        /* gather */
+} mla_attrs;
+
+static lk_status call(const fz_world *w, const void *ap) {
+    const mla_attrs *a = ap;
+    if (!a->gather)
+        return lk_concat_and_cache_mla(fz_t(w, a->kv_c), fz_t(w, a->k_pe), fz_t(w, a->c0), fz_t(w, a->c1),
+                                       fz_t(w, a->sm), (lk_kv_layout)a->layout);
+    return lk_gather_cache(fz_t(w, a->out), fz_t(w, a->cache), fz_t(w, a->table), fz_t(w, a->lens),
+                           (lk_kv_layout)a->layout);
+}
+
+/* a cache view of `width` entry dims: ND [NB, bs, width] (or [NB, bs, H, width / H]
+ * with h4), NZ [NB, width / 16, bs, 16]; a width that NZ cannot hold must be rejected */
+static int cache_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nz, int64_t NB,
+                      int64_t bs, int64_t H, int64_t width, int h4) {
+    if (nz) {
+        if (width % 16) fz_fail_expected(w, "NZ width not a multiple of 16");
+        int64_t s[4] = {NB, width / 16, bs, 16};
+        return fz_view_new(w, in, name, dt, 4, s, FZ_OUT);
+    }
+    if (h4) {
+        int64_t s[4] = {NB, bs, H, H ? width / H : 0};
+        return fz_view_new(w, in, name, dt, 4, s, FZ_OUT);
+    }
+    int64_t s[3] = {NB, bs, width};
+    return fz_view_new(w, in, name, dt, 3, s, FZ_OUT);
+}
+
+static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
+    w->op = "lk_concat_and_cache_mla";
+    int nz = a->layout == LK_KV_NZ;
+    int64_t T = fz_dim(in, 6), NB = fz_dim(in, 4), bs = fz_dim(in, 4), N = fz_range(in, 0, T);
+    int64_t Dl = nz ? 16 * fz_range(in, 0, 2) + (fz_chance(in, 16) ? 8 : 0) : fz_dim(in, 40);
+    int64_t Dr = nz ? 16 * fz_range(in, 0, 1) + (fz_chance(in, 16) ? 8 : 0) : fz_dim(in, 20);
+    if (bs == 0 && NB > 0) fz_fail_expected(w, "block_size 0");
+    int64_t ks[2] = {T, Dl}, ps[2] = {T, Dr};
+    if (fz_chance(in, 6)) {
+        ps[0] += 1;
+        fz_fail_expected(w, "k_pe's tokens differ from kv_c's");
+    }
+    a->kv_c = fz_view_new(w, in, "kv_c", fz_ftype(in), 2, ks, FZ_IN);
+    a->k_pe = fz_view_new(w, in, "k_pe", fz_ftype(in), 2, ps, FZ_IN);
+    lk_dtype ct = fz_ftype(in);
+    unsigned two = fz_u8(in) % 4;
+    if (two == 0) { /* one cache holding both parts */
+        a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl + Dr, fz_u8(in) & 1);
+        a->c1 = -1;
+    } else if (two == 1) { /* k_pe_cache is kv_c_cache */
+        if (nz && (Dl % 16 || Dr % 16)) fz_fail_expected(w, "NZ width not a multiple of 16");
+        a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl, 0);
+        a->c1 = fz_view_alias(w, a->c0, "k_pe_cache", FZ_OUT);
+        w->v[a->c1].inplace_of = -1;
+        if (Dl != Dr) fz_fail_expected(w, "k_pe_cache's width differs");
+    } else {
+        if (nz && Dl % 16) fz_fail_expected(w, "NZ width not a multiple of 16");
+        a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl, 0);
+        int64_t NB1 = NB;
+        if (fz_chance(in, 6)) {
+            NB1 += 1;
+            fz_fail_expected(w, "k_pe_cache's num_blocks differ");
+        }
+        a->c1 = cache_view(w, in, "k_pe_cache", fz_ftype(in), nz, NB1, bs, 1, Dr, 0);
+    }
+    a->sm = fz_view_new(w, in, "slot_mapping", fz_u8(in) & 1 ? LK_I64 : LK_I32, 1, &N, FZ_IDX);
+    int64_t nslots = NB * bs, sv[6], perm[16];
+    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
+    for (int64_t i = nslots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(fz_next(&w->rng) % (uint64_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w->rng) % 4 ? perm[i] : -1;
+    if (N >= 2 && fz_chance(in, 16)) sv[fz_range(in, 0, N - 1)] = sv[fz_range(in, 0, N - 1)];
+    fz_idx_fill(w, in, a->sm, sv, N, nslots);
+    if (fz_usable(w, a->sm))
+        for (int64_t i = 0; i < N; i++) {
+            int64_t s = fz_idx_get(w, a->sm, i);
+            if (s >= nslots) fz_fail_expected(w, "slot beyond the cache");
+            for (int64_t j = 0; j < i && s >= 0; j++)
+                if (fz_idx_get(w, a->sm, j) == s) fz_fail_expected(w, "slot used twice");
+        }
+    fz_fill(w, a->kv_c, -4, 4);
+    fz_fill(w, a->k_pe, -4, 4);
+    if (fz_chance(in, 4)) {
+        unsigned k = fz_u8(in) % 4;
+        if (k == 0) a->kv_c = -1;
+        else if (k == 1) a->k_pe = -1;
+        else if (k == 2) a->c0 = -1;
+        else a->sm = -1;
+        fz_fail_expected(w, "NULL tensor pointer");
+    }
+}
+
+static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
+    w->op = "lk_gather_cache";
+    int nz = a->layout == LK_KV_NZ;
+    int64_t B = fz_range(in, 0, 3), bs = 1 + (int64_t)(fz_u8(in) % 4), NB = 1 + (int64_t)(fz_u8(in) % 6);
+    int64_t H = 1 + (int64_t)(fz_u8(in) % 3), D;
+    if (nz) D = H == 3 ? 16 : 16 / H * (1 + (int64_t)(fz_u8(in) % 2));
+    else D = fz_dim(in, 20);
+    int64_t C = H * D, len[3], S = 0, maxp = 0;
+    for (int64_t b = 0; b < B; b++) {
+        len[b] = fz_range(in, 0, 10);
+        S += len[b];
+        if ((len[b] + bs - 1) / bs > maxp) maxp = (len[b] + bs - 1) / bs;
+    }
+    maxp += fz_range(in, 0, 1);
+    if (fz_chance(in, 6)) {
+        S += 1;
+        fz_fail_expected(w, "out's rows differ from sum(seq_lens)");
+    }
+    lk_dtype ot = fz_ftype(in), ct = fz_ftype(in);
+    unsigned shape3 = fz_u8(in) % 3;
+    if (shape3 == 0) { /* out [S, H, D] */
+        int64_t s[3] = {S, H, D};
+        a->out = fz_view_new(w, in, "out", ot, 3, s, FZ_OUT);
+    } else { /* out [S, C] */
+        int64_t s[2] = {S, C};
+        a->out = fz_view_new(w, in, "out", ot, 2, s, FZ_OUT);
+    }
+    int h4 = !nz && (fz_u8(in) & 1);
+    if (!nz && shape3 != 0 && !h4) H = 1, D = C; /* 2-D out and 3-D ND cache: one head of C */
+    a->cache = cache_view(w, in, "cache", ct, nz, NB, bs, H, C, h4);
+    w->v[a->cache].role = FZ_IN;
+    int64_t ts[2] = {B, maxp};
+    lk_dtype tdt = LK_I32, ldt = LK_I32;
+    if (fz_chance(in, 4)) tdt = LK_I64, fz_fail_expected(w, "block_table not i32");
+    if (fz_chance(in, 4)) ldt = LK_I64, fz_fail_expected(w, "seq_lens not i32");
+    a->table = fz_view_new(w, in, "block_table", tdt, 2, ts, FZ_IDX);
+    a->lens = fz_view_new(w, in, "seq_lens", ldt, 1, &B, FZ_IDX);
+    int64_t tv[3 * 11];
+    for (int64_t i = 0; i < B * maxp; i++) tv[i] = (int64_t)(fz_next(&w->rng) % (uint64_t)NB);
+    fz_idx_fill(w, in, a->table, tv, B * maxp, NB);
+    fz_idx_fill(w, in, a->lens, len, B, maxp * bs + 1);
+    if (fz_usable(w, a->lens) && !w->v[a->table].bad) {
+        int64_t sum = 0;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t l = fz_idx_get(w, a->lens, b);
+            if (l < 0 || l > maxp * bs) {
+                fz_fail_expected(w, "seq_lens out of range");
+                continue;
+            }
+            sum += l;
+            for (int64_t j = 0; j < (l + bs - 1) / bs; j++) {
+                int64_t pg = fz_idx_get(w, a->table, b * maxp + j);
+                if (pg < 0 || pg >= NB) fz_fail_expected(w, "block_table entry outside the cache");
+            }
+        }
+        if (sum != S) fz_fail_expected(w, "out's rows differ from sum(seq_lens)");
+    }
+    fz_fill(w, a->cache, -4, 4);
+    if (fz_chance(in, 4)) {
+        unsigned k = fz_u8(in) % 4;
+        if (k == 0) a->out = -1;
+        else if (k == 1) a->cache = -1;
+        else if (k == 2) a->table = -1;
+        else a->lens = -1;
+        fz_fail_expected(w, "NULL tensor pointer");
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fz_in in = {data, size, 0};
+    fz_world w;
+    fz_init(&w, &in, "mla_cache");
+    mla_attrs a;
+    memset(&a, 0xff, sizeof a); /* every view index -1 */
+    a.gather = fz_u8(&in) & 1;
+    unsigned lay = fz_u8(&in) % 16;
+    a.layout = lay < 7 ? LK_KV_ND : lay < 15 ? LK_KV_NZ : 2;
+    if (a.layout == 2) {
+        fz_fail_expected(&w, "unknown layout");
+        a.layout = fz_u8(&in) & 1 ? 2 : -1;
+    }
+    int lay_for_views = a.layout;
+    if (lay_for_views != LK_KV_ND && lay_for_views != LK_KV_NZ) a.layout = LK_KV_ND;
+    if (a.gather) gather(&w, &in, &a);
+    else concat(&w, &in, &a);
+    a.layout = lay_for_views;
+    fz_run(&w, call, &a);
+    fz_free(&w);
+    return 0;
+}
