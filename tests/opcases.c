@@ -6,6 +6,7 @@
  */
 #include "opcases.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -239,6 +240,79 @@ static lk_status call_attn_paged(const oc_inst *in) {
                                 &in->params);
 }
 
+/* ---------------------------------------------------------------- MLA prefix prefill */
+
+/* args: out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, then
+ * k_pe_cache (two-buffer entries only), kv_b_proj. One entry per strategy (each runs its
+ * own code), with the cache layouts and buffer counts spread over them. Request 1's
+ * first pages are request 0's (dedup shares their projection); a request without new
+ * tokens and padding rows after the last request in the larger sizes. */
+#define OC_MLA_TWO 8 /* flag bit: two-buffer cache; low bits: the layout */
+
+static void make_mla(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout lay, int two) {
+    int64_t B = 3, H = sz == OC_LARGE ? 8 : sz ? 4 : 2, Dn = sz == OC_LARGE ? 64 : 16, Dr = 16;
+    int64_t Dv = sz == OC_LARGE ? 64 : 16, Dl = sz == OC_LARGE ? 256 : sz ? 64 : 32, bs = sz == OC_LARGE ? 16 : 4;
+    int64_t ql_s[3] = {3, 2, 2}, pl_s[3] = {5, 3, 0}, ql_m[3] = {9, 1, 0}, pl_m[3] = {21, 10, 6};
+    int64_t ql_l[3] = {40, 1, 17}, pl_l[3] = {300, 120, 0}, pad = sz == OC_SMALL ? 0 : 2, share = sz == OC_SMALL ? 0 : 2;
+    const int64_t *ql = sz == OC_LARGE ? ql_l : sz ? ql_m : ql_s, *pl = sz == OC_LARGE ? pl_l : sz ? pl_m : pl_s;
+    int64_t Tn = pad, np[3], maxp = 1, nb = 2;
+    for (int64_t b = 0; b < B; b++) {
+        Tn += ql[b];
+        np[b] = (pl[b] + bs - 1) / bs;
+        if (np[b] > maxp) maxp = np[b];
+        nb += np[b];
+    }
+    maxp += 1; /* a spare column (-1: never looked at) */
+    int64_t Dqk = Dn + Dr, n1 = B + 1;
+    add(in, "out", LK_BF16, 3, (int64_t[]){Tn, H, Dv}, 1, 1);
+    tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tn, H, Dqk}, 0, 0), -1, 1);
+    tu_fill_uniform(add(in, "k", LK_F16, 3, (int64_t[]){Tn, H, Dqk}, 0, 1), -1, 1);
+    tu_fill_uniform(add(in, "v", LK_F32, 3, (int64_t[]){Tn, H, Dv}, 0, 0), -1, 1);
+    tu_buf *cu = add(in, "cu_seqlens_q", two ? LK_I64 : LK_I32, 1, &n1, 0, 0);
+    tu_buf *pb = add(in, "prefix_lens", LK_I32, 1, &B, 0, 0);
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), acc = 0, next = 0;
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        tu_set(cu, b, (double)acc);
+        acc += ql[b];
+        tu_set(pb, b, (double)pl[b]);
+        for (int64_t i = 0; i < maxp; i++)
+            tu_set(bt, b * maxp + i, i >= np[b] ? -1.0 : b == 1 && i < share ? tu_get(bt, i) : (double)perm[next++]);
+    }
+    tu_set(cu, B, (double)acc);
+    free(perm);
+    int64_t E = two ? Dl : Dl + Dr;
+    if (lay == LK_KV_NZ) {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 4, (int64_t[]){nb, E / 16, bs, 16}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 4, (int64_t[]){nb, Dr / 16, bs, 16}, 0, 0), -1, 1);
+    } else {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){nb, bs, E}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
+    }
+    if (two) in->arg[8].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
+    double wa = 1.7 / sqrt((double)Dl);
+    tu_fill_uniform(add(in, "kv_b_proj", two ? LK_F32 : LK_BF16, 2, (int64_t[]){H * (Dn + Dv), Dl}, 0, 0), -wa, wa);
+    in->mla = lk_mla_params_default((float)(1.0 / sqrt((double)Dqk)));
+    in->mla.strategy = st;
+    in->mla.cache_layout = lay;
+    in->flag = (int)lay | (two ? OC_MLA_TWO : 0);
+}
+static void make_mla_split(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_SPLIT_MERGE, LK_KV_ND, 0); }
+static void make_mla_concat(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_CONCAT, LK_KV_NZ, 1); }
+static void make_mla_fused(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_FUSED, LK_KV_ND, 1); }
+static void make_mla_absorbed(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_ABSORBED, LK_KV_NZ, 0); }
+static void make_mla_auto(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_AUTO, LK_KV_ND, 0); }
+static lk_status call_mla(const oc_inst *in) {
+    int two = (in->flag & OC_MLA_TWO) != 0;
+    return lk_mla_prefix_prefill(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6), T(in, 7),
+                                 two ? T(in, 8) : NULL, T(in, two ? 9 : 8), &in->mla);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const oc_op OC_OPS[] = {
@@ -255,6 +329,11 @@ const oc_op OC_OPS[] = {
     {"lk_gather_cache", make_gather, call_gather},
     {"lk_flash_attn_varlen", make_attn_dense, call_attn_dense},      /* dense K/V */
     {"lk_flash_attn_varlen", make_attn_paged, call_attn_paged},      /* paged K/V */
+    {"lk_mla_prefix_prefill", make_mla_split, call_mla},             /* split + merge, ND */
+    {"lk_mla_prefix_prefill", make_mla_concat, call_mla},            /* concat, NZ two buffers */
+    {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */
+    {"lk_mla_prefix_prefill", make_mla_absorbed, call_mla},          /* absorbed, NZ */
+    {"lk_mla_prefix_prefill", make_mla_auto, call_mla},              /* auto, ND */
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 

@@ -39,6 +39,7 @@ typedef struct {
     int flag;              /* gemma, is_neox, layout, ... (per op) */
     int n;                 /* merge_attn_states_n: number of states */
     lk_attn_params params; /* flash attention */
+    lk_mla_params mla;     /* MLA prefix prefill */
 } oc_inst;
 
 struct oc_op {

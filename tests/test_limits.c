@@ -18,11 +18,20 @@
  * any stride sign), so the table checks the opposite: each argument re-laid out with its
  * first dim reversed in memory (negative stride, same logical contents) gives the
  * baseline's results, and the written arguments' garbage stays untouched.
+ *
+ * Coverage: every operator declared in include/llmkern.h (an LK_API function returning
+ * lk_status that takes an lk_tensor) must have an entry in the registry, so none can be
+ * added without joining the limits, concurrency and determinism suites.
  */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "opcases.h"
+
+#ifndef LK_PUBLIC_HEADER
+#error "LK_PUBLIC_HEADER (the path of include/llmkern.h) is set by CMakeLists.txt"
+#endif
 
 typedef struct {
     const char *what;
@@ -189,8 +198,35 @@ static void test_negative_strides(void) {
     }
 }
 
+/* every public operator of the header is in OC_OPS */
+static void test_registry_covers_header(void) {
+    FILE *f = fopen(LK_PUBLIC_HEADER, "rb");
+    if (!tu_check(f != NULL, "registry coverage: read %s", LK_PUBLIC_HEADER)) return;
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    int found = 0;
+    for (const char *p = text; (p = strstr(p, "LK_API lk_status ")) != NULL;) {
+        p += strlen("LK_API lk_status ");
+        char name[96];
+        int len = 0;
+        while ((isalnum((unsigned char)p[len]) || p[len] == '_') && len < (int)sizeof name - 1) name[len] = p[len], len++;
+        name[len] = '\0';
+        const char *close = strchr(p, ')');
+        const char *tensor = strstr(p, "lk_tensor");
+        if (!close || !tensor || tensor > close) continue; /* not an operator (lk_set_isa, ...) */
+        found++;
+        int in_registry = 0;
+        for (int o = 0; o < OC_NOPS; o++) in_registry |= !strcmp(OC_OPS[o].name, name);
+        tu_check(in_registry, "registry coverage: public operator %s has an entry in OC_OPS (tests/opcases.c)", name);
+    }
+    tu_check(found >= 13, "registry coverage: %d public operators found in %s", found, LK_PUBLIC_HEADER);
+}
+
 int main(void) {
     tu_init();
+    test_registry_covers_header();
     test_table();
     test_negative_strides();
     return tu_finish("test_limits");
