@@ -243,6 +243,9 @@ static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tens
     if (a->lat.block_size > INT_MAX / 8)
         return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond OpenBLAS's int sizes",
                        (long long)a->lat.block_size);
+    /* an empty cache may have block_size 0 ([0, 0, E] is valid): no page exists, and 1
+     * keeps the page counts ceil(prefix_lens / block_size) defined */
+    if (a->lat.block_size < 1) a->lat.block_size = a->rope.block_size = 1;
     return LK_OK;
 }
 
