@@ -1,5 +1,5 @@
 # llmkern top-level targets. `make run` = main job (build + benchmark/validation),
-# `make test` = build + every test (plain and ASan/UBSan builds).
+# `make test` = build + every test (plain and ASan/UBSan builds, Python binding, fuzz smoke).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -30,8 +30,11 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/run.sh $(ASAN_BUILD)
 
 # every test: the C tests of the optimised build and of the sanitizer build, the Python
-# binding's pytest suite, one grand total at the end
-TEST_SUITES = python=./scripts/test_python.sh $(BUILD)
+# binding's pytest suite, the fuzz smoke (fuzz-smoke below: builds the harnesses, clang-14
+# installed when missing, and runs each for FUZZ_SMOKE_TIME seconds; if clang cannot be
+# installed or a harness fails to build or finds a bug, the suite fails), one grand
+# total at the end
+TEST_SUITES = python=./scripts/test_python.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
@@ -61,10 +64,12 @@ bench-torch: build
 # fuzz/Makefile with clang-14 and -fsanitize=fuzzer,address,undefined against the library
 # sources compiled with the same flags; seeds in fuzz/corpus/<family>/.
 #   make fuzz FUZZ_TIME=60   every harness for FUZZ_TIME seconds (FUZZ_JOBS at once)
-#   make fuzz-smoke          every harness for 5 s: one line each, then "N passed, M failed"
+#   make fuzz-smoke          every harness for FUZZ_SMOKE_TIME (3) s, $(JOBS) at once: one
+#                            line each, then "N passed, M failed" (part of `make test`)
 # clang-14, libclang-rt-14-dev and libomp-14-dev are installed when missing.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TIME ?= 60
+FUZZ_SMOKE_TIME ?= 3
 FUZZ_JOBS ?= 1
 TSAN_BUILD ?= build-tsan
 VALGRIND_BUILD ?= build-valgrind
@@ -83,7 +88,7 @@ fuzz: fuzz-build
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(FUZZ_JOBS) ./scripts/fuzz.sh $(FUZZ_TIME)
 
 fuzz-smoke: fuzz-build
-	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(JOBS) ./scripts/fuzz.sh 5
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(JOBS) ./scripts/fuzz.sh $(FUZZ_SMOKE_TIME)
 
 # Every test under ThreadSanitizer (+ UBSan), built with clang-14 and LLVM's OpenMP
 # runtime: libgomp is not TSan-instrumented (its barriers would show as races), libomp
