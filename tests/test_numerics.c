@@ -351,6 +351,102 @@ static void test_attention_page_tail(void) {
     }
 }
 
+/* ---------------------------------------------------------------- mla_prefix_prefill */
+
+/* Two requests over one-buffer ND latent cache pages of 4 slots: request 0 has 3 new
+ * tokens over a prefix of 6 (pages 0, 1; page 1 half used), request 1 has 2 over 5 (pages
+ * 2, 3; page 3 one slot); page 4 is unused; one padding row at the end. Every slot no
+ * prefix uses holds NaN. Each rule on every ISA and every strategy. */
+enum { MH = 2, MDN = 16, MDR = 16, MDV = 16, MDL = 32, ME = MDL + MDR, MBS = 4, MNB = 5, MT = 6 };
+static float mq[MT][MH][MDN + MDR], mk[MT][MH][MDN + MDR], mv[MT][MH][MDV], mw[MH * (MDN + MDV)][MDL];
+static float mc[MNB][MBS][ME], mout[MT][MH][MDV], mbase[MT][MH][MDV];
+
+static void mla_fill(void) {
+    uint32_t r = 12345;
+#define MLA_RND() ((float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f)
+    for (int i = 0; i < MT * MH * (MDN + MDR); i++) (&mq[0][0][0])[i] = MLA_RND(), (&mk[0][0][0])[i] = MLA_RND();
+    for (int i = 0; i < MT * MH * MDV; i++) (&mv[0][0][0])[i] = MLA_RND();
+    for (int i = 0; i < MH * (MDN + MDV) * MDL; i++) (&mw[0][0])[i] = 0.3f * MLA_RND();
+    static const int used[MNB] = {4, 2, 4, 1, 0};
+    for (int p = 0; p < MNB; p++)
+        for (int sl = 0; sl < MBS; sl++)
+            for (int d = 0; d < ME; d++) mc[p][sl][d] = sl < used[p] ? MLA_RND() : NAN;
+#undef MLA_RND
+}
+
+static lk_status mla_call(lk_mla_strategy st) {
+    int32_t cq[3] = {0, 3, 5}, pl[2] = {6, 5}, bt[2][3] = {{0, 1, -1}, {2, 3, -1}};
+    lk_tensor tq = t3(mq, LK_F32, MT, MH, MDN + MDR), tk = t3(mk, LK_F32, MT, MH, MDN + MDR);
+    lk_tensor tv = t3(mv, LK_F32, MT, MH, MDV), to = t3(mout, LK_F32, MT, MH, MDV);
+    lk_tensor tcq = t1(cq, LK_I32, 3), tpl = t1(pl, LK_I32, 2), tbt = t2(bt, LK_I32, 2, 3);
+    lk_tensor tc = t3(mc, LK_F32, MNB, MBS, ME), tw = t2(mw, LK_F32, MH * (MDN + MDV), MDL);
+    lk_mla_params p = lk_mla_params_default(0.125f);
+    p.strategy = st;
+    for (int i = 0; i < MT * MH * MDV; i++) (&mout[0][0][0])[i] = -7.0f; /* garbage, padding row included */
+    return lk_mla_prefix_prefill(&to, &tq, &tk, &tv, &tcq, &tpl, &tbt, &tc, NULL, &tw, &p);
+}
+
+/* rows [t0, t1) of out: every value NaN (want_nan) or equal to the baseline within 1e-5 */
+static int mla_rows(int t0, int t1, int want_nan) {
+    int ok = 1;
+    for (int t = t0; t < t1; t++)
+        for (int h = 0; h < MH; h++)
+            for (int d = 0; d < MDV; d++)
+                ok &= want_nan ? isnan(mout[t][h][d]) : fabsf(mout[t][h][d] - mbase[t][h][d]) <= 1e-5f;
+    return ok;
+}
+
+static void test_mla(void) {
+    static const lk_mla_strategy ST[5] = {LK_MLA_AUTO, LK_MLA_SPLIT_MERGE, LK_MLA_CONCAT, LK_MLA_FUSED, LK_MLA_ABSORBED};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int si = 0; si < 5; si++) {
+            const char *isa = lk_isa_name(isas[ii]), *sn = lk_mla_strategy_name(ST[si]);
+            mla_fill();
+            lk_status st = mla_call(ST[si]);
+            int ok = st == LK_OK;
+            for (int t = 0; t < MT; t++)
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= t < 5 ? isfinite(mout[t][h][d]) : is_poszero(mout[t][h][d]);
+            memcpy(mbase, mout, sizeof mout);
+            tu_check(ok, "%s mla %s: NaN in every cache slot no prefix uses never reaches the output; the padding "
+                         "row is +0", isa, sn);
+
+            mq[1][0][2] = NAN; /* q_nope of (token 1, head 0) */
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(1, 2, 0) == 0 && mla_rows(0, 1, 0) && mla_rows(2, 5, 0);
+            for (int d = 0; d < MDV; d++) ok &= isnan(mout[1][0][d]) && fabsf(mout[1][1][d] - mbase[1][1][d]) <= 1e-5f;
+            tu_check(ok, "%s mla %s: a NaN in q makes only its (token, head) row NaN", isa, sn);
+            mla_fill();
+
+            mc[0][1][3] = NAN; /* a latent value of request 0's prefix token 1 */
+            st = mla_call(ST[si]);
+            tu_check(st == LK_OK && mla_rows(0, 3, 1) && mla_rows(3, 5, 0),
+                     "%s mla %s: a NaN in a used cache entry makes its request's rows NaN (every head), other "
+                     "requests unaffected", isa, sn);
+            mla_fill();
+
+            mc[2][0][MDL] = INFINITY; /* k_pe of request 1's prefix token 0, q_rope > 0: score +inf */
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++) mq[t][h][MDN] = 0.5f;
+            st = mla_call(ST[si]);
+            tu_check(st == LK_OK && mla_rows(3, 5, 1) && mla_rows(0, 3, 0),
+                     "%s mla %s: a +inf score makes its rows NaN (as flash_attn), other requests unaffected", isa, sn);
+            mla_fill();
+
+            mc[2][0][MDL] = -INFINITY; /* the same key scores -inf: weight 0 */
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++) mq[t][h][MDN] = 0.5f;
+            st = mla_call(ST[si]);
+            ok = st == LK_OK;
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
+            tu_check(ok, "%s mla %s: a -inf score weighs 0 (finite rows)", isa, sn);
+        }
+    }
+}
+
 int main(void) {
     tu_init();
     ni = tu_isas(isas);
@@ -363,6 +459,7 @@ int main(void) {
     test_softmax();
     test_attention();
     test_attention_page_tail();
+    test_mla();
     lk_set_isa(lk_isa_best());
     return tu_finish("test_numerics");
 }
