@@ -1,5 +1,5 @@
 # llmkern top-level targets. `make run` = main job (build + benchmark/validation),
-# `make test` = build + every test (plain and ASan/UBSan builds).
+# `make test` = build + every test (plain and ASan/UBSan builds, Python binding, fuzz smoke).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -31,9 +31,11 @@ test-sanitize: deps
 
 # every test: the C tests of the optimised build and of the sanitizer build, the Python
 # binding's pytest suite on the package as `pip install ./python` builds it (installed
-# into $(BUILD)/py-install, nothing outside the build directory changes), one grand
-# total at the end
-TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)
+# into $(BUILD)/py-install, nothing outside the build directory changes), the fuzz
+# smoke (fuzz-smoke below: builds the harnesses, clang-14 installed when missing, and
+# runs each for FUZZ_SMOKE_TIME seconds; if clang cannot be installed or a harness fails
+# to build or finds a bug, the suite fails), one grand total at the end
+TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
@@ -57,3 +59,55 @@ bench-torch: build
 	@python3 -c 'import numpy' 2>/dev/null || python3 -m pip install -q numpy || python3 -m pip install -q --break-system-packages numpy
 	@python3 -c 'import torch' 2>/dev/null || python3 -m pip install torch || python3 -m pip install --break-system-packages torch
 	PYTHONPATH=python LLMKERN_LIB=$(BUILD)/libllmkern.so python3 python/bench_torch.py $(BENCH_TORCH_ARGS)
+
+# ---------------------------------------------------------------- robustness
+# Fuzzing: one libFuzzer harness per operator family (fuzz/fuzz_<family>.c), built by
+# fuzz/Makefile with clang-14 and -fsanitize=fuzzer,address,undefined against the library
+# sources compiled with the same flags; seeds in fuzz/corpus/<family>/.
+#   make fuzz FUZZ_TIME=60   every harness for FUZZ_TIME seconds (FUZZ_JOBS at once)
+#   make fuzz-smoke          every harness for FUZZ_SMOKE_TIME (3) s, $(JOBS) at once: one
+#                            line each, then "N passed, M failed" (part of `make test`)
+# clang-14, libclang-rt-14-dev and libomp-14-dev are installed when missing.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME ?= 60
+FUZZ_SMOKE_TIME ?= 3
+FUZZ_JOBS ?= 1
+TSAN_BUILD ?= build-tsan
+VALGRIND_BUILD ?= build-valgrind
+
+.PHONY: clang-deps fuzz-build fuzz fuzz-smoke test-tsan test-valgrind
+
+clang-deps:
+	@./scripts/install_clang_deps.sh
+
+fuzz-build: clang-deps
+	@mkdir -p $(FUZZ_BUILD)
+	@$(MAKE) --no-print-directory -f fuzz/Makefile FUZZ_BUILD=$(FUZZ_BUILD) -j $(JOBS) >$(FUZZ_BUILD)/build.log 2>&1 \
+	  || (tail -n 40 $(FUZZ_BUILD)/build.log; exit 1)
+
+fuzz: fuzz-build
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(FUZZ_JOBS) ./scripts/fuzz.sh $(FUZZ_TIME)
+
+fuzz-smoke: fuzz-build
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(JOBS) ./scripts/fuzz.sh $(FUZZ_SMOKE_TIME)
+
+# Every test under ThreadSanitizer (+ UBSan), built with clang-14 and LLVM's OpenMP
+# runtime: libgomp is not TSan-instrumented (its barriers would show as races), libomp
+# with its Archer tool (OMP_TOOL_LIBRARIES) tells TSan about OpenMP's synchronisation, so
+# the kernels' real OpenMP threads are checked; ignore_noninstrumented_modules keeps
+# reports to instrumented code.
+test-tsan: clang-deps
+	CC=clang-14 cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_BUILD_BENCH=OFF \
+	  "-DCMAKE_C_FLAGS=-fsanitize=thread,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread,undefined -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread,undefined >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	OMP_TOOL_LIBRARIES=$$(llvm-config-14 --libdir)/libarcher.so \
+	  TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1" UBSAN_OPTIONS=print_stacktrace=1 \
+	  ./tests/run.sh $(TSAN_BUILD)
+
+# valgrind memcheck over a representative subset (scripts/valgrind.sh): every operator
+# through the registry suites on small shapes, both ISAs, threads on
+test-valgrind: deps
+	cmake -S . -B $(VALGRIND_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_BUILD_BENCH=OFF >/dev/null
+	cmake --build $(VALGRIND_BUILD) -j $(JOBS)
+	./scripts/valgrind.sh $(VALGRIND_BUILD)

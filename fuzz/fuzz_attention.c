@@ -6,7 +6,7 @@
  * layout; out-of-domain values too), index tensors i32/i64 with injected bad values
  * (validated here from the stored values: cu_seqlens negative / decreasing / beyond the
  * rows, seqused_k beyond the block table, block_table entries of read pages outside
- * [0, num_blocks)), API misuse (cu_seqlens_k with a block table, seqused_k without),
+ * [0, num_blocks)), empty caches (0 pages, block size 0 too), API misuse (cu_seqlens_k with a block table, seqused_k without),
  * out aliasing q, NULL params. out is compared with the ref within the test suite's
  * vs-ref tolerance, lse within 1e-4.
  */
@@ -98,8 +98,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_cu(&w, a.cuk, nb1, Tk);
     } else {
         int64_t bs = 1 + (int64_t)(fz_u8(&in) % 5), NB = 1 + (int64_t)(fz_u8(&in) % 6), maxp = 0;
+        if (fz_chance(&in, 8)) { /* an empty cache, [0, 0, ..] (block_size 0) too */
+            NB = 0;
+            if (fz_u8(&in) & 1) bs = 0;
+        }
         for (int64_t b = 0; b < B; b++)
-            if ((kl[b] + bs - 1) / bs > maxp) maxp = (kl[b] + bs - 1) / bs;
+            if (bs > 0 && (kl[b] + bs - 1) / bs > maxp) maxp = (kl[b] + bs - 1) / bs;
         maxp += fz_range(&in, 0, 1);
         if (paged == 1) {
             int64_t ks[4] = {NB, bs, Hk, Dqk}, vs[4] = {NB, bs, Hk, Dv};
@@ -115,7 +119,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         lk_dtype tdt = fz_chance(&in, 4) ? LK_I64 : LK_I32; /* i64 tables are accepted too */
         a.table = fz_view_new(&w, &in, "block_table", tdt, 2, ts, FZ_IDX);
         int64_t tv[3 * 13]; /* B <= 3, maxp <= 12 + 1 */
-        for (int64_t i = 0; i < B * maxp; i++) tv[i] = (int64_t)(fz_next(&w.rng) % (uint64_t)NB);
+        for (int64_t i = 0; i < B * maxp; i++) tv[i] = NB ? (int64_t)(fz_next(&w.rng) % (uint64_t)NB) : -1;
         fz_idx_fill(&w, &in, a.table, tv, B * maxp, NB);
         a.used = fz_view_new(&w, &in, "seqused_k", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &B, FZ_IDX);
         fz_idx_fill(&w, &in, a.used, kl, B, maxp * bs + 1);
@@ -126,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     fz_fail_expected(&w, "seqused_k beyond the block table");
                     continue;
                 }
-                for (int64_t j = 0; j < (u + bs - 1) / bs; j++) {
+                for (int64_t j = 0; bs > 0 && j < (u + bs - 1) / bs; j++) {
                     int64_t pg = fz_idx_get(&w, a.table, b * maxp + j);
                     if (pg < 0 || pg >= NB) fz_fail_expected(&w, "block_table entry outside the cache");
                 }

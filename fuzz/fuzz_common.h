@@ -145,7 +145,7 @@ static void fz_dump(const fz_world *w) {
         for (int d = 0; d < t->ndim && d < LK_MAX_DIMS && d >= 0; d++)
             fprintf(stderr, d ? ", %lld" : "%lld", (long long)t->stride[d]);
         fprintf(stderr, "] data %s", t->data ? "set" : "NULL");
-        if (fz_usable(w, i) && fz_numel(t) <= 64) { /* small views: the values */
+        if (fz_usable(w, i) && (fz_numel(t) <= 64 || (getenv("FZ_VERBOSE") && getenv("FZ_VERBOSE")[0] == '2'))) { /* small views: the values */
             fprintf(stderr, "\n    values:");
             for (int64_t k = 0; k < fz_numel(t); k++) {
                 if (fz_is_index(t->dtype))

@@ -601,6 +601,94 @@ static void test_regress_all_neg_inf_scores(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* fuzz regression (fuzz_attention): K/V with a negative token stride in the prefill
+ * path. The AVX2 tile loaders marked rows past the last key with offset -1 and loaded
+ * zeros for every negative offset, so keys stored below the view's data pointer were
+ * read as zeros (silently wrong scores / values). Every ISA: the reversed layout gives
+ * the bits of the ordinary one. */
+static void test_regress_negative_key_offsets(void) {
+    enum { T = 8, K = 20, D = 16 };
+    float k[K][1][D], v[K][1][D], kr[K][1][D], vr[K][1][D], q[T][1][D], o1[T][1][D], o2[T][1][D], l1[T][1], l2[T][1];
+    for (int j = 0; j < K; j++)
+        for (int d = 0; d < D; d++) {
+            k[j][0][d] = kr[K - 1 - j][0][d] = 0.05f * (float)((3 * j + d) % 11) - 0.2f;
+            v[j][0][d] = vr[K - 1 - j][0][d] = 0.1f * (float)((j + 2 * d) % 7) - 0.3f;
+        }
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) q[t][0][d] = 0.07f * (float)((t * 5 + d) % 9) - 0.25f;
+    int32_t cq[2] = {0, T}, ck[2] = {0, K};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tk = lk_tensor_make(k, LK_F32, 3, (int64_t[]){K, 1, D}), tv = lk_tensor_make(v, LK_F32, 3, (int64_t[]){K, 1, D});
+    lk_tensor rk = lk_tensor_make(&kr[K - 1], LK_F32, 3, (int64_t[]){K, 1, D}), rv = lk_tensor_make(&vr[K - 1], LK_F32, 3, (int64_t[]){K, 1, D});
+    rk.stride[0] = rv.stride[0] = -D;
+    lk_tensor to1 = lk_tensor_make(o1, LK_F32, 3, (int64_t[]){T, 1, D}), to2 = lk_tensor_make(o2, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tl1 = lk_tensor_make(l1, LK_F32, 2, (int64_t[]){T, 1}), tl2 = lk_tensor_make(l2, LK_F32, 2, (int64_t[]){T, 1});
+    lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2}), tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
+    lk_attn_params p = lk_attn_params_default(0.5f);
+    p.causal = 1;
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_status s1 = lk_flash_attn_varlen(&to1, &tl1, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        lk_status s2 = lk_flash_attn_varlen(&to2, &tl2, &tq, &rk, &rv, &tcq, &tck, NULL, NULL, &p);
+        tu_check(s1 == LK_OK && s2 == LK_OK && !memcmp(o1, o2, sizeof o1) && !memcmp(l1, l2, sizeof l1),
+                 "regress %s: prefill with K/V at negative offsets (token stride -D) equals the ordinary layout",
+                 lk_isa_name(isas[ii]));
+    }
+    lk_set_isa(lk_isa_best());
+}
+
+/* fuzz regression (fuzz_attention / fuzz_mla_prefill): an empty paged cache of block
+ * size 0 ([0, 0, Hk, D] ND or [0, C/16, 0, 16] NZ) is a valid view; the page count of
+ * each request, ceil(seqused_k / block_size), divided by zero (SIGFPE). The validation
+ * now takes such a cache's block size as 1 once k's and v's pages are compared. Every
+ * ISA: key lengths 0 give out = 0 and lse = -inf; a key length of 1 is LK_ERR_INDEX (no
+ * page exists) with out untouched; k and v of block sizes 0 and 1 still differ. */
+static void test_regress_empty_cache_block_size_0(void) {
+    enum { T = 3, D = 16 };
+    float q[T][1][D], out[T][1][D], lse[T][1], kv[D];
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) q[t][0][d] = 0.1f * (float)(d % 5);
+    for (int d = 0; d < D; d++) kv[d] = 1.0f;
+    int32_t cq[3] = {0, 1, T}, used[2] = {0, 0}, bt[2][1] = {{-1}, {-1}};
+    lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){T, 1, D}), to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){T, 1, D});
+    lk_tensor tl = lk_tensor_make(lse, LK_F32, 2, (int64_t[]){T, 1}), tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){3});
+    lk_tensor tu = lk_tensor_make(used, LK_I32, 1, (int64_t[]){2}), tb = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){2, 1});
+    lk_isa isas[3];
+    int ni = tu_isas(isas);
+    for (int nz = 0; nz <= 1; nz++) {
+        lk_tensor tk = nz ? lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 1, 0, 16}) : lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 0, 1, D});
+        lk_attn_params p = lk_attn_params_default(0.25f);
+        p.kv_layout = nz ? LK_KV_NZ : LK_KV_ND;
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            used[1] = 0;
+            for (int i = 0; i < T * D; i++) (&out[0][0][0])[i] = 7.0f;
+            lk_status st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tk, &tcq, NULL, &tu, &tb, &p);
+            int ok = st == LK_OK;
+            for (int t = 0; t < T; t++) {
+                ok &= lse[t][0] == -INFINITY;
+                for (int d = 0; d < D; d++) ok &= out[t][0][d] == 0.0f;
+            }
+            used[1] = 1;
+            for (int i = 0; i < T * D; i++) (&out[0][0][0])[i] = 7.0f;
+            lk_status s2 = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tk, &tcq, NULL, &tu, &tb, &p);
+            for (int i = 0; i < T * D; i++) ok &= (&out[0][0][0])[i] == 7.0f;
+            tu_check(ok && s2 == LK_ERR_INDEX, "regress %s %s: empty cache with block_size 0: no keys -> 0 / -inf (%s), a key -> %s",
+                     lk_isa_name(isas[ii]), nz ? "NZ" : "ND", lk_status_str(st), lk_status_str(s2));
+        }
+    }
+    /* the block sizes of k and v must still match: [0, 0, 1, D] vs [0, 1, 1, D] */
+    lk_tensor k0 = lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 0, 1, D}), v1 = lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 1, 1, D});
+    lk_attn_params p = lk_attn_params_default(0.25f);
+    used[1] = 0;
+    lk_status s3 = lk_flash_attn_varlen(&to, &tl, &tq, &k0, &v1, &tcq, NULL, &tu, &tb, &p);
+    tu_check(s3 == LK_ERR_SHAPE, "regress: empty k and v caches with block sizes 0 and 1 -> LK_ERR_SHAPE (%s)",
+             lk_status_str(s3));
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -611,5 +699,7 @@ int main(void) {
     test_regress_visible_inf_value();
     test_regress_nz_unit_dim_strides();
     test_regress_all_neg_inf_scores();
+    test_regress_negative_key_offsets();
+    test_regress_empty_cache_block_size_0();
     return tu_finish("test_attention");
 }

@@ -100,8 +100,12 @@ static void test_bf16(void) {
     tu_check(bad == 0, "f32 -> bf16 all 2^16 high halves x {0,1,7fff,8000,8001,ffff} low halves (%d bad)", bad);
 }
 
+#if defined(__clang__) /* clang (the TSan build) has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "cpu/avx2/simd.h"
 
 /* hardware F16C conversion and the AVX2 store helpers vs the scalar code */
@@ -177,7 +181,11 @@ static void simd_exp(void) {
     tu_check(bad_special == 0, "lk8_exp specials: exp(-inf)=0 exp(inf)=inf NaN, under/overflow (%g %g %g %g %g %g)",
              v[0], v[1], v[2], v[3], v[4], v[7]);
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 static void test_runtime(void) {
     tu_check(!strcmp(lk_status_str(LK_ERR_SHAPE), "LK_ERR_SHAPE") &&

@@ -306,6 +306,28 @@ static void test_two_way_is_n_way(void) {
     tu_free(&o1), tu_free(&o2), tu_free(&l1), tu_free(&l2);
 }
 
+/* the 2-way form: out and out_lse bitwise identical for 1..4 threads and a repeated
+ * call */
+static void test_threads_2way(void) {
+    int64_t shape[3] = {64, 32, 128};
+    tu_buf a = tu_alloc(LK_BF16, 3, shape, 0), b = tu_alloc(LK_F16, 3, shape, 0);
+    tu_buf la = tu_alloc(LK_F32, 2, shape, 0), lb = tu_alloc_perm(LK_F32, 2, shape, (int[]){1, 0}, 0);
+    tu_fill_uniform(&a, -2, 2), tu_fill_uniform(&b, -2, 2), tu_fill_uniform(&la, -4, 4), tu_fill_uniform(&lb, -4, 4);
+    tu_buf o1 = tu_alloc(LK_BF16, 3, shape, 0), l1 = tu_alloc(LK_F32, 2, shape, 0);
+    lk_set_num_threads(1);
+    lk_merge_attn_states(&o1.t, &l1.t, &a.t, &la.t, &b.t, &lb.t);
+    for (int nt = 1; nt <= 4; nt++) { /* nt = 1: a repeated call */
+        tu_buf o = tu_alloc(LK_BF16, 3, shape, 0), l = tu_alloc(LK_F32, 2, shape, 0);
+        lk_set_num_threads(nt);
+        lk_status st = lk_merge_attn_states(&o.t, &l.t, &a.t, &la.t, &b.t, &lb.t);
+        tu_check(st == LK_OK && tu_same_bits(&o, &o1) && tu_same_bits(&l, &l1),
+                 "merge 2-way bitwise identical with %d threads%s", nt, nt == 1 ? " (repeated call)" : "");
+        tu_free(&o), tu_free(&l);
+    }
+    lk_set_num_threads(0);
+    tu_free(&a), tu_free(&b), tu_free(&la), tu_free(&lb), tu_free(&o1), tu_free(&l1);
+}
+
 static void test_threads(void) {
     int64_t shape[3] = {64, 32, 128};
     tu_buf st[3], ls[3];
@@ -557,6 +579,7 @@ int main(void) {
     test_noncontiguous();
     test_two_way_is_n_way();
     test_threads();
+    test_threads_2way();
     test_empty();
     test_bad_inputs();
     return tu_finish("test_merge");

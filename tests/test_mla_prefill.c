@@ -708,6 +708,94 @@ static void test_bad_inputs(void) {
     free_bufs(&z);
 }
 
+/* Bugs found by fuzzing (fuzz/fuzz_mla_prefill.c), each with the input shape that hit it */
+static void test_fuzz_regressions(void) {
+    /* 1. an empty cache of block_size 0 (valid with num_blocks 0): ceil(P / block_size)
+     *    divided by zero in the validation (SIGFPE) */
+    mcase c = small_case();
+    set_batch(&c, 2, (int64_t[]){3, 2}, (int64_t[]){0, 0});
+    mbufs z;
+    build(&c, &z);
+    lk_tensor empty = z.cache.t;
+    empty.shape[0] = 0, empty.shape[1] = 0;
+    int64_t n = z.T * c.H * c.Dv;
+    for (int si = 0; si < 5; si++) {
+        lk_mla_params p = params_of(&c, STRATS[si]);
+        lk_status st = lk_mla_prefix_prefill(&z.out.t, &z.q.t, &z.k.t, &z.v.t, &z.cu.t, &z.pl.t, &z.bt.t, &empty, NULL,
+                                             &z.w.t, &p);
+        double *got = tu_values(&z.out);
+        double e = tu_err(got, z.want, n, mla_tol(c.ot));
+        tu_check(st == LK_OK && e <= 1, "mla fuzz regression: cache [0, 0, E] with empty prefixes, %s (%s) err=%.3g",
+                 lk_mla_strategy_name(STRATS[si]), st ? lk_last_error() : "ok", e);
+        free(got);
+    }
+    ((int32_t *)z.pl.t.data)[1] = 1;
+    snapshot_all(&z);
+    lk_mla_params p0 = params_of(&c, LK_MLA_AUTO);
+    lk_status st = lk_mla_prefix_prefill(&z.out.t, &z.q.t, &z.k.t, &z.v.t, &z.cu.t, &z.pl.t, &z.bt.t, &empty, NULL,
+                                         &z.w.t, &p0);
+    tu_check(st == LK_ERR_INDEX && tu_intact(&z.out) && inputs_intact(&z),
+             "mla fuzz regression: cache [0, 0, E] with a prefix -> LK_ERR_INDEX (%s: %s)", lk_status_str(st),
+             lk_last_error());
+    free_bufs(&z);
+
+    /* 2. absorbed: the segment array followed float arrays of odd total length in the
+     *    unit scratch (misaligned lk_mla_segment, UBSan) */
+    c = small_case();
+    set_batch(&c, 1, (int64_t[]){3}, (int64_t[]){10});
+    c.H = 3, c.Dn = 7, c.Dr = 8, c.Dv = 5, c.Dl = 6, c.bs = 2;
+    c.name = "fuzz regression: odd scratch lengths (H 3, Dl 6, Dr 8, Dv 5)";
+    run_case(&c);
+
+    /* 3. absorbed: the current tokens' q rows [tok, Dn + Dr] were loaded into the latent
+     *    query area [H tok, Dl + Dr], smaller when H (Dl + Dr) < Dn + Dr: the overflow
+     *    clobbered the rows' online-softmax states */
+    c = small_case();
+    set_batch(&c, 2, (int64_t[]){4, 3}, (int64_t[]){11, 5});
+    c.H = 1, c.Dn = 16, c.Dr = 4, c.Dv = 8, c.Dl = 2, c.bs = 2;
+    c.name = "fuzz regression: latent dim below the nope dim (H 1, Dl 2, Dn 16)";
+    run_case(&c);
+
+    /* 4. a huge stride on a size-1 head dim of k / v (valid: never multiplied by an
+     *    index > 0) overflowed the causal attention's byte steps (UBSan; its decode
+     *    path of the current tokens, every request <= 4 of them) */
+    c = small_case();
+    set_batch(&c, 2, (int64_t[]){2, 3}, (int64_t[]){3, 9});
+    c.H = 1;
+    build(&c, &z);
+    z.k.t.stride[1] = (int64_t)1 << 61, z.v.t.stride[1] = (int64_t)1 << 61;
+    n = z.T * c.H * c.Dv;
+    for (int si = 0; si < 5; si++) {
+        lk_status s2 = call(&c, &z, STRATS[si]);
+        double *got = tu_values(&z.out);
+        double e = tu_err(got, z.want, n, mla_tol(c.ot));
+        tu_check(s2 == LK_OK && e <= 1, "mla fuzz regression: k / v head stride 2^61 with one head, %s (%s) err=%.3g",
+                 lk_mla_strategy_name(STRATS[si]), s2 ? lk_last_error() : "ok", e);
+        free(got);
+    }
+    free_bufs(&z);
+
+    /* 5. a wave of requests without tokens starting at row T (cu_seqlens_q = [1, 1], one
+     *    padding row first): its row views were made before the empty wave was skipped,
+     *    base T times the (unbounded, size-1) token stride overflowed (UBSan) */
+    c = small_case();
+    set_batch(&c, 1, (int64_t[]){0}, (int64_t[]){9});
+    c.pad_tokens = 1;
+    build(&c, &z);
+    tu_set(&z.cu, 0, 1), tu_set(&z.cu, 1, 1);
+    z.q.t.stride[0] = z.k.t.stride[0] = z.v.t.stride[0] = z.out.t.stride[0] = -INT64_MAX;
+    for (int si = 0; si < 5; si++) {
+        snapshot_all(&z);
+        lk_status s2 = call(&c, &z, STRATS[si]);
+        double *got = tu_values(&z.out);
+        tu_check(s2 == LK_OK && padding_zero(&c, &z, got) && inputs_intact(&z),
+                 "mla fuzz regression: one padding row first, token stride -INT64_MAX, %s (%s)",
+                 lk_mla_strategy_name(STRATS[si]), s2 ? lk_last_error() : "ok");
+        free(got);
+    }
+    free_bufs(&z);
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -718,5 +806,6 @@ int main(void) {
     test_trace();
     test_empty();
     test_bad_inputs();
+    test_fuzz_regressions();
     return tu_finish("test_mla_prefill");
 }

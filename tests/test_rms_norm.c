@@ -254,6 +254,32 @@ static void test_threads(void) {
     tu_free(&o1);
 }
 
+/* fused_add_rms_norm: both outputs (x and residual) bitwise identical for 1..4 threads
+ * and a repeated call */
+static void test_threads_fused(void) {
+    int64_t shape[2] = {301, 4096};
+    tu_buf x0 = tu_alloc(LK_BF16, 2, shape, 0), r0 = tu_alloc(LK_F32, 2, shape, 0);
+    tu_buf w = tu_alloc(LK_BF16, 1, &shape[1], 0);
+    tu_fill_uniform(&x0, -2, 2), tu_fill_uniform(&r0, -2, 2), tu_fill_uniform(&w, -1, 1);
+    size_t xb = x0.bytes, rb = r0.bytes;
+    unsigned char *x1 = malloc(xb), *r1 = malloc(rb);
+    for (int nt = 1; nt <= 5; nt++) { /* 5: a repeated 1-thread call */
+        tu_buf x = tu_alloc(LK_BF16, 2, shape, 0), r = tu_alloc(LK_F32, 2, shape, 0);
+        memcpy(x.base, x0.base, xb), memcpy(r.base, r0.base, rb);
+        lk_set_num_threads(nt == 5 ? 1 : nt);
+        lk_status st = lk_fused_add_rms_norm(&x.t, &r.t, &w.t, 1e-6f, 1);
+        if (nt == 1) memcpy(x1, x.base, xb), memcpy(r1, r.base, rb);
+        else
+            tu_check(st == LK_OK && !memcmp(x.base, x1, xb) && !memcmp(r.base, r1, rb),
+                     "fused_add_rms_norm bitwise identical with %d threads%s", nt == 5 ? 1 : nt,
+                     nt == 5 ? " (repeated call)" : "");
+        tu_free(&x), tu_free(&r);
+    }
+    lk_set_num_threads(0);
+    free(x1), free(r1);
+    tu_free(&x0), tu_free(&r0), tu_free(&w);
+}
+
 static void test_empty(void) {
     int64_t shape[2] = {0, 128};
     tu_buf x = tu_alloc(LK_F32, 2, shape, 0), w = tu_alloc(LK_F32, 1, &shape[1], 0);
@@ -518,6 +544,7 @@ int main(void) {
     test_transposed();
     test_fused();
     test_threads();
+    test_threads_fused();
     test_special_values();
     test_special_values_fused();
     test_empty();

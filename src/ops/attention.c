@@ -139,6 +139,9 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
             return lk_fail(LK_ERR_SHAPE, "v: cache pages (%lld x %lld) differ from k's (%lld x %lld)",
                            (long long)a->vc.num_blocks, (long long)a->vc.block_size,
                            (long long)a->kc.num_blocks, (long long)a->kc.block_size);
+        /* an empty cache may have block_size 0 ([0, 0, Hk, D] is valid): no page exists,
+         * and 1 keeps the page counts ceil(seqused_k / block_size) defined */
+        if (a->kc.block_size < 1) a->kc.block_size = a->vc.block_size = 1;
     } else {
         /* a dense [Tk, Hk, D] view is one page of Tk slots */
         a->kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, k->shape[0], Hk, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};

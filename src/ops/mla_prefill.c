@@ -243,6 +243,9 @@ static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tens
     if (a->lat.block_size > INT_MAX / 8)
         return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond OpenBLAS's int sizes",
                        (long long)a->lat.block_size);
+    /* an empty cache may have block_size 0 ([0, 0, E] is valid): no page exists, and 1
+     * keeps the page counts ceil(prefix_lens / block_size) defined */
+    if (a->lat.block_size < 1) a->lat.block_size = a->rope.block_size = 1;
     return LK_OK;
 }
 
@@ -334,9 +337,11 @@ static int64_t run_waves(const lk_mla_args *a, lk_mla_strategy st, int64_t g, in
         w.B = b1 - b, w.T = a->cu_q[b1] - base;
         for (int64_t i = 0; i <= w.B; i++) cu[i] = a->cu_q[b + i] - (int32_t)base;
         w.cu_q = cu, w.prefix = a->prefix + b, w.table = a->table + b * a->max_pages;
+        /* a wave without tokens may start at row T (past the views): no row views then,
+         * base * stride[0] is only bounded for base < T */
+        if (w.T == 0) continue;
         w.out = rows_of(&a->out, base, w.T), w.q = rows_of(&a->q, base, w.T);
         w.k = rows_of(&a->k, base, w.T), w.v = rows_of(&a->v, base, w.T);
-        if (w.T == 0) continue;
         lk_mla_plan p;
         if ((wave_status = lk_mla_plan_build(&w, g, &p))) break;
         wave_status = st == LK_MLA_SPLIT_MERGE ? lk_mla_split_merge(&w, &p)

@@ -113,6 +113,10 @@ static inline void transpose8(__m256 *r) {
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
+/* marks a tile row past the last key; element offsets of real keys may be negative
+ * (negative strides), but never INT64_MIN (lk_check_view bounds them by 2^62) */
+#define NO_KEY INT64_MIN
+
 /* Kt[p][d][jj % 16] = K[j0 + jj][d] for jj < kb, 0 for kb <= jj < KB */
 static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
                         float *Kt) {
@@ -121,12 +125,12 @@ static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
     for (int64_t g = 0; g < KB; g += 8) {
         int64_t base[8];
         for (int r = 0; r < 8; r++)
-            base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : -1;
+            base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : NO_KEY;
         float *dst = Kt + (g / 16) * D * 16 + (g % 16);
         for (int64_t d = 0; d < D; d += 8) {
             __m256 r8[8];
             for (int r = 0; r < 8; r++)
-                r8[r] = base[r] >= 0 ? load8_at(c, dim_off(base[r], cs, d)) : _mm256_setzero_ps();
+                r8[r] = base[r] != NO_KEY ? load8_at(c, dim_off(base[r], cs, d)) : _mm256_setzero_ps();
             transpose8(r8);
             for (int k = 0; k < 8; k++) _mm256_store_ps(dst + (d + k) * 16, r8[k]);
         }
@@ -140,9 +144,9 @@ static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
     const lk_paged *c = &a->vc;
     int64_t D = a->Dv, cs = chunk_stride(c);
     for (int64_t jj = 0; jj < KB; jj++) {
-        int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : -1;
+        int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : NO_KEY;
         for (int64_t d = 0; d < Dvp; d += 8) {
-            __m256 v = base >= 0 && d < D ? load8_at(c, dim_off(base, cs, d)) : _mm256_setzero_ps();
+            __m256 v = base != NO_KEY && d < D ? load8_at(c, dim_off(base, cs, d)) : _mm256_setzero_ps();
             _mm256_store_ps(Vp + (d / 16) * ps + jj * 16 + (d % 16), v);
         }
     }

@@ -45,6 +45,12 @@ static int64_t n_units_of(const lk_mla_args *a, int64_t b) {
     return n_blocks_of(a, b) * (a->prefix[b] > 0 ? 1 : a->H);
 }
 
+/* floats of the query area: the latent queries [H tok, E], later the current tokens'
+ * q rows [tok, Dqk] of one head (larger when H E < Dqk, e.g. a small latent dim) */
+static int64_t qa_len(int64_t rows, int64_t E, int64_t maxtok, int64_t Dqk) {
+    return rows * E > maxtok * Dqk ? rows * E : maxtok * Dqk;
+}
+
 typedef struct {
     const lk_mla_args *a;
     const lk_mla_plan *p;
@@ -69,10 +75,10 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
     float *S = (float *)(c->scratch + (size_t)tid * c->scratch_bytes);  // [max(rows, mt), KB]
     float *panel = S + (rows > mt ? rows : mt) * LK_MLA_KB;              // [KB, E or Dqk + Dv]
     float *Qa = panel + LK_MLA_KB * (E > Dqk + Dv ? E : Dqk + Dv);       // [H tok, E], then Qs [tok, Dqk]
-    float *Ol = Qa + rows * E;                                          // [H tok, Dl]
+    float *Ol = Qa + qa_len(rows, E, mt, Dqk);                          // [H tok, Dl]
     float *O = Ol + rows * Dl;                                          // [H tok, Dv]
     lk_online_state *st = (lk_online_state *)(O + rows * Dv);          // [H tok]
-    lk_mla_segment *seg = (lk_mla_segment *)(st + rows);                // [max_seg]
+    lk_mla_segment *seg = lk_mla_seg_align(st + rows);                  // [max_seg]
     const float *qf = c->qf.data;
     if (P > 0) {
         for (int64_t h = 0; h < H; h++) {
@@ -119,8 +125,10 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     int nt = lk_plan_units(n_units);
     int64_t rows = H * c.maxtok, srows = rows > c.maxtok ? rows : c.maxtok;
     int64_t panel = LK_MLA_KB * (E > Dqk + Dv ? E : Dqk + Dv);
-    c.scratch_bytes = sizeof(float) * (size_t)(srows * LK_MLA_KB + panel + rows * (E + Dl + Dv)) +
-                      sizeof(lk_online_state) * (size_t)rows + sizeof(lk_mla_segment) * (size_t)c.max_seg;
+    c.scratch_bytes = sizeof(float) * (size_t)(srows * LK_MLA_KB + panel + qa_len(rows, E, c.maxtok, Dqk) +
+                                               rows * (Dl + Dv)) +
+                      sizeof(lk_online_state) * (size_t)rows + sizeof(lk_mla_segment) * (size_t)c.max_seg +
+                      LK_MLA_SEG_SLACK;
     c.scratch_bytes = (c.scratch_bytes + 63) / 64 * 64;
     c.scratch = malloc(c.scratch_bytes * (size_t)nt);
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));

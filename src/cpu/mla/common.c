@@ -358,6 +358,11 @@ lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float 
     const lk_tensor *k = &a->k, *v = &a->v;
     fa.kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, a->T, a->H, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};
     fa.vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, a->T, a->H, a->Dv, 0, v->stride[0], v->stride[1], v->stride[2]};
+    /* as lk_flash_attn_varlen does for dense K/V: strides of size-1 dims are not
+     * validated (any value, e.g. 2^61 on a single head) and must not enter the kernels'
+     * byte-step arithmetic */
+    lk_paged_drop_unit_strides(&fa.kc);
+    lk_paged_drop_unit_strides(&fa.vc);
     fa.cu_q = a->cu_q, fa.k_start = a->cu_q, fa.k_len = len;
     fa.B = a->B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
     fa.scale = a->scale, fa.wl = -1, fa.wr = 0;

@@ -50,7 +50,7 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     float *S = Qs + QB * Dqk, *O = S + QB * LK_MLA_KB;                 // [QB, KB], [QB, Dv]
     float *panel = O + QB * Dv;                                        // [KB, Dqk + Dv]
     lk_online_state *st = (lk_online_state *)(panel + LK_MLA_KB * (Dqk + Dv)); // [QB]
-    lk_mla_segment *seg = (lk_mla_segment *)(st + QB);                 // [max_seg]
+    lk_mla_segment *seg = lk_mla_seg_align(st + QB);                   // [max_seg]
     lk_mla_load_q(a, q0 + i0, nq, h, Qs);
     int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, c->Kp + h * Dqk, H * Dqk, c->Vp + h * Dv, H * Dv, seg) : 0;
     const float *kf = c->kf.data, *vf = c->vf.data;
@@ -79,7 +79,7 @@ lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {
     int nt = lk_plan_units(n_units);
     c.scratch_bytes = sizeof(float) * (size_t)(QB * (Dqk + LK_MLA_KB + a->Dv) + LK_MLA_KB * (Dqk + a->Dv)) +
                       sizeof(lk_online_state) * QB +
-                      sizeof(lk_mla_segment) * (size_t)c.max_seg;
+                      sizeof(lk_mla_segment) * (size_t)c.max_seg + LK_MLA_SEG_SLACK;
     c.scratch_bytes = (c.scratch_bytes + 63) / 64 * 64;
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
     c.scratch = malloc(c.scratch_bytes * (size_t)nt);

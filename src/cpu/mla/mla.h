@@ -156,6 +156,15 @@ typedef struct {
     int64_t lim0;
 } lk_mla_segment;
 
+/* A unit's segment array lives in its float scratch after float and lk_online_state
+ * arrays of data-dependent lengths: its start is rounded up to the struct's alignment,
+ * and scratch sizes add LK_MLA_SEG_SLACK bytes for that. */
+#define LK_MLA_SEG_SLACK _Alignof(lk_mla_segment)
+static inline lk_mla_segment *lk_mla_seg_align(void *p) {
+    uintptr_t al = _Alignof(lk_mla_segment);
+    return (lk_mla_segment *)(((uintptr_t)p + al - 1) & ~(al - 1));
+}
+
 /* online softmax of nq rows Q [nq, Dqk] (rows ldq apart, already scaled) over the
  * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
  * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =

@@ -1,0 +1,410 @@
+/*
+ * Operator registry for the cross-operator suites (see opcases.h). One builder and one
+ * caller per public operator; sizes: OC_SMALL (quick, every dim >= 2 where the op
+ * allows it, for the limits table), OC_MEDIUM (many concurrent calls), OC_LARGE (large
+ * enough for the kernels to go parallel: the determinism suite).
+ */
+#include "opcases.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static tu_buf *add(oc_inst *in, const char *name, lk_dtype dt, int nd, const int64_t *shape,
+                   int written, int pad) {
+    oc_arg *a = &in->arg[in->nargs++];
+    memset(a, 0, sizeof *a);
+    a->name = name;
+    a->buf = tu_alloc(dt, nd, shape, pad);
+    a->t = a->buf.t;
+    a->written = written;
+    return &a->buf;
+}
+
+static const lk_tensor *T(const oc_inst *in, int k) {
+    return in->arg[k].is_null ? NULL : &in->arg[k].t;
+}
+
+/* n distinct slots of [0, nslots) (n <= nslots), every 5th token padding (-1) */
+static void fill_slots(tu_buf *b, int64_t n, int64_t nslots) {
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nslots);
+    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
+    for (int64_t i = nslots - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t i = 0; i < n; i++) tu_set(b, i, i % 5 == 4 ? -1.0 : (double)perm[i]);
+    free(perm);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static void make_rms_norm(oc_inst *in, oc_size sz) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, D = sz == OC_LARGE ? 1024 : sz ? 520 : 40;
+    int64_t s[2] = {R, D};
+    tu_fill_uniform(add(in, "x", LK_BF16, 2, s, 0, 1), -2, 2);
+    add(in, "out", LK_BF16, 2, s, 1, 0);
+    tu_fill_uniform(add(in, "w", LK_F32, 1, &s[1], 0, 0), -1, 1);
+    in->eps = 1e-6f;
+}
+static lk_status call_rms_norm(const oc_inst *in) { return lk_rms_norm(T(in, 1), T(in, 0), T(in, 2), in->eps, in->flag); }
+
+static void make_fused(oc_inst *in, oc_size sz) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, D = sz == OC_LARGE ? 1024 : sz ? 520 : 40;
+    int64_t s[2] = {R, D};
+    tu_fill_uniform(add(in, "x", LK_F16, 2, s, 1, 0), -2, 2);
+    tu_fill_uniform(add(in, "residual", LK_F32, 2, s, 1, 1), -2, 2);
+    tu_fill_uniform(add(in, "w", LK_BF16, 1, &s[1], 0, 0), -1, 1);
+    in->eps = 1e-5f;
+    in->flag = 1; /* gemma */
+}
+static lk_status call_fused(const oc_inst *in) {
+    return lk_fused_add_rms_norm(T(in, 0), T(in, 1), T(in, 2), in->eps, in->flag);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static void make_act(oc_inst *in, oc_size sz) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, d = sz == OC_LARGE ? 1024 : sz ? 520 : 20;
+    int64_t xs[2] = {R, 2 * d}, os[2] = {R, d};
+    add(in, "out", LK_F32, 2, os, 1, 1);
+    tu_fill_uniform(add(in, "x", LK_BF16, 2, xs, 0, 0), -6, 6);
+}
+static lk_status call_silu(const oc_inst *in) { return lk_silu_and_mul(T(in, 0), T(in, 1)); }
+static lk_status call_gelu(const oc_inst *in) { return lk_gelu_tanh_and_mul(T(in, 0), T(in, 1)); }
+
+/* ---------------------------------------------------------------- rotary */
+
+static void make_rotary(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 128 : sz == OC_MEDIUM ? 16 : 3, Hq = sz == OC_LARGE ? 8 : 4, Hk = 2;
+    int64_t D = sz == OC_LARGE ? 128 : 32, rot = D / 2, P = 64;
+    tu_buf *p = add(in, "positions", LK_I64, 1, &Tn, 0, 0);
+    for (int64_t t = 0; t < Tn; t++) tu_set(p, t, (double)tu_randint(0, P - 1));
+    tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tn, Hq, D}, 1, 1), -2, 2);
+    tu_fill_uniform(add(in, "k", LK_F16, 3, (int64_t[]){Tn, Hk, D}, 1, 0), -2, 2);
+    in->arg[2].optional = 1;
+    tu_fill_uniform(add(in, "cos_sin_cache", LK_F32, 2, (int64_t[]){P, rot}, 0, 0), -1, 1);
+    in->flag = 1; /* NeoX */
+}
+static lk_status call_rotary(const oc_inst *in) {
+    return lk_rotary_embedding(T(in, 0), T(in, 1), T(in, 2), T(in, 3), in->flag);
+}
+
+/* ---------------------------------------------------------------- kv cache */
+
+static void make_kv(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 256 : sz == OC_MEDIUM ? 24 : 3, H = sz == OC_LARGE ? 4 : 2;
+    int64_t D = sz == OC_LARGE ? 64 : 16, NB = sz == OC_LARGE ? 40 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_fill_uniform(add(in, "k", LK_BF16, 3, (int64_t[]){Tn, H, D}, 0, 0), -3, 3);
+    tu_fill_uniform(add(in, "v", LK_F32, 3, (int64_t[]){Tn, H, D}, 0, 1), -3, 3);
+    add(in, "k_cache", LK_BF16, 4, (int64_t[]){NB, bs, H, D}, 1, 0);
+    add(in, "v_cache", LK_BF16, 4, (int64_t[]){NB, bs, H, D}, 1, 1);
+    fill_slots(add(in, "slot_mapping", LK_I64, 1, &Tn, 0, 0), Tn, NB * bs);
+}
+static lk_status call_kv(const oc_inst *in) {
+    return lk_reshape_and_cache_flash(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4));
+}
+
+/* ---------------------------------------------------------------- merge, softmax */
+
+static void make_merge2(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 16 : 3, H = sz == OC_LARGE ? 8 : 2;
+    int64_t D = sz == OC_LARGE ? 128 : 24, s[3] = {Tn, H, D};
+    add(in, "out", LK_BF16, 3, s, 1, 0);
+    add(in, "out_lse", LK_F32, 2, s, 1, 1);
+    in->arg[1].optional = 1;
+    tu_fill_uniform(add(in, "a", LK_BF16, 3, s, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "lse_a", LK_F32, 2, s, 0, 0), -4, 4);
+    tu_fill_uniform(add(in, "b", LK_F32, 3, s, 0, 1), -2, 2);
+    tu_fill_uniform(add(in, "lse_b", LK_F32, 2, s, 0, 1), -4, 4);
+}
+static lk_status call_merge2(const oc_inst *in) {
+    return lk_merge_attn_states(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5));
+}
+
+static void make_merge_n(oc_inst *in, oc_size sz) {
+    static const char *SN[3] = {"states[0]", "states[1]", "states[2]"}, *LN[3] = {"lses[0]", "lses[1]", "lses[2]"};
+    int64_t Tn = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 16 : 3, H = sz == OC_LARGE ? 8 : 2;
+    int64_t D = sz == OC_LARGE ? 128 : 24, s[3] = {Tn, H, D};
+    add(in, "out", LK_F16, 3, s, 1, 1);
+    add(in, "out_lse", LK_F32, 2, s, 1, 0);
+    in->arg[1].optional = 1;
+    in->n = 3;
+    for (int i = 0; i < 3; i++) {
+        tu_fill_uniform(add(in, SN[i], i == 1 ? LK_F32 : LK_BF16, 3, s, 0, i & 1), -2, 2);
+        tu_fill_uniform(add(in, LN[i], LK_F32, 2, s, 0, 0), -4, 4);
+    }
+}
+static lk_status call_merge_n(const oc_inst *in) {
+    lk_tensor st[3], ls[3];
+    for (int i = 0; i < in->n; i++) st[i] = in->arg[2 + 2 * i].t, ls[i] = in->arg[3 + 2 * i].t;
+    /* a NULL state / lse is passed as a NULL array (the N-way form takes arrays) */
+    int null_st = 0, null_ls = 0;
+    for (int i = 0; i < in->n; i++) null_st |= in->arg[2 + 2 * i].is_null, null_ls |= in->arg[3 + 2 * i].is_null;
+    return lk_merge_attn_states_n(T(in, 0), T(in, 1), in->n, null_st ? NULL : st, null_ls ? NULL : ls);
+}
+
+static void make_softmax(oc_inst *in, oc_size sz) {
+    int64_t s[3] = {sz == OC_LARGE ? 4 : 2, sz == OC_LARGE ? 64 : sz ? 48 : 3, sz == OC_LARGE ? 256 : sz ? 200 : 20};
+    add(in, "out", LK_F32, 3, s, 1, 1);
+    tu_fill_uniform(add(in, "x", LK_BF16, 3, s, 0, 0), -6, 6);
+}
+static lk_status call_softmax(const oc_inst *in) { return lk_causal_softmax(T(in, 0), T(in, 1)); }
+
+/* ---------------------------------------------------------------- MLA caches */
+
+static void make_concat(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 512 : sz == OC_MEDIUM ? 24 : 3, Dl = sz == OC_LARGE ? 512 : 32;
+    int64_t Dr = sz == OC_LARGE ? 64 : 16, NB = sz == OC_LARGE ? 48 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_fill_uniform(add(in, "kv_c", LK_BF16, 2, (int64_t[]){Tn, Dl}, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "k_pe", LK_F32, 2, (int64_t[]){Tn, Dr}, 0, 1), -2, 2);
+    add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){NB, bs, Dl}, 1, 0);
+    add(in, "k_pe_cache", LK_BF16, 3, (int64_t[]){NB, bs, Dr}, 1, 1);
+    in->arg[3].optional = 1;
+    fill_slots(add(in, "slot_mapping", LK_I32, 1, &Tn, 0, 0), Tn, NB * bs);
+    in->flag = LK_KV_ND;
+}
+static lk_status call_concat(const oc_inst *in) {
+    return lk_concat_and_cache_mla(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), (lk_kv_layout)in->flag);
+}
+
+static void make_gather(oc_inst *in, oc_size sz) {
+    int64_t B = sz == OC_LARGE ? 4 : 2, bs = sz == OC_LARGE ? 16 : 4, NB = sz == OC_LARGE ? 80 : 6;
+    int64_t C = sz == OC_LARGE ? 576 : 32, maxp = sz == OC_LARGE ? 22 : 3;
+    int64_t lens_l[4] = {300, 250, 100, 340}, lens_s[2] = {5, 3}, S = 0;
+    const int64_t *lens = sz == OC_LARGE ? lens_l : lens_s;
+    for (int64_t b = 0; b < B; b++) S += lens[b];
+    add(in, "out", LK_F32, 2, (int64_t[]){S, C}, 1, 1);
+    tu_fill_uniform(add(in, "cache", LK_BF16, 3, (int64_t[]){NB, bs, C}, 0, 0), -2, 2);
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    for (int64_t i = 0; i < B * maxp; i++) tu_set(bt, i, (double)tu_randint(0, NB - 1));
+    tu_buf *sl = add(in, "seq_lens", LK_I32, 1, &B, 0, 0);
+    for (int64_t b = 0; b < B; b++) tu_set(sl, b, (double)lens[b]);
+    in->flag = LK_KV_ND;
+}
+static lk_status call_gather(const oc_inst *in) {
+    return lk_gather_cache(T(in, 0), T(in, 1), T(in, 2), T(in, 3), (lk_kv_layout)in->flag);
+}
+
+/* ---------------------------------------------------------------- flash attention */
+
+/* args: out, lse, q, k, v, cu_seqlens_q, then dense: cu_seqlens_k; paged: seqused_k,
+ * block_table */
+static void attn_common(oc_inst *in, oc_size sz, int64_t *B, int64_t ql[2], int64_t kl[2], int64_t *Hq,
+                        int64_t *Hk, int64_t *D) {
+    *B = 2, *Hq = sz == OC_LARGE ? 8 : 4, *Hk = 2, *D = sz == OC_LARGE ? 64 : 16;
+    ql[0] = sz == OC_LARGE ? 40 : 2, ql[1] = sz == OC_LARGE ? 1 : 6; /* > 4 queries: the prefill path */
+    kl[0] = sz == OC_LARGE ? 200 : 5, kl[1] = sz == OC_LARGE ? 300 : 7;
+    int64_t Tq = ql[0] + ql[1];
+    add(in, "out", LK_BF16, 3, (int64_t[]){Tq, *Hq, *D}, 1, 0);
+    add(in, "lse", LK_F32, 2, (int64_t[]){Tq, *Hq}, 1, 1);
+    in->arg[1].optional = 1;
+    tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tq, *Hq, *D}, 0, 0), -2, 2);
+    in->params = lk_attn_params_default(0.125f);
+    in->params.causal = 1;
+}
+
+static void make_attn_dense(oc_inst *in, oc_size sz) {
+    int64_t B, ql[2], kl[2], Hq, Hk, D;
+    attn_common(in, sz, &B, ql, kl, &Hq, &Hk, &D);
+    int64_t Tk = kl[0] + kl[1], n1 = B + 1;
+    tu_fill_uniform(add(in, "k", LK_BF16, 3, (int64_t[]){Tk, Hk, D}, 0, 1), -2, 2);
+    tu_fill_uniform(add(in, "v", LK_F16, 3, (int64_t[]){Tk, Hk, D}, 0, 0), -2, 2);
+    tu_buf *cq = add(in, "cu_seqlens_q", LK_I32, 1, &n1, 0, 0), *ck = add(in, "cu_seqlens_k", LK_I64, 1, &n1, 0, 0);
+    tu_set(cq, 0, 0), tu_set(cq, 1, (double)ql[0]), tu_set(cq, 2, (double)(ql[0] + ql[1]));
+    tu_set(ck, 0, 0), tu_set(ck, 1, (double)kl[0]), tu_set(ck, 2, (double)Tk);
+}
+static lk_status call_attn_dense(const oc_inst *in) {
+    return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6), NULL, NULL,
+                                &in->params);
+}
+
+static void make_attn_paged(oc_inst *in, oc_size sz) {
+    int64_t B, ql[2], kl[2], Hq, Hk, D;
+    attn_common(in, sz, &B, ql, kl, &Hq, &Hk, &D);
+    int64_t bs = sz == OC_LARGE ? 16 : 4, NB = sz == OC_LARGE ? 40 : 6, maxp = (kl[1] + bs - 1) / bs, n1 = B + 1;
+    tu_fill_uniform(add(in, "k", LK_BF16, 4, (int64_t[]){NB, bs, Hk, D}, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "v", LK_BF16, 4, (int64_t[]){NB, bs, Hk, D}, 0, 1), -2, 2);
+    tu_buf *cq = add(in, "cu_seqlens_q", LK_I64, 1, &n1, 0, 0);
+    tu_set(cq, 0, 0), tu_set(cq, 1, (double)ql[0]), tu_set(cq, 2, (double)(ql[0] + ql[1]));
+    tu_buf *u = add(in, "seqused_k", LK_I32, 1, &B, 0, 0);
+    tu_set(u, 0, (double)kl[0]), tu_set(u, 1, (double)kl[1]);
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    for (int64_t i = 0; i < B * maxp; i++) tu_set(bt, i, (double)tu_randint(0, NB - 1));
+    in->arg[7].optional = 1; /* NULL selects dense K/V (then seqused_k is refused: LK_ERR_VALUE) */
+}
+static lk_status call_attn_paged(const oc_inst *in) {
+    return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6), T(in, 7),
+                                &in->params);
+}
+
+/* ---------------------------------------------------------------- MLA prefix prefill */
+
+/* args: out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, then
+ * k_pe_cache (two-buffer entries only), kv_b_proj. One entry per strategy (each runs its
+ * own code), with the cache layouts and buffer counts spread over them. Request 1's
+ * first pages are request 0's (dedup shares their projection); a request without new
+ * tokens and padding rows after the last request in the larger sizes. */
+#define OC_MLA_TWO 8 /* flag bit: two-buffer cache; low bits: the layout */
+
+static void make_mla(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout lay, int two) {
+    int64_t B = 3, H = sz == OC_LARGE ? 8 : sz ? 4 : 2, Dn = sz == OC_LARGE ? 64 : 16, Dr = 16;
+    int64_t Dv = sz == OC_LARGE ? 64 : 16, Dl = sz == OC_LARGE ? 256 : sz ? 64 : 32, bs = sz == OC_LARGE ? 16 : 4;
+    int64_t ql_s[3] = {3, 2, 2}, pl_s[3] = {5, 3, 0}, ql_m[3] = {9, 1, 0}, pl_m[3] = {21, 10, 6};
+    int64_t ql_l[3] = {40, 1, 17}, pl_l[3] = {300, 120, 0}, pad = sz == OC_SMALL ? 0 : 2, share = sz == OC_SMALL ? 0 : 2;
+    const int64_t *ql = sz == OC_LARGE ? ql_l : sz ? ql_m : ql_s, *pl = sz == OC_LARGE ? pl_l : sz ? pl_m : pl_s;
+    int64_t Tn = pad, np[3], maxp = 1, nb = 2;
+    for (int64_t b = 0; b < B; b++) {
+        Tn += ql[b];
+        np[b] = (pl[b] + bs - 1) / bs;
+        if (np[b] > maxp) maxp = np[b];
+        nb += np[b];
+    }
+    maxp += 1; /* a spare column (-1: never looked at) */
+    int64_t Dqk = Dn + Dr, n1 = B + 1;
+    add(in, "out", LK_BF16, 3, (int64_t[]){Tn, H, Dv}, 1, 1);
+    tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tn, H, Dqk}, 0, 0), -1, 1);
+    tu_fill_uniform(add(in, "k", LK_F16, 3, (int64_t[]){Tn, H, Dqk}, 0, 1), -1, 1);
+    tu_fill_uniform(add(in, "v", LK_F32, 3, (int64_t[]){Tn, H, Dv}, 0, 0), -1, 1);
+    tu_buf *cu = add(in, "cu_seqlens_q", two ? LK_I64 : LK_I32, 1, &n1, 0, 0);
+    tu_buf *pb = add(in, "prefix_lens", LK_I32, 1, &B, 0, 0);
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), acc = 0, next = 0;
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        tu_set(cu, b, (double)acc);
+        acc += ql[b];
+        tu_set(pb, b, (double)pl[b]);
+        for (int64_t i = 0; i < maxp; i++)
+            tu_set(bt, b * maxp + i, i >= np[b] ? -1.0 : b == 1 && i < share ? tu_get(bt, i) : (double)perm[next++]);
+    }
+    tu_set(cu, B, (double)acc);
+    free(perm);
+    int64_t E = two ? Dl : Dl + Dr;
+    if (lay == LK_KV_NZ) {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 4, (int64_t[]){nb, E / 16, bs, 16}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 4, (int64_t[]){nb, Dr / 16, bs, 16}, 0, 0), -1, 1);
+    } else {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){nb, bs, E}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
+    }
+    if (two) in->arg[8].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
+    double wa = 1.7 / sqrt((double)Dl);
+    tu_fill_uniform(add(in, "kv_b_proj", two ? LK_F32 : LK_BF16, 2, (int64_t[]){H * (Dn + Dv), Dl}, 0, 0), -wa, wa);
+    in->mla = lk_mla_params_default((float)(1.0 / sqrt((double)Dqk)));
+    in->mla.strategy = st;
+    in->mla.cache_layout = lay;
+    in->flag = (int)lay | (two ? OC_MLA_TWO : 0);
+}
+static void make_mla_split(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_SPLIT_MERGE, LK_KV_ND, 0); }
+static void make_mla_concat(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_CONCAT, LK_KV_NZ, 1); }
+static void make_mla_fused(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_FUSED, LK_KV_ND, 1); }
+static void make_mla_absorbed(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_ABSORBED, LK_KV_NZ, 0); }
+static void make_mla_auto(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_AUTO, LK_KV_ND, 0); }
+static lk_status call_mla(const oc_inst *in) {
+    int two = (in->flag & OC_MLA_TWO) != 0;
+    return lk_mla_prefix_prefill(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6), T(in, 7),
+                                 two ? T(in, 8) : NULL, T(in, two ? 9 : 8), &in->mla);
+}
+
+/* ---------------------------------------------------------------- the table */
+
+const oc_op OC_OPS[] = {
+    {"lk_rms_norm", make_rms_norm, call_rms_norm},
+    {"lk_fused_add_rms_norm", make_fused, call_fused},
+    {"lk_silu_and_mul", make_act, call_silu},
+    {"lk_gelu_tanh_and_mul", make_act, call_gelu},
+    {"lk_rotary_embedding", make_rotary, call_rotary},
+    {"lk_reshape_and_cache_flash", make_kv, call_kv},
+    {"lk_merge_attn_states", make_merge2, call_merge2},
+    {"lk_merge_attn_states_n", make_merge_n, call_merge_n},
+    {"lk_causal_softmax", make_softmax, call_softmax},
+    {"lk_concat_and_cache_mla", make_concat, call_concat},
+    {"lk_gather_cache", make_gather, call_gather},
+    {"lk_flash_attn_varlen", make_attn_dense, call_attn_dense},      /* dense K/V */
+    {"lk_flash_attn_varlen", make_attn_paged, call_attn_paged},      /* paged K/V */
+    {"lk_mla_prefix_prefill", make_mla_split, call_mla},             /* split + merge, ND */
+    {"lk_mla_prefix_prefill", make_mla_concat, call_mla},            /* concat, NZ two buffers */
+    {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */
+    {"lk_mla_prefix_prefill", make_mla_absorbed, call_mla},          /* absorbed, NZ */
+    {"lk_mla_prefix_prefill", make_mla_auto, call_mla},              /* auto, ND */
+};
+const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
+
+/* ---------------------------------------------------------------- instances */
+
+void oc_make(const oc_op *op, oc_inst *in, oc_size size, uint64_t seed) {
+    memset(in, 0, sizeof *in);
+    in->op = op;
+    tu_seed(seed);
+    op->make(in, size);
+}
+
+lk_status oc_call(const oc_inst *in) { return in->op->call(in); }
+
+void oc_free(oc_inst *in) {
+    for (int k = 0; k < in->nargs; k++)
+        if (!in->arg[k].shared) tu_free(&in->arg[k].buf);
+    in->nargs = 0;
+}
+
+static tu_buf copy_buf(const tu_buf *s) {
+    tu_buf b = *s;
+    b.base = malloc(s->bytes);
+    b.snap = malloc(s->bytes);
+    b.inview = malloc(s->bytes);
+    memcpy(b.base, s->base, s->bytes);
+    memcpy(b.snap, s->snap, s->bytes);
+    memcpy(b.inview, s->inview, s->bytes);
+    b.t.data = b.base + ((const unsigned char *)s->t.data - s->base);
+    return b;
+}
+
+void oc_clone(oc_inst *dst, const oc_inst *src, int share_inputs) {
+    *dst = *src;
+    for (int k = 0; k < src->nargs; k++) {
+        const oc_arg *a = &src->arg[k];
+        oc_arg *d = &dst->arg[k];
+        if (share_inputs && !a->written) {
+            d->shared = 1;
+            continue;
+        }
+        d->shared = 0;
+        d->buf = copy_buf(&a->buf);
+        /* the argument's (maybe modified) view, moved to the copy */
+        d->t = a->t;
+        if (a->t.data)
+            d->t.data = d->buf.base + ((const unsigned char *)a->t.data - a->buf.base);
+    }
+}
+
+int oc_same_written(const oc_inst *a, const oc_inst *b) {
+    for (int k = 0; k < a->nargs; k++)
+        if (a->arg[k].written &&
+            (a->arg[k].buf.bytes != b->arg[k].buf.bytes ||
+             memcmp(a->arg[k].buf.base, b->arg[k].buf.base, a->arg[k].buf.bytes)))
+            return 0;
+    return 1;
+}
+
+void oc_snapshot(oc_inst *in) {
+    for (int k = 0; k < in->nargs; k++) tu_snapshot(&in->arg[k].buf);
+}
+
+int oc_intact(const oc_inst *in) {
+    for (int k = 0; k < in->nargs; k++)
+        if (!tu_intact(&in->arg[k].buf)) return 0;
+    return 1;
+}
+
+int oc_find(const oc_inst *in, const char *name) {
+    for (int k = 0; k < in->nargs; k++)
+        if (!strcmp(in->arg[k].name, name)) return k;
+    return -1;
+}

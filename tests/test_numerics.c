@@ -1,0 +1,465 @@
+/*
+ * The special-value rules of docs/numerics.md, checked on every ISA the CPU runs: NaN,
+ * +-inf and -0 propagation per operator, the ISA-dependent corner (f32 vs wider
+ * accumulation in rms_norm), conversions at the store (f16 overflow, NaN quieting), and
+ * bit copies. Each case names the rule it checks; shapes are small but wide enough
+ * (D = 40) for the SIMD paths' full vectors and tails.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define D 40
+
+static lk_isa isas[3];
+static int ni;
+
+static lk_tensor t1(void *p, lk_dtype dt, int64_t n) { return lk_tensor_make(p, dt, 1, (int64_t[]){n}); }
+static lk_tensor t2(void *p, lk_dtype dt, int64_t a, int64_t b) { return lk_tensor_make(p, dt, 2, (int64_t[]){a, b}); }
+static lk_tensor t3(void *p, lk_dtype dt, int64_t a, int64_t b, int64_t c) {
+    return lk_tensor_make(p, dt, 3, (int64_t[]){a, b, c});
+}
+static int is_negzero(float v) { return v == 0.0f && signbit(v); }
+static int is_poszero(float v) { return v == 0.0f && !signbit(v); }
+static uint32_t bits32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---------------------------------------------------------------- rms_norm */
+
+static void rms_row(float *x, float *w, float eps, float *out) {
+    lk_tensor tx = t2(x, LK_F32, 1, D), tw = t1(w, LK_F32, D), to = t2(out, LK_F32, 1, D);
+    lk_rms_norm(&to, &tx, &tw, eps, 0);
+}
+
+static void test_rms_norm(void) {
+    float x[D], w[D], out[D];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int i = 0; i < D; i++) x[i] = (float)(i % 5) - 2.0f, w[i] = 1.0f;
+        x[7] = NAN;
+        rms_row(x, w, 1e-6f, out);
+        int ok = 1;
+        for (int i = 0; i < D; i++) ok &= isnan(out[i]);
+        tu_check(ok, "%s rms_norm: a NaN in the row makes the whole row NaN", isa);
+
+        x[7] = INFINITY;
+        rms_row(x, w, 1e-6f, out);
+        ok = isnan(out[7]);
+        for (int i = 0; i < D; i++) if (i != 7) ok &= out[i] == 0.0f && signbit(out[i]) == signbit(x[i]);
+        tu_check(ok, "%s rms_norm: an inf in the row: rsqrt(inf) = 0, finite elements give +-0, the inf gives NaN", isa);
+
+        for (int i = 0; i < D; i++) x[i] = 0.0f;
+        rms_row(x, w, 0.0f, out);
+        ok = 1;
+        for (int i = 0; i < D; i++) ok &= isnan(out[i]);
+        rms_row(x, w, 1e-6f, out);
+        for (int i = 0; i < D; i++) ok &= is_poszero(out[i]);
+        tu_check(ok, "%s rms_norm: a zero row is NaN with eps = 0 (0 * inf), zeros with eps > 0", isa);
+
+        for (int i = 0; i < D; i++) x[i] = (float)(i % 5) - 2.0f;
+        x[0] = -0.0f, w[3] = NAN;
+        rms_row(x, w, 1e-6f, out);
+        ok = is_negzero(out[0]) && isnan(out[3]);
+        for (int i = 1; i < D; i++) if (i != 3) ok &= isfinite(out[i]);
+        tu_check(ok, "%s rms_norm: -0 keeps its sign; a NaN weight makes only its column NaN", isa);
+
+        /* sum of squares beyond FLT_MAX, each square below it: ISA-dependent */
+        for (int i = 0; i < D; i++) x[i] = 1.5e19f, w[i] = 1.0f;
+        rms_row(x, w, 0.0f, out);
+        int f32_acc = isas[ii] != LK_ISA_REF;
+        ok = f32_acc ? out[0] == 0.0f : fabsf(out[0] - 1.0f) < 1e-5f;
+        tu_check(ok, "%s rms_norm: |x| = 1.5e19 (sum of squares overflows f32): %s (got %g)", isa,
+                 f32_acc ? "f32 accumulation gives 0" : "the reference's double sum gives 1", (double)out[0]);
+    }
+}
+
+static void test_fused(void) {
+    float x[D], r[D], w[D];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int i = 0; i < D; i++) x[i] = 1.0f, r[i] = 0.5f, w[i] = 1.0f;
+        x[2] = INFINITY, r[2] = -INFINITY;
+        lk_tensor tx = t2(x, LK_F32, 1, D), tr = t2(r, LK_F32, 1, D), tw = t1(w, LK_F32, D);
+        lk_fused_add_rms_norm(&tx, &tr, &tw, 1e-6f, 0);
+        int ok = isnan(r[2]) && r[3] == 1.5f;
+        for (int i = 0; i < D; i++) ok &= isnan(x[i]);
+        tu_check(ok, "%s fused_add_rms_norm: inf + -inf = NaN is stored in residual and makes the normed row NaN",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static void test_act(void) {
+    lk_status (*ops[2])(const lk_tensor *, const lk_tensor *) = {lk_silu_and_mul, lk_gelu_tanh_and_mul};
+    const char *names[2] = {"silu_and_mul", "gelu_tanh_and_mul"};
+    float x[2 * D], out[D];
+    for (int ii = 0; ii < ni; ii++)
+        for (int k = 0; k < 2; k++) {
+            lk_set_isa(isas[ii]);
+            for (int i = 0; i < D; i++) x[i] = 0.5f, x[D + i] = 2.0f;
+            x[0] = -INFINITY;                      /* act = -0, * 2 = -0 */
+            x[1] = -INFINITY, x[D + 1] = INFINITY; /* -0 * inf = NaN */
+            x[2] = INFINITY;                       /* inf * 2 = inf */
+            x[3] = NAN;
+            x[4] = -0.0f;                          /* act(-0) = -0 */
+            x[5] = -100.0f;                        /* exp overflows: -0 */
+            x[6] = 0.5f, x[D + 6] = NAN;           /* NaN up value */
+            lk_tensor tx = t2(x, LK_F32, 1, 2 * D), to = t2(out, LK_F32, 1, D);
+            ops[k](&to, &tx);
+            int ok = is_negzero(out[0]) && isnan(out[1]) && out[2] == INFINITY && isnan(out[3]) &&
+                     is_negzero(out[4]) && is_negzero(out[5]) && isnan(out[6]);
+            tu_check(ok, "%s %s: act(-inf) = -0 (times 2: -0, times inf: NaN), act(inf) = inf, NaN propagates, "
+                         "act(-0) = -0, exp overflow (g = -100) gives -0 (%g %g %g %g %g %g %g)",
+                     lk_isa_name(isas[ii]), names[k], (double)out[0], (double)out[1], (double)out[2], (double)out[3],
+                     (double)out[4], (double)out[5], (double)out[6]);
+        }
+}
+
+/* ---------------------------------------------------------------- rotary */
+
+static void test_rotary(void) {
+    float q[1][1][D], cs[1][D];
+    int64_t pos[1] = {0};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int i = 0; i < D; i++) q[0][0][i] = 1.0f, cs[0][i] = i < D / 2 ? 1.0f : 0.0f; /* cos 1, sin 0 */
+        q[0][0][0] = INFINITY;          /* pair (0, 20): x' = inf, y' = y + inf * 0 = NaN */
+        q[0][0][1] = NAN;               /* pair (1, 21): both NaN */
+        lk_tensor tq = t3(q, LK_F32, 1, 1, D), tc = t2(cs, LK_F32, 1, D), tp = t1(pos, LK_I64, 1);
+        lk_rotary_embedding(&tp, &tq, NULL, &tc, 1);
+        int ok = q[0][0][0] == INFINITY && isnan(q[0][0][20]) && isnan(q[0][0][1]) && isnan(q[0][0][21]) &&
+                 q[0][0][2] == 1.0f && q[0][0][22] == 1.0f;
+        tu_check(ok, "%s rotary: IEEE products: inf * cos 1 = inf, inf * sin 0 = NaN, NaN spreads to its pair",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
+/* ---------------------------------------------------------------- caches: copies and conversions */
+
+static void test_copies(void) {
+    float k[1][1][4] = {{{0}}}, v[1][1][4] = {{{0}}};
+    uint32_t src[4] = {0x7fa00001u /* signalling NaN, payload */, 0xff812345u /* -sNaN, payload */,
+                       bits32(70000.0f), bits32(-0.0f)};
+    memcpy(k, src, sizeof src), memcpy(v, src, sizeof src);
+    int64_t slot[1] = {1};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        float kc[1][2][1][4];
+        uint16_t vh[1][2][1][4], vb[1][2][1][4];
+        memset(kc, 0, sizeof kc), memset(vh, 0, sizeof vh), memset(vb, 0, sizeof vb);
+        lk_tensor tk = t3(k, LK_F32, 1, 1, 4), tv = t3(v, LK_F32, 1, 1, 4), ts = t1(slot, LK_I64, 1);
+        lk_tensor tkc = lk_tensor_make(kc, LK_F32, 4, (int64_t[]){1, 2, 1, 4});
+        lk_tensor tvh = lk_tensor_make(vh, LK_F16, 4, (int64_t[]){1, 2, 1, 4});
+        lk_tensor tvb = lk_tensor_make(vb, LK_BF16, 4, (int64_t[]){1, 2, 1, 4});
+        lk_reshape_and_cache_flash(&tk, &tv, &tkc, &tvh, &ts);
+        int same = !memcmp(kc[0][1][0], src, sizeof src);
+        /* f16: NaN = sign | 0x7e00 | top mantissa bits; 70000 overflows to inf; -0 stays */
+        int f16 = vh[0][1][0][0] == (0x7e00 | (0x200001u >> 13 & 0x3ff)) && vh[0][1][0][1] == (0x8000 | 0x7e00 | (0x012345u >> 13)) &&
+                  vh[0][1][0][2] == 0x7c00 && vh[0][1][0][3] == 0x8000;
+        lk_reshape_and_cache_flash(&tk, &tv, &tkc, &tvb, &ts);
+        /* bf16: NaN = (bits >> 16) | 0x40 (quiet); 70000 rounds to nearest even */
+        int bf16 = vb[0][1][0][0] == (0x7fa0 | 0x40) && vb[0][1][0][1] == 0xffc1 &&
+                   vb[0][1][0][2] == (uint16_t)((bits32(70000.0f) + 0x7fff + ((bits32(70000.0f) >> 16) & 1)) >> 16) &&
+                   vb[0][1][0][3] == 0x8000;
+        tu_check(same && f16 && bf16,
+                 "%s reshape_and_cache_flash: same dtype copies the bits (signalling NaN, payloads); f16 stores "
+                 "quiet NaNs with their top payload bits and overflow as inf; bf16 quiets NaNs (%d %d %d, %04x %04x %04x)",
+                 lk_isa_name(isas[ii]), same, f16, bf16, vh[0][1][0][0], vh[0][1][0][1], vb[0][1][0][0]);
+        (void)from_bits;
+    }
+}
+
+/* ---------------------------------------------------------------- merge */
+
+static void test_merge(void) {
+    enum { H = 5 };
+    float a[1][H][D], b[1][H][D], la[1][H], lb[1][H], out[1][H][D], lo[1][H];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < D; i++) a[0][h][i] = 1.0f, b[0][h][i] = 3.0f;
+        /* h0: a empty (+inf) and its values NaN: out = b; h1: both empty (-inf, +inf);
+         * h2: NaN lse; h3: equal lses: mean; h4: a NaN value in a non-empty state */
+        for (int i = 0; i < D; i++) a[0][0][i] = NAN;
+        la[0][0] = INFINITY, lb[0][0] = 0.0f;
+        la[0][1] = -INFINITY, lb[0][1] = INFINITY;
+        la[0][2] = NAN, lb[0][2] = 0.0f;
+        la[0][3] = 0.5f, lb[0][3] = 0.5f;
+        la[0][4] = 0.0f, lb[0][4] = 0.0f, a[0][4][5] = NAN;
+        lk_tensor ta = t3(a, LK_F32, 1, H, D), tb = t3(b, LK_F32, 1, H, D), to = t3(out, LK_F32, 1, H, D);
+        lk_tensor tla = t2(la, LK_F32, 1, H), tlb = t2(lb, LK_F32, 1, H), tlo = t2(lo, LK_F32, 1, H);
+        lk_merge_attn_states(&to, &tlo, &ta, &tla, &tb, &tlb);
+        int ok = lo[0][0] == 0.0f && lo[0][1] == -INFINITY && isnan(lo[0][2]) && lo[0][3] == 0.5f + logf(2.0f);
+        for (int i = 0; i < D; i++)
+            ok &= out[0][0][i] == 3.0f && is_poszero(out[0][1][i]) && isnan(out[0][2][i]) && out[0][3][i] == 2.0f &&
+                  (i == 5 ? isnan(out[0][4][i]) : out[0][4][i] == 2.0f);
+        tu_check(ok, "%s merge_attn_states: +-inf LSE = empty state (values never read), all empty: out 0, lse -inf; "
+                     "NaN LSE: out and lse NaN; a NaN value in a non-empty state stays in its element",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
+/* ---------------------------------------------------------------- softmax */
+
+static void test_softmax(void) {
+    enum { Q = 4 };
+    float x[Q][D], out[Q][D];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int r = 0; r < Q; r++)
+            for (int j = 0; j < D; j++) x[r][j] = 0.1f * (float)(j % 7);
+        /* q_len = 4, k_len = 40: row i sees keys j <= i + 36 */
+        x[0][3] = -INFINITY;                                   /* weight 0 */
+        for (int j = 0; j < D; j++) x[1][j] = -INFINITY;        /* all -inf: zeros */
+        x[2][5] = NAN, x[2][39] = NAN;                          /* visible NaN; key 39 is masked for row 2 */
+        x[3][1] = INFINITY;                                     /* +inf: NaN */
+        x[0][39] = NAN;                                         /* masked for row 0: no effect */
+        lk_tensor tx = t2(x, LK_F32, Q, D), to = t2(out, LK_F32, Q, D);
+        lk_causal_softmax(&to, &tx);
+        double sum = 0;
+        int ok = is_poszero(out[0][3]) && is_poszero(out[0][39]);
+        for (int j = 0; j < 37; j++) sum += out[0][j];
+        ok &= fabs(sum - 1.0) < 1e-5;
+        for (int j = 0; j < D; j++) ok &= is_poszero(out[1][j]);
+        for (int j = 0; j < D; j++) ok &= j <= 38 ? isnan(out[2][j]) : is_poszero(out[2][j]);
+        for (int j = 0; j < D; j++) ok &= isnan(out[3][j]);
+        tu_check(ok, "%s causal_softmax: -inf weighs 0; all visible -inf: zeros; a visible NaN or +inf: the visible "
+                     "part NaN, masked entries 0; masked NaN has no effect",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+static void test_attention(void) {
+    enum { T = 6, K = 8, H = 4, DH = 16 };
+    float q[T][H][DH], k[K][1][DH], v[K][1][DH], out[T][H][DH], lse[T][H];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int j = 0; j < K; j++)
+            for (int d = 0; d < DH; d++) k[j][0][d] = 0.1f * (float)((j + d) % 5), v[j][0][d] = 0.25f * (float)(j % 3);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < DH; d++) q[t][h][d] = 0.2f;
+        /* causal, q_len 6, k_len 8: query i sees keys 0 .. i + 2 */
+        for (int d = 0; d < DH; d++) {
+            q[1][0][d] = NAN;                       /* NaN score: the row is NaN */
+            q[2][1][d] = d == 0 ? -INFINITY : 0.2f; /* scores -inf (k >= 0, k[0][0] = 0: NaN for key 0!) */
+        }
+        k[7][0][0] = NAN; /* key 7 is visible only to query 5 */
+        v[7][0][3] = INFINITY;
+        int32_t cq[2] = {0, T}, ck[2] = {0, K};
+        lk_tensor tq = t3(q, LK_F32, T, H, DH), tk = t3(k, LK_F32, K, 1, DH), tv = t3(v, LK_F32, K, 1, DH);
+        lk_tensor to = t3(out, LK_F32, T, H, DH), tl = t2(lse, LK_F32, T, H);
+        lk_tensor tcq = t1(cq, LK_I32, 2), tck = t1(ck, LK_I32, 2);
+        lk_attn_params p = lk_attn_params_default(0.5f);
+        p.causal = 1;
+        lk_status st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        int ok = st == LK_OK && isnan(lse[1][0]) && isnan(lse[5][0]);
+        for (int d = 0; d < DH; d++) ok &= isnan(out[1][0][d]) && isnan(out[5][2][d]);
+        /* rows 0..4 never see key 7: finite */
+        for (int t = 0; t < 5; t++)
+            for (int h = 0; h < H; h++) {
+                if ((t == 1 && h == 0) || (t == 2 && h == 1)) continue;
+                ok &= isfinite(lse[t][h]);
+                for (int d = 0; d < DH; d++) ok &= isfinite(out[t][h][d]);
+            }
+        tu_check(ok, "%s flash_attn: a NaN score makes its row NaN (out and lse); a key the causal mask hides "
+                     "(NaN k, inf v) does not reach earlier queries",
+                 lk_isa_name(isas[ii]));
+
+        /* softcap bounds scores: an infinite q . k becomes +-softcap */
+        for (int d = 0; d < DH; d++) q[0][0][d] = d == 0 ? INFINITY : 0.2f, k[0][0][d] = 1.0f, k[7][0][d] = 0.5f;
+        v[7][0][3] = 0.5f;
+        p.softcap = 5.0f;
+        for (int d = 0; d < DH; d++) q[1][0][d] = 0.2f, q[2][1][d] = 0.2f;
+        st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        ok = st == LK_OK && isfinite(lse[0][0]);
+        for (int d = 0; d < DH; d++) ok &= isfinite(out[0][0][d]);
+        tu_check(ok, "%s flash_attn: with a softcap an infinite score is capped (finite row)", lk_isa_name(isas[ii]));
+
+        /* no visible key: out 0, lse -inf (window left of every key) */
+        p = lk_attn_params_default(0.5f);
+        int32_t ck0[2] = {0, 0};
+        lk_tensor tck0 = t1(ck0, LK_I32, 2);
+        st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, &tck0, NULL, NULL, &p);
+        ok = st == LK_OK;
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                ok &= lse[t][h] == -INFINITY;
+                for (int d = 0; d < DH; d++) ok &= is_poszero(out[t][h][d]);
+            }
+        tu_check(ok, "%s flash_attn: a row that sees no key gives out = 0 and lse = -inf", lk_isa_name(isas[ii]));
+
+        /* +inf score without softcap: m = inf, exp(inf - inf) = NaN: the row is NaN */
+        for (int d = 0; d < DH; d++) q[3][2][d] = d == 0 ? INFINITY : 0.2f;
+        st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+        ok = st == LK_OK && isnan(lse[3][2]) && isfinite(lse[3][1]);
+        for (int d = 0; d < DH; d++) ok &= isnan(out[3][2][d]);
+        tu_check(ok, "%s flash_attn: a +inf score (no softcap) makes its row NaN", lk_isa_name(isas[ii]));
+        for (int d = 0; d < DH; d++) q[3][2][d] = 0.2f;
+    }
+}
+
+/* paged K/V: slots past seqused_k (a partial last page's tail) are never read, whatever
+ * they hold (NaN here), on the decode and the prefill path */
+static void test_attention_page_tail(void) {
+    enum { NB = 2, BS = 16, DH = 16, KL = 5 };
+    static float kc[NB][BS][1][DH], vc[NB][BS][1][DH], q[8][1][DH], out[8][1][DH], lse[8][1];
+    for (int p = 0; p < NB; p++)
+        for (int s = 0; s < BS; s++)
+            for (int d = 0; d < DH; d++) {
+                int valid = p == 1 && s < KL;
+                kc[p][s][0][d] = valid ? 0.1f * (float)(d % 3) : NAN;
+                vc[p][s][0][d] = valid ? 0.5f : INFINITY;
+            }
+    for (int t = 0; t < 8; t++)
+        for (int d = 0; d < DH; d++) q[t][0][d] = 0.2f;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        int ok = 1;
+        for (int ql = 1; ql <= 8; ql += 7) {
+            int32_t cq[2] = {0, ql}, used[1] = {KL}, bt[1][2] = {{1, 0}};
+            lk_tensor tq = t3(q, LK_F32, ql, 1, DH), to = t3(out, LK_F32, ql, 1, DH), tl = t2(lse, LK_F32, ql, 1);
+            lk_tensor tk = lk_tensor_make(kc, LK_F32, 4, (int64_t[]){NB, BS, 1, DH});
+            lk_tensor tv = lk_tensor_make(vc, LK_F32, 4, (int64_t[]){NB, BS, 1, DH});
+            lk_tensor tcq = t1(cq, LK_I32, 2), tu = t1(used, LK_I32, 1), tb = t2(bt, LK_I32, 1, 2);
+            lk_attn_params p = lk_attn_params_default(0.25f);
+            p.causal = 1;
+            lk_status st = lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, NULL, &tu, &tb, &p);
+            ok &= st == LK_OK;
+            for (int t = 0; t < ql; t++) {
+                int sees = t + KL - ql >= 0;
+                ok &= sees ? isfinite(lse[t][0]) : lse[t][0] == -INFINITY;
+                for (int d = 0; d < DH; d++) ok &= sees ? fabsf(out[t][0][d] - 0.5f) < 1e-6f : out[t][0][d] == 0.0f;
+            }
+        }
+        tu_check(ok, "%s flash_attn: NaN / inf in the slots past seqused_k never reach the output (decode, prefill)",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
+/* ---------------------------------------------------------------- mla_prefix_prefill */
+
+/* Two requests over one-buffer ND latent cache pages of 4 slots: request 0 has 3 new
+ * tokens over a prefix of 6 (pages 0, 1; page 1 half used), request 1 has 2 over 5 (pages
+ * 2, 3; page 3 one slot); page 4 is unused; one padding row at the end. Every slot no
+ * prefix uses holds NaN. Each rule on every ISA and every strategy. */
+enum { MH = 2, MDN = 16, MDR = 16, MDV = 16, MDL = 32, ME = MDL + MDR, MBS = 4, MNB = 5, MT = 6 };
+static float mq[MT][MH][MDN + MDR], mk[MT][MH][MDN + MDR], mv[MT][MH][MDV], mw[MH * (MDN + MDV)][MDL];
+static float mc[MNB][MBS][ME], mout[MT][MH][MDV], mbase[MT][MH][MDV];
+
+static void mla_fill(void) {
+    uint32_t r = 12345;
+#define MLA_RND() ((float)((r = r * 1664525u + 1013904223u) >> 8) / 16777216.0f * 2.0f - 1.0f)
+    for (int i = 0; i < MT * MH * (MDN + MDR); i++) (&mq[0][0][0])[i] = MLA_RND(), (&mk[0][0][0])[i] = MLA_RND();
+    for (int i = 0; i < MT * MH * MDV; i++) (&mv[0][0][0])[i] = MLA_RND();
+    for (int i = 0; i < MH * (MDN + MDV) * MDL; i++) (&mw[0][0])[i] = 0.3f * MLA_RND();
+    static const int used[MNB] = {4, 2, 4, 1, 0};
+    for (int p = 0; p < MNB; p++)
+        for (int sl = 0; sl < MBS; sl++)
+            for (int d = 0; d < ME; d++) mc[p][sl][d] = sl < used[p] ? MLA_RND() : NAN;
+#undef MLA_RND
+}
+
+static lk_status mla_call(lk_mla_strategy st) {
+    int32_t cq[3] = {0, 3, 5}, pl[2] = {6, 5}, bt[2][3] = {{0, 1, -1}, {2, 3, -1}};
+    lk_tensor tq = t3(mq, LK_F32, MT, MH, MDN + MDR), tk = t3(mk, LK_F32, MT, MH, MDN + MDR);
+    lk_tensor tv = t3(mv, LK_F32, MT, MH, MDV), to = t3(mout, LK_F32, MT, MH, MDV);
+    lk_tensor tcq = t1(cq, LK_I32, 3), tpl = t1(pl, LK_I32, 2), tbt = t2(bt, LK_I32, 2, 3);
+    lk_tensor tc = t3(mc, LK_F32, MNB, MBS, ME), tw = t2(mw, LK_F32, MH * (MDN + MDV), MDL);
+    lk_mla_params p = lk_mla_params_default(0.125f);
+    p.strategy = st;
+    for (int i = 0; i < MT * MH * MDV; i++) (&mout[0][0][0])[i] = -7.0f; /* garbage, padding row included */
+    return lk_mla_prefix_prefill(&to, &tq, &tk, &tv, &tcq, &tpl, &tbt, &tc, NULL, &tw, &p);
+}
+
+/* rows [t0, t1) of out: every value NaN (want_nan) or equal to the baseline within 1e-5 */
+static int mla_rows(int t0, int t1, int want_nan) {
+    int ok = 1;
+    for (int t = t0; t < t1; t++)
+        for (int h = 0; h < MH; h++)
+            for (int d = 0; d < MDV; d++)
+                ok &= want_nan ? isnan(mout[t][h][d]) : fabsf(mout[t][h][d] - mbase[t][h][d]) <= 1e-5f;
+    return ok;
+}
+
+static void test_mla(void) {
+    static const lk_mla_strategy ST[5] = {LK_MLA_AUTO, LK_MLA_SPLIT_MERGE, LK_MLA_CONCAT, LK_MLA_FUSED, LK_MLA_ABSORBED};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int si = 0; si < 5; si++) {
+            const char *isa = lk_isa_name(isas[ii]), *sn = lk_mla_strategy_name(ST[si]);
+            mla_fill();
+            lk_status st = mla_call(ST[si]);
+            int ok = st == LK_OK;
+            for (int t = 0; t < MT; t++)
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= t < 5 ? isfinite(mout[t][h][d]) : is_poszero(mout[t][h][d]);
+            memcpy(mbase, mout, sizeof mout);
+            tu_check(ok, "%s mla %s: NaN in every cache slot no prefix uses never reaches the output; the padding "
+                         "row is +0", isa, sn);
+
+            mq[1][0][2] = NAN; /* q_nope of (token 1, head 0) */
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(1, 2, 0) == 0 && mla_rows(0, 1, 0) && mla_rows(2, 5, 0);
+            for (int d = 0; d < MDV; d++) ok &= isnan(mout[1][0][d]) && fabsf(mout[1][1][d] - mbase[1][1][d]) <= 1e-5f;
+            tu_check(ok, "%s mla %s: a NaN in q makes only its (token, head) row NaN", isa, sn);
+            mla_fill();
+
+            mc[0][1][3] = NAN; /* a latent value of request 0's prefix token 1 */
+            st = mla_call(ST[si]);
+            tu_check(st == LK_OK && mla_rows(0, 3, 1) && mla_rows(3, 5, 0),
+                     "%s mla %s: a NaN in a used cache entry makes its request's rows NaN (every head), other "
+                     "requests unaffected", isa, sn);
+            mla_fill();
+
+            mc[2][0][MDL] = INFINITY; /* k_pe of request 1's prefix token 0, q_rope > 0: score +inf */
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++) mq[t][h][MDN] = 0.5f;
+            st = mla_call(ST[si]);
+            tu_check(st == LK_OK && mla_rows(3, 5, 1) && mla_rows(0, 3, 0),
+                     "%s mla %s: a +inf score makes its rows NaN (as flash_attn), other requests unaffected", isa, sn);
+            mla_fill();
+
+            mc[2][0][MDL] = -INFINITY; /* the same key scores -inf: weight 0 */
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++) mq[t][h][MDN] = 0.5f;
+            st = mla_call(ST[si]);
+            ok = st == LK_OK;
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
+            tu_check(ok, "%s mla %s: a -inf score weighs 0 (finite rows)", isa, sn);
+        }
+    }
+}
+
+int main(void) {
+    tu_init();
+    ni = tu_isas(isas);
+    test_rms_norm();
+    test_fused();
+    test_act();
+    test_rotary();
+    test_copies();
+    test_merge();
+    test_softmax();
+    test_attention();
+    test_attention_page_tail();
+    test_mla();
+    lk_set_isa(lk_isa_best());
+    return tu_finish("test_numerics");
+}
