@@ -74,12 +74,6 @@ static inline __m256 gelu_tanh8(__m256 g) {
     return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-static inline __m256i bf16_bits_nonan(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-}
-
 static inline __m256 act8(__m256 g, __m256 y, int gelu) {
     return _mm256_mul_ps(gelu ? gelu_tanh8(g) : silu8(g), y);
 }
@@ -99,13 +93,13 @@ static inline __attribute__((always_inline)) void act_seg(char *o, lk_dtype ot, 
         lk8x2_load_bf16(gate, &g0, &g1);
         lk8x2_load_bf16(up, &y0, &y1);
         for (; i + 32 <= n; i += 16) {
-            __m256i r = _mm256_packus_epi32(bf16_bits_nonan(act8(g0, y0, gelu)), bf16_bits_nonan(act8(g1, y1, gelu)));
+            __m256i r = _mm256_packus_epi32(lk8_bf16_bits_nonan(act8(g0, y0, gelu)), lk8_bf16_bits_nonan(act8(g1, y1, gelu)));
             lk8x2_load_bf16(gate + (i + 16) * 2, &g0, &g1);
             lk8x2_load_bf16(up + (i + 16) * 2, &y0, &y1);
             if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
             else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
         }
-        __m256i r = _mm256_packus_epi32(bf16_bits_nonan(act8(g0, y0, gelu)), bf16_bits_nonan(act8(g1, y1, gelu)));
+        __m256i r = _mm256_packus_epi32(lk8_bf16_bits_nonan(act8(g0, y0, gelu)), lk8_bf16_bits_nonan(act8(g1, y1, gelu)));
         if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
         else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
         i += 16;

@@ -100,14 +100,8 @@ static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtyp
 /* bf16 in and out with f32 weights g (the per-call copy), a row known to give no NaN
  * (finite inv and weights): 16 values per step in lk8x2_load_bf16's in-lane order
  * ({0-3, 8-11} and {4-7, 12-15}, the weights loaded to match); packus_epi32 of the two
- * rounded halves restores the order, so no cross-lane shuffles. Rounding is lk8_bf16_bits without its NaN branch (bit-identical for
- * non-NaN values). Returns the number of values done (a multiple of 16). */
-static inline __m256i bf16_round_nonan(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-}
-
+ * rounded halves restores the order, so no cross-lane shuffles; rounding by
+ * lk8_bf16_bits_nonan. Returns the number of values done (a multiple of 16). */
 static int64_t scale_row_bf16(char *o, const char *x, const float *g, int64_t D, float inv,
                               int stream, const char *const *pf, int npf) {
     __m256 vinv = _mm256_set1_ps(inv);
@@ -117,8 +111,8 @@ static int64_t scale_row_bf16(char *o, const char *x, const float *g, int64_t D,
         __m256 a, b;
         lk8x2_load_bf16(x + i * 2, &a, &b);
         __m256 ga = _mm256_loadu2_m128(g + i + 8, g + i), gb = _mm256_loadu2_m128(g + i + 12, g + i + 4);
-        __m256i ra = bf16_round_nonan(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
-        __m256i rb = bf16_round_nonan(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
+        __m256i ra = lk8_bf16_bits_nonan(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
+        __m256i rb = lk8_bf16_bits_nonan(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
         __m256i r = _mm256_packus_epi32(ra, rb);
         if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
         else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
@@ -226,7 +220,7 @@ static inline float add_store(char *res, lk_dtype rt, const char *x, lk_dtype xt
             __m256 xa, xb, ra, rb;
             lk8x2_load_bf16(x + i * 2, &xa, &xb);
             lk8x2_load_bf16(res + i * 2, &ra, &rb);
-            __m256i ha = bf16_round_nonan(_mm256_add_ps(xa, ra)), hb = bf16_round_nonan(_mm256_add_ps(xb, rb));
+            __m256i ha = lk8_bf16_bits_nonan(_mm256_add_ps(xa, ra)), hb = lk8_bf16_bits_nonan(_mm256_add_ps(xb, rb));
             _mm256_storeu_si256((__m256i *)(res + i * 2), _mm256_packus_epi32(ha, hb));
             __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(ha, 16)), b = _mm256_castsi256_ps(_mm256_slli_epi32(hb, 16));
             s0 = _mm256_fmadd_ps(a, a, s0);

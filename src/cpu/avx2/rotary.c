@@ -107,15 +107,6 @@ static inline void rot8(__m256 *x, __m256 *y, const float *c, const float *s) {
     *y = yo;
 }
 
-/* bf16 -> bf16 rounding without the NaN branch: exact when the value is not NaN or is
- * a NaN whose low 16 bits are 0 (every NaN here when the staged cos/sin hold none: it
- * comes from a bf16 input or is the default NaN of inf * 0, inf - inf) */
-static inline __m256i bf16_bits_nonan(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-}
-
 /* NeoX: pairs (i, half + i) for i in [i0, i0 + n) of one head row */
 static inline void rot_neox(char *row, lk_dtype dt, int64_t half, int64_t i0, int64_t n,
                             const cs_block *b) {
@@ -129,8 +120,8 @@ static inline void rot_neox(char *row, lk_dtype dt, int64_t half, int64_t i0, in
             lk8x2_load_bf16(py + j * 2, &y0, &y1);
             rot8(&x0, &y0, b->cu + j, b->su + j);
             rot8(&x1, &y1, b->cu + j + 8, b->su + j + 8);
-            _mm256_storeu_si256((__m256i *)(px + j * 2), _mm256_packus_epi32(bf16_bits_nonan(x0), bf16_bits_nonan(x1)));
-            _mm256_storeu_si256((__m256i *)(py + j * 2), _mm256_packus_epi32(bf16_bits_nonan(y0), bf16_bits_nonan(y1)));
+            _mm256_storeu_si256((__m256i *)(px + j * 2), _mm256_packus_epi32(lk8_bf16_bits_nonan(x0), lk8_bf16_bits_nonan(x1)));
+            _mm256_storeu_si256((__m256i *)(py + j * 2), _mm256_packus_epi32(lk8_bf16_bits_nonan(y0), lk8_bf16_bits_nonan(y1)));
         }
     for (; j + 8 <= n; j += 8) {
         __m256 x = lk8_load(px + j * es, dt), y = lk8_load(py + j * es, dt);

@@ -19,12 +19,21 @@ static inline __m256 lk8_load(const void *p, lk_dtype dt) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* f32 -> bf16 round-to-nearest-even without the NaN rule: 8 results in the low 16 bits
+ * of each 32-bit lane. Exact for every non-NaN value and for NaNs whose low 16 bits are 0
+ * (a bf16 input's NaN, the default NaN of inf * 0 or inf - inf); other NaN payloads can
+ * carry into the exponent or sign, so callers use it only where no such NaN can arise. */
+static inline __m256i lk8_bf16_bits_nonan(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+}
+
 /* f32 -> bf16 round-to-nearest-even, NaN quieted: 8 results in the low 16 bits of
  * each 32-bit lane */
 static inline __m256i lk8_bf16_bits(__m256 v) {
     __m256i u = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i r = lk8_bf16_bits_nonan(v);
     __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     __m256 isnan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan), isnan));
