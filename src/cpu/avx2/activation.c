@@ -6,26 +6,26 @@
  *   gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)),  -2u = g (K0 + K1 g^2)
  *
  * Same formulas, special values and rounding points as ref/activation.c (see there for
- * why gelu uses the sigmoid form: no cancellation for tiny or very negative gates). exp
- * is exp_denom8 (lk8_exp's polynomial, ~2 ulp, on [-87, 88.72] with 2^n added to the
- * exponent bits, +inf above), the division is a true IEEE division (not rcp), so every
- * output is within a few f32 ulp of the exact value. act(-inf) = -0: the gate is
- * clamped to >= -FLT_MAX first (max_ps keeps a NaN gate, since it returns its second
- * operand when either is NaN), and -FLT_MAX / inf = -0.
+ * why gelu uses the sigmoid form: no cancellation for tiny or very negative gates).
+ * act8_core computes the sigmoid denominator in base 2 without compares or blends
+ * (clamps chosen so that exp's overflow and underflow fall out of the arithmetic, see
+ * there), then a true IEEE division (not rcp): f32 and the mixed dtype pairs within 2
+ * f32 ulp of exact; bf16 -> bf16 with a shorter reduction and polynomial, still the
+ * reference's bf16 or its neighbour for every bf16 gate.
  *
  * Shapes: x [..., 2d], out [..., d]. Fast path needs last-dim stride 1 on x and out;
  * other layouts go to the reference. Work split: units of (row, block of BLK columns),
  * contiguous ranges of units per thread (lk_parallel_for), so a single decode row of
  * 14336 still spreads over threads; every output is computed the same way whatever
  * the split. Per unit one streaming loop, 16 columns per iteration, specialised per
- * (x, out) dtype pair. bf16 -> bf16 loads 16 values in the in-lane unpack order
- * (lk8x2_load_bf16, no cross-lane conversions), loads the next block before storing
- * this one (x and out are often equal modulo 4 KiB, and a load after a store to such an
- * address stalls), and rounds without the NaN branch (every NaN here comes from a bf16
- * input or is the default NaN, so its low 16 bits are 0 and the rounding add cannot
- * carry). Outputs of LK_STREAM_MIN_BYTES or more are written with non-temporal stores
- * (no read-for-ownership). bf16 stays compute-bound on 2 AVX2 cores (~0.8 ns per value
- * per core: about 60% of the copy bandwidth); f32 is memory-bound.
+ * (x, out) dtype pair. bf16 -> bf16 takes 16 values per 32-byte load in even / odd
+ * order (shifts and masks, no shuffles), loads the next block before storing this one
+ * (x and out are often equal modulo 4 KiB, and a load after a store to such an address
+ * stalls), and rounds without the NaN branch (every NaN here comes from a bf16 input
+ * or is the default NaN, so its low 16 bits are 0 and the rounding add cannot carry).
+ * Outputs of LK_STREAM_MIN_BYTES or more are written with non-temporal stores (no
+ * read-for-ownership). bf16 is compute-bound on 2 AVX2 cores (~0.5 ns per value per
+ * core in cache, about 55-65% of the copy bandwidth beyond L3); f32 is memory-bound.
  */
 #include <float.h>
 #include <string.h>
@@ -35,88 +35,75 @@
 
 #define BLK 4096 /* columns per work unit */
 
-/* exp(x) for the sigmoid denominators: lk8_exp's polynomial (plain Horner), x clamped to
- * [-87, 88.72] so that 2^n is applied by adding n to the exponent bits (the result stays
- * normal: n >= -126 comes with r >= 0.33, so p > 1), n from the 1.5 * 2^23 rounding
- * trick (its low mantissa bits hold n), and x > 88.72 gives +inf. x < -87 gives
- * exp(-87) ~ 1.6e-38 instead of a smaller value: 1 + e is 1 either way. A NaN x gives
- * exp(-87) (max_ps returns its second operand): callers propagate NaN through g. */
-static inline __m256 exp_denom8(__m256 x) {
-    const __m256 shifter = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
-    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.72283935546875f));
-    __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), shifter);
-    __m256 n = _mm256_sub_ps(t, shifter);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f); /* plain Horner down to the constant 1 */
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_castps_si256(t), 23));
-    return _mm256_blendv_ps(_mm256_castsi256_ps(e), _mm256_set1_ps(__builtin_inff()), over);
-}
-
-static inline __m256 silu8(__m256 g) {
-    g = _mm256_max_ps(_mm256_set1_ps(-FLT_MAX), g);
-    __m256 e = exp_denom8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-static inline __m256 gelu_tanh8(__m256 g) {
-    g = _mm256_max_ps(_mm256_set1_ps(-FLT_MAX), g);
-    __m256 k = _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(-0.0713548162726f),
-                               _mm256_set1_ps(-1.59576912160573f));
-    __m256 e = exp_denom8(_mm256_mul_ps(g, k)); /* exp(-2u) */
-    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}
-
-static inline __m256 act8(__m256 g, __m256 y, int gelu) {
-    return _mm256_mul_ps(gelu ? gelu_tanh8(g) : silu8(g), y);
-}
-
-/* act(g) for the bf16 -> bf16 path, about a third fewer instructions than silu8 /
- * gelu_tanh8 and a much shorter dependency chain (this path is compute-bound):
- * act = g / (1 + 2^y), y = -g log2(e) (silu) or g (K0 + K1 g^2) log2(e) (gelu).
- * y = n + f with n = rint(y) from the 1.5 * 2^23 shifter (its low mantissa bits hold
- * n + 126, shifted into the exponent field they make 2^(n-1)), f = y - n exact, 2^f by
- * a degree-5 polynomial (relative error 1.5e-7) whose coefficients carry a factor 2.
- * Range: y >= -126 (clamped; 2^(n-1) is then 0 and the denominator 1, as in f32 anyway).
- * Above, the gate is clamped from below at G_MIN, a value where exp overflows f32 but
- * y < 128.5, so n <= 128, and 2 p 2^127 overflows to inf whenever y >= 128: act = -0
- * exactly where expf overflows, act(-inf) = -0, no compare or blend. max_ps returns
- * its second operand when either is NaN: a NaN gate stays NaN through the clamp (and
- * the numerator), its y = NaN is clamped to -126. The rounding of y adds a relative
- * error of |y| 2^-24 ln 2 (6e-7 at |g| = 10): act is within ~1e-6 of exact for
- * realistic gates, 5e-6 near the overflow edge, so the bf16 result is the reference's
- * or its neighbour (test_activation compares every bf16 gate with the reference). */
-#define SILU_G_MIN (-88.75f)   /* y = 128.04 */
-#define GELU_G_MIN (-10.0684f) /* y = 128.25 */
-static inline __m256 act8_bf16(__m256 g, int gelu) {
-    const __m256 shifter = _mm256_set1_ps(12582912.0f + 126.0f);
-    __m256 y;
+/* act(g) = g / (1 + exp(x)), x = -g (silu) or g (K0 + K1 g^2) (gelu, = -2u), for
+ * every dtype path; `fast` selects the bf16 -> bf16 variant. Both work in base 2 with
+ * the 1.5 * 2^23 shifter: t = x log2(e) + shifter rounds to n = rint(x log2(e)) and
+ * holds n + 126 in its low mantissa bits, which shifted into the exponent field make
+ * 2^(n-1); the polynomial carries the other factor 2. No compare or blend:
+ *  - the gate is clamped from below at G_MIN, where exp(x) overflows f32 but
+ *    x log2(e) < 128.5: n <= 128, and whenever exp(x) overflows (x log2(e) >= 128 or
+ *    so) 2 p 2^127 is +inf, the denominator too, and act = -0, exactly as expf's
+ *    overflow gives; act(-inf) = -0 the same way;
+ *  - x log2(e) is clamped from below at -126: 2^(n-1) is then 0 and the denominator 1,
+ *    which 1 + exp(x) is in f32 anyway;
+ *  - max_ps returns its second operand when either is NaN: a NaN gate stays NaN in
+ *    the numerator, and its exponent argument is clamped to the low end.
+ * Precise (f32 and the other dtype pairs): x = n ln2 + r by Cody-Waite (two
+ * constants, r exact to f32), e^r by lk8_exp's polynomial (~1 ulp), one rounding in the
+ * denominator's fma, a true IEEE division: act within 2 ulp of exact (test_activation's
+ * accuracy test). Fast (bf16 -> bf16, where this op is compute-bound; about a third
+ * fewer instructions and a much shorter dependency chain): y = x log2(e) rounded once
+ * to f32, f = y - n exact, 2^f by a degree-5 polynomial (relative error 1.5e-7); the
+ * rounding of y adds |y| 2^-24 ln 2 (6e-7 at |g| = 10, 5e-6 near the overflow edge),
+ * so the bf16 result is the reference's or its neighbour (test_activation compares
+ * every bf16 gate with the reference, bit by bit). */
+#define SILU_G_MIN (-88.75f)   /* x log2(e) = 128.04 */
+#define GELU_G_MIN (-10.0684f) /* x log2(e) = 128.25 */
+#define SILU_G_MAX 87.3f       /* x log2(e) = -125.95 */
+#define LOG2E 1.44269504088896341f
+#define GELU_K0 (-1.59576912160573f) /* -2 sqrt(2/pi) */
+#define GELU_K1 (-0.0713548162726f)  /* -2 sqrt(2/pi) * 0.044715 */
+static inline __m256 act8_core(__m256 g, int gelu, int fast) {
+    const __m256 shifter = _mm256_set1_ps(12582912.0f + 126.0f), two = _mm256_set1_ps(2.0f);
     g = _mm256_max_ps(_mm256_set1_ps(gelu ? GELU_G_MIN : SILU_G_MIN), g);
-    if (gelu) {
-        __m256 k = _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(-0.0713548162726f * 1.44269504088896341f),
-                                   _mm256_set1_ps(-1.59576912160573f * 1.44269504088896341f));
-        y = _mm256_mul_ps(g, k);
+    __m256 t, p;
+    if (fast) {
+        __m256 y = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_K1 * LOG2E),
+                                                           _mm256_set1_ps(GELU_K0 * LOG2E)))
+                        : _mm256_mul_ps(g, _mm256_set1_ps(-LOG2E));
+        y = _mm256_max_ps(y, _mm256_set1_ps(-126.0f));
+        t = _mm256_add_ps(y, shifter);
+        __m256 f = _mm256_sub_ps(y, _mm256_sub_ps(t, shifter)), f2 = _mm256_mul_ps(f, f);
+        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.6931469440460205f), f, _mm256_set1_ps(2 * 1.0000001192092896f));
+        __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.05550713464617729f), f, _mm256_set1_ps(2 * 0.24022120237350464f));
+        __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.00132764654699713f), f, _mm256_set1_ps(2 * 0.009675541892647743f));
+        p = _mm256_fmadd_ps(_mm256_fmadd_ps(c, f2, b), f2, a);
     } else {
-        y = _mm256_mul_ps(g, _mm256_set1_ps(-1.44269504088896341f));
+        /* silu works on -x = min(g, G_MAX) with the odd coefficients negated;
+         * gelu on x clamped to >= -87.3 (the same bound) */
+        const float s = gelu ? 1.0f : -1.0f;
+        __m256 v = gelu ? _mm256_max_ps(_mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_K1),
+                                                                         _mm256_set1_ps(GELU_K0))),
+                                        _mm256_set1_ps(-SILU_G_MAX))
+                        : _mm256_min_ps(g, _mm256_set1_ps(SILU_G_MAX));
+        t = _mm256_fmadd_ps(v, _mm256_set1_ps(s * LOG2E), shifter);
+        __m256 n = _mm256_sub_ps(t, shifter); /* r = x - n ln2 = s (v - s n ln2) */
+        __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-s * 0.693359375f), v);
+        r = _mm256_fmadd_ps(n, _mm256_set1_ps(-s * -2.12194440e-4f), r);
+        /* 2 e^r = 2 (1 + r + r^2 q(r)) with lk8_exp's q; r stands for s r here */
+        __m256 q = _mm256_set1_ps(s * 2 * 1.9875691500e-4f);
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(2 * 1.3981999507e-3f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(s * 2 * 8.3334519073e-3f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(2 * 4.1665795894e-2f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(s * 2 * 1.6666665459e-1f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(2 * 5.0000001201e-1f));
+        p = _mm256_fmadd_ps(q, _mm256_mul_ps(r, r), _mm256_fmadd_ps(r, _mm256_set1_ps(s * 2.0f), two));
     }
-    y = _mm256_max_ps(y, _mm256_set1_ps(-126.0f));
-    __m256 t = _mm256_add_ps(y, shifter);
-    __m256 f = _mm256_sub_ps(y, _mm256_sub_ps(t, shifter)), f2 = _mm256_mul_ps(f, f);
     __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
-    __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.6931469440460205f), f, _mm256_set1_ps(2 * 1.0000001192092896f));
-    __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.05550713464617729f), f, _mm256_set1_ps(2 * 0.24022120237350464f));
-    __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.00132764654699713f), f, _mm256_set1_ps(2 * 0.009675541892647743f));
-    __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(c, f2, b), f2, a);
     return _mm256_div_ps(g, _mm256_fmadd_ps(p, sc, _mm256_set1_ps(1.0f)));
 }
+
+static inline __m256 act8(__m256 g, __m256 y, int gelu) { return _mm256_mul_ps(act8_core(g, gelu, 0), y); }
 
 /* 16 bf16 outputs from 16 gates and 16 ups in even / odd order: the even elements are
  * the low halves of the 32-bit lanes (shifted up, they are the f32 values), the odd
@@ -127,8 +114,8 @@ static inline __m256i act16_bf16(__m256i gv, __m256i uv, int gelu) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     __m256 ge = _mm256_castsi256_ps(_mm256_slli_epi32(gv, 16)), go = _mm256_castsi256_ps(_mm256_and_si256(gv, hi));
     __m256 ue = _mm256_castsi256_ps(_mm256_slli_epi32(uv, 16)), uo = _mm256_castsi256_ps(_mm256_and_si256(uv, hi));
-    __m256i e = _mm256_castps_si256(_mm256_mul_ps(act8_bf16(ge, gelu), ue));
-    __m256i o = _mm256_castps_si256(_mm256_mul_ps(act8_bf16(go, gelu), uo));
+    __m256i e = _mm256_castps_si256(_mm256_mul_ps(act8_core(ge, gelu, 1), ue));
+    __m256i o = _mm256_castps_si256(_mm256_mul_ps(act8_core(go, gelu, 1), uo));
     __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
     e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
     o = _mm256_add_epi32(_mm256_add_epi32(o, half), _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
