@@ -12,8 +12,9 @@
  * pass 2 re-reads the row (from L1/L2) and writes it; one rounding per output element.
  * Outputs beyond LK_STREAM_MIN_BYTES whose rows are aligned use non-temporal stores.
  * For inputs that size, pass 2 also prefetches the next row (prefetch_next), so its DRAM
- * read overlaps this row's arithmetic instead of following it. bf16 -> bf16 with the f32
- * weight copy runs 16 values per step without cross-lane shuffles (scale_row_bf16).
+ * read overlaps this row's arithmetic instead of following it. bf16 rows take 16 values
+ * per 32-byte load in even / odd order (shifts and masks, no shuffles) in pass 1 and,
+ * with finite weights, pass 2 (scale_row_bf16, weights copied once in that order).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -29,13 +30,27 @@ typedef struct {
     float eps;
     int stream;
     int prefetch;             /* prefetch the next row during pass 2 (big inputs only) */
-    int finite_g;             /* w is the f32 copy and holds no inf or NaN */
+    const float *g_eo;        /* bf16 rows: the f32 copy in even / odd order per 16 when it
+                                 holds no inf or NaN, else NULL */
 } rows_ctx;
 
 static inline float sumsq(const char *x, lk_dtype dt, int64_t D) {
     size_t es = lk_dtype_size(dt);
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
+    if (dt == LK_BF16) { /* 16 per load: even elements shifted up, odd ones masked */
+        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+        for (; i + 32 <= D; i += 32) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(x + i * 2));
+            __m256i v = _mm256_loadu_si256((const __m256i *)(x + i * 2 + 32));
+            __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), b = _mm256_castsi256_ps(_mm256_and_si256(u, hi));
+            __m256 c = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), d = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            s0 = _mm256_fmadd_ps(a, a, s0);
+            s1 = _mm256_fmadd_ps(b, b, s1);
+            s2 = _mm256_fmadd_ps(c, c, s2);
+            s3 = _mm256_fmadd_ps(d, d, s3);
+        }
+    }
     for (; i + 32 <= D; i += 32) {
         __m256 a = lk8_load(x + i * es, dt), b = lk8_load(x + (i + 8) * es, dt);
         __m256 c = lk8_load(x + (i + 16) * es, dt), d = lk8_load(x + (i + 24) * es, dt);
@@ -97,23 +112,28 @@ static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtyp
     }
 }
 
-/* bf16 in and out with f32 weights g (the per-call copy), a row known to give no NaN
- * (finite inv and weights): 16 values per step in lk8x2_load_bf16's in-lane order
- * ({0-3, 8-11} and {4-7, 12-15}, the weights loaded to match); packus_epi32 of the two
- * rounded halves restores the order, so no cross-lane shuffles; rounding by
- * lk8_bf16_bits_nonan. Returns the number of values done (a multiple of 16). */
-static int64_t scale_row_bf16(char *o, const char *x, const float *g, int64_t D, float inv,
+/* bf16 in and out with f32 weights (the per-call copy), a row known to give no NaN
+ * (finite inv and weights): 16 values per 32-byte load, the even elements shifted up
+ * and the odd ones masked (they are then f32 values), g_eo holding the weights in the
+ * same even / odd order per 16; the rounded results go back the same way (even ones
+ * shifted down, blended with the odd ones' high halves): no shuffles. Rounding without
+ * the NaN branch (lk8_bf16_bits_nonan's). Returns the number of values done (a
+ * multiple of 16). */
+static int64_t scale_row_bf16(char *o, const char *x, const float *g_eo, int64_t D, float inv,
                               int stream, const char *const *pf, int npf) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), one = _mm256_set1_epi32(1),
+                  half = _mm256_set1_epi32(0x7fff);
     __m256 vinv = _mm256_set1_ps(inv);
     int64_t i = 0;
     for (; i + 16 <= D; i += 16) {
         if (npf) prefetch_next(pf, npf, i * 2);
-        __m256 a, b;
-        lk8x2_load_bf16(x + i * 2, &a, &b);
-        __m256 ga = _mm256_loadu2_m128(g + i + 8, g + i), gb = _mm256_loadu2_m128(g + i + 12, g + i + 4);
-        __m256i ra = lk8_bf16_bits_nonan(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
-        __m256i rb = lk8_bf16_bits_nonan(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
-        __m256i r = _mm256_packus_epi32(ra, rb);
+        __m256i u = _mm256_loadu_si256((const __m256i *)(x + i * 2));
+        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), b = _mm256_castsi256_ps(_mm256_and_si256(u, hi));
+        __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(a, vinv), _mm256_loadu_ps(g_eo + i)));
+        __m256i d = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(b, vinv), _mm256_loadu_ps(g_eo + i + 8)));
+        e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
+        d = _mm256_add_epi32(_mm256_add_epi32(d, half), _mm256_and_si256(_mm256_srli_epi32(d, 16), one));
+        __m256i r = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), d, 0xaa);
         if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
         else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
     }
@@ -123,11 +143,11 @@ static int64_t scale_row_bf16(char *o, const char *x, const float *g, int64_t D,
 /* the loop specialised for the common all-same-dtype cases (constant dtypes let the
  * compiler drop the per-vector dtype branches), generic otherwise */
 static void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
-                      lk_dtype wt, float one, int finite_g, int64_t D, float inv, int stream,
+                      lk_dtype wt, float one, const float *g_eo, int64_t D, float inv, int stream,
                       const char *const *pf, int npf) {
-    if (xt == LK_BF16 && ot == LK_BF16 && wt == LK_F32 && one == 0.0f && finite_g && isfinite(inv) &&
+    if (xt == LK_BF16 && ot == LK_BF16 && g_eo && isfinite(inv) &&
         inv > 0.0f) { /* inv in (0, inf): every x finite, so no NaN can arise */
-        int64_t done = scale_row_bf16(o, x, (const float *)w, D, inv, stream, pf, npf);
+        int64_t done = scale_row_bf16(o, x, g_eo, D, inv, stream, pf, npf);
         o += done * 2;
         x += done * 2;
         w += done * 4;
@@ -163,27 +183,44 @@ static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
         const char *pf[1] = {lk_at(x, ni.off)}; // [D], the next row (unused after the last)
         float inv = 1.0f / sqrtf(sumsq(xr, x->dtype, D) / (float)D + c->eps);
         int st = c->stream && ((uintptr_t)orow & 31) == 0;
-        scale_row(orow, out->dtype, xr, x->dtype, c->w, c->wt, c->one, c->finite_g, D, inv, st, pf,
+        scale_row(orow, out->dtype, xr, x->dtype, c->w, c->wt, c->one, c->g_eo, D, inv, st, pf,
                   c->prefetch && r + 1 < r1);
     }
     if (c->stream) _mm_sfence();
 }
 
 /* Weights as used by scale_row: for many rows, converted once to f32 with the gemma 1
- * folded in (*owned is that copy, to free); for a few rows, w as it is. */
-static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t rows,
+ * folded in (owned[0] is that copy, to free); for a few rows, w as it is. For bf16 rows
+ * and finite weights also the copy in scale_row_bf16's even / odd order (owned[1]):
+ * per block of 16, the 8 even elements, then the 8 odd ones; the last D % 16 as they are. */
+static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t rows, int bf16,
                              float **owned) {
-    *owned = NULL;
+    owned[0] = owned[1] = NULL;
     c->w = w->data;
     c->wt = w->dtype;
     c->one = gemma ? 1.0f : 0.0f;
-    if (rows < 16 || (w->dtype == LK_F32 && !gemma)) return LK_OK;
-    if (!(*owned = lk_weights_f32(w, gemma))) return LK_ERR_NOMEM;
-    c->w = (const char *)*owned;
+    c->g_eo = NULL;
+    if (rows < 16 || (w->dtype == LK_F32 && !gemma && !bf16)) return LK_OK;
+    if (!(owned[0] = lk_weights_f32(w, gemma))) return LK_ERR_NOMEM;
+    const float *g = owned[0];
+    c->w = (const char *)g;
     c->wt = LK_F32;
     c->one = 0.0f;
-    c->finite_g = 1;
-    for (int64_t i = 0; i < w->shape[0]; i++) c->finite_g &= isfinite((*owned)[i]) != 0;
+    int64_t D = w->shape[0];
+    int finite = 1;
+    for (int64_t i = 0; i < D; i++) finite &= isfinite(g[i]) != 0;
+    if (!bf16 || !finite) return LK_OK;
+    if (!(owned[1] = malloc(sizeof(float) * (size_t)(D > 0 ? D : 1)))) {
+        free(owned[0]);
+        owned[0] = NULL;
+        return LK_ERR_NOMEM;
+    }
+    float *eo = owned[1];
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16)
+        for (int k = 0; k < 8; k++) eo[i + k] = g[i + 2 * k], eo[i + 8 + k] = g[i + 2 * k + 1];
+    for (; i < D; i++) eo[i] = g[i];
+    c->g_eo = eo;
     return LK_OK;
 }
 
@@ -193,9 +230,10 @@ lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a) {
         return lk_ref_rms_norm(a);
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
     size_t oes = lk_dtype_size(a->out.dtype);
-    float *owned;
-    rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0, 0, 0};
-    if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
+    float *owned[2];
+    rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0, 0, NULL};
+    int bf16 = a->x.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+    if (set_weights(&c, &a->w, a->gemma, rows, bf16, owned)) return LK_ERR_NOMEM;
     /* stream only when whole rows are multiples of 32 bytes and the output is big and
      * does not alias the input (in place keeps the lines in cache anyway) */
     c.stream = rows * D * (int64_t)oes >= LK_STREAM_MIN_BYTES && (D * (int64_t)oes) % 32 == 0 &&
@@ -203,7 +241,8 @@ lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a) {
     int64_t bytes = D * (int64_t)(lk_dtype_size(a->x.dtype) + oes);
     c.prefetch = rows * bytes >= LK_STREAM_MIN_BYTES;
     lk_parallel_for(rows, bytes, rms_rows, &c);
-    free(owned);
+    free(owned[0]);
+    free(owned[1]);
     return LK_OK;
 }
 
@@ -265,7 +304,7 @@ static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
         /* prefetch_next steps by the residual's element size: both rows are covered
          * when x's elements are not larger */
         int npf = c->prefetch && r + 1 < r1 && lk_dtype_size(x->dtype) <= lk_dtype_size(res->dtype) ? 2 : 0;
-        scale_row(xr, x->dtype, rr, res->dtype, c->w, c->wt, c->one, c->finite_g, D, inv, 0, pf, npf);
+        scale_row(xr, x->dtype, rr, res->dtype, c->w, c->wt, c->one, c->g_eo, D, inv, 0, pf, npf);
     }
 }
 
@@ -274,12 +313,14 @@ lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
     if (a->x.stride[nd - 1] != 1 || a->residual.stride[nd - 1] != 1 || a->w.stride[0] != 1)
         return lk_ref_fused_add_rms_norm(a);
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
-    float *owned;
-    rows_ctx c = {&a->residual, &a->x, NULL, LK_F32, 0.0f, a->eps, 0, 0, 0};
-    if (set_weights(&c, &a->w, a->gemma, rows, &owned)) return LK_ERR_NOMEM;
+    float *owned[2];
+    rows_ctx c = {&a->residual, &a->x, NULL, LK_F32, 0.0f, a->eps, 0, 0, NULL};
+    int bf16 = a->x.dtype == LK_BF16 && a->residual.dtype == LK_BF16;
+    if (set_weights(&c, &a->w, a->gemma, rows, bf16, owned)) return LK_ERR_NOMEM;
     int64_t bytes = 2 * D * (int64_t)(lk_dtype_size(a->x.dtype) + lk_dtype_size(a->residual.dtype));
     c.prefetch = rows * bytes >= LK_STREAM_MIN_BYTES;
     lk_parallel_for(rows, bytes, fused_rows, &c);
-    free(owned);
+    free(owned[0]);
+    free(owned[1]);
     return LK_OK;
 }
