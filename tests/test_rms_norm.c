@@ -493,6 +493,59 @@ static void test_special_values(void) {
         }
 }
 
+/* Fewer than 16 rows (no weight copy: bf16 weights are split in registers) and
+ * bf16 weights holding a NaN with every payload bit set and an inf, gemma or not,
+ * eps 0 or not: NaN and inf positions as ref's, finite values within one bf16 ulp. */
+static void test_special_values_few_rows(void) {
+    lk_isa isas[3];
+    int nisa = tu_isas(isas);
+    const int64_t R = 4, D = 40, shape[2] = {R, D};
+    for (int gemma = 0; gemma <= 1; gemma++)
+        for (int ei = 0; ei < 2; ei++) {
+            float eps = ei ? 1e-6f : 0.0f;
+            tu_buf x = tu_alloc(LK_BF16, 2, shape, 0), w = tu_alloc(LK_BF16, 1, &D, 0);
+            tu_fill_uniform(&x, -2, 2);
+            tu_fill_uniform(&w, -1.5, 1.5);
+            tu_set(&x, 1 * D + 5, INFINITY);
+            tu_set(&x, 2 * D + 39, NAN);
+            for (int64_t i = 0; i < D; i++) tu_set(&x, 3 * D + i, 0.0);
+            ((uint16_t *)w.t.data)[2] = 0x7fff; /* NaN, every payload bit set */
+            tu_set(&w, 33, INFINITY);
+            double *ref = NULL;
+            for (int ii = 0; ii < nisa; ii++) {
+                lk_set_isa(isas[ii]);
+                tu_buf o = tu_alloc(LK_BF16, 2, shape, 0);
+                lk_status st = lk_rms_norm(&o.t, &x.t, &w.t, eps, gemma);
+                double *got = tu_values(&o);
+                if (ii == 0) {
+                    ref = got;
+                } else {
+                    int64_t bad = -1;
+                    for (int64_t i = 0; i < R * D && bad < 0; i++) {
+                        int same = isnan(got[i]) ? isnan(ref[i])
+                                   : isinf(got[i]) ? got[i] == ref[i]
+                                   : !isnan(ref[i]) && !isinf(ref[i]) &&
+                                         fabs(got[i] - ref[i]) <= 8e-3 * (1 + fabs(ref[i]));
+                        if (!same) bad = i;
+                    }
+                    tu_check(st == LK_OK && bad < 0,
+                             "rms_norm bf16 few rows special values %s gemma=%d eps=%g: element %lld",
+                             lk_isa_name(isas[ii]), gemma, eps, (long long)bad);
+                    free(got);
+                }
+                tu_free(&o);
+            }
+            /* NaN weight: NaN; inf weight: inf (row 0 is finite and non-zero); the inf row
+             * has inv = 0, so inf * 0 = NaN there; the NaN row is NaN */
+            tu_check(isnan(ref[2]) && isinf(ref[33]) && isnan(ref[1 * D + 5]) && isnan(ref[2 * D + 39]),
+                     "rms_norm bf16 few rows special values ref rules gemma=%d eps=%g", gemma, eps);
+            lk_set_isa(lk_isa_best());
+            free(ref);
+            tu_free(&x);
+            tu_free(&w);
+        }
+}
+
 /* The same through the fused bf16 path (16-wide add with rounding from registers): the
  * stored residual is bit-identical to ref's on every ISA, inf + -inf and NaN included. */
 static void test_special_values_fused(void) {
@@ -546,6 +599,7 @@ int main(void) {
     test_threads();
     test_threads_fused();
     test_special_values();
+    test_special_values_few_rows();
     test_special_values_fused();
     test_empty();
     test_bad_inputs();

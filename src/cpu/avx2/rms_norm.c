@@ -112,27 +112,39 @@ static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtyp
     }
 }
 
-/* bf16 in and out with f32 weights (the per-call copy), a row known to give no NaN
- * (finite inv and weights): 16 values per 32-byte load, the even elements shifted up
- * and the odd ones masked (they are then f32 values), g_eo holding the weights in the
- * same even / odd order per 16; the rounded results go back the same way (even ones
- * shifted down, blended with the odd ones' high halves): no shuffles. Rounding without
- * the NaN branch (lk8_bf16_bits_nonan's). Returns the number of values done (a
- * multiple of 16). */
-static int64_t scale_row_bf16(char *o, const char *x, const float *g_eo, int64_t D, float inv,
-                              int stream, const char *const *pf, int npf) {
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), one = _mm256_set1_epi32(1),
+/* bf16 in and out: 16 values per 32-byte load, the even elements shifted up and the
+ * odd ones masked (they are then f32 values); the weights either bf16 (wbf16: split
+ * the same way, plus one) or the f32 copy in the same even / odd order per 16 (g_eo);
+ * the rounded results go back the same way (even ones shifted down, blended with the
+ * odd ones' high halves): no shuffles. Rounding without the NaN branch
+ * (lk8_bf16_bits_nonan's), which needs every NaN to have its low 16 bits clear: with
+ * bf16 x and weights every NaN carries a bf16 payload or is the default NaN; the f32
+ * copy (from f32 or f16 weights, any payload) is only used when it holds no NaN or
+ * inf and inv is finite and > 0. Returns the number of values done (a multiple of 16). */
+static inline __attribute__((always_inline)) int64_t
+scale_row_bf16(char *o, const char *x, const char *w, int wbf16, float one, int64_t D, float inv,
+               int stream, const char *const *pf, int npf) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), lsb = _mm256_set1_epi32(1),
                   half = _mm256_set1_epi32(0x7fff);
-    __m256 vinv = _mm256_set1_ps(inv);
+    __m256 vinv = _mm256_set1_ps(inv), vone = _mm256_set1_ps(one);
     int64_t i = 0;
     for (; i + 16 <= D; i += 16) {
         if (npf) prefetch_next(pf, npf, i * 2);
         __m256i u = _mm256_loadu_si256((const __m256i *)(x + i * 2));
         __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), b = _mm256_castsi256_ps(_mm256_and_si256(u, hi));
-        __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(a, vinv), _mm256_loadu_ps(g_eo + i)));
-        __m256i d = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(b, vinv), _mm256_loadu_ps(g_eo + i + 8)));
-        e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
-        d = _mm256_add_epi32(_mm256_add_epi32(d, half), _mm256_and_si256(_mm256_srli_epi32(d, 16), one));
+        __m256 ga, gb;
+        if (wbf16) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + i * 2));
+            ga = _mm256_add_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), vone);
+            gb = _mm256_add_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), vone);
+        } else {
+            ga = _mm256_loadu_ps((const float *)w + i);
+            gb = _mm256_loadu_ps((const float *)w + i + 8);
+        }
+        __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
+        __m256i d = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
+        e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), lsb));
+        d = _mm256_add_epi32(_mm256_add_epi32(d, half), _mm256_and_si256(_mm256_srli_epi32(d, 16), lsb));
         __m256i r = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), d, 0xaa);
         if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
         else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
@@ -145,12 +157,15 @@ static int64_t scale_row_bf16(char *o, const char *x, const float *g_eo, int64_t
 static void scale_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, const char *w,
                       lk_dtype wt, float one, const float *g_eo, int64_t D, float inv, int stream,
                       const char *const *pf, int npf) {
-    if (xt == LK_BF16 && ot == LK_BF16 && g_eo && isfinite(inv) &&
-        inv > 0.0f) { /* inv in (0, inf): every x finite, so no NaN can arise */
-        int64_t done = scale_row_bf16(o, x, g_eo, D, inv, stream, pf, npf);
+    int64_t done = 0;
+    if (xt == LK_BF16 && ot == LK_BF16 && wt == LK_BF16)
+        done = scale_row_bf16(o, x, w, 1, one, D, inv, stream, pf, npf);
+    else if (xt == LK_BF16 && ot == LK_BF16 && g_eo && isfinite(inv) && inv > 0.0f)
+        done = scale_row_bf16(o, x, (const char *)g_eo, 0, 0.0f, D, inv, stream, pf, npf);
+    if (done) {
         o += done * 2;
         x += done * 2;
-        w += done * 4;
+        w += done * (int64_t)lk_dtype_size(wt);
         D -= done;
         if (D == 0) return;
         stream = 0; /* the tail is less than 16 values: plain stores */
@@ -190,8 +205,9 @@ static void rms_rows(void *ctx, int64_t r0, int64_t r1) {
 }
 
 /* Weights as used by scale_row: for many rows, converted once to f32 with the gemma 1
- * folded in (owned[0] is that copy, to free); for a few rows, w as it is. For bf16 rows
- * and finite weights also the copy in scale_row_bf16's even / odd order (owned[1]):
+ * folded in (owned[0] is that copy, to free); for a few rows, and bf16 weights of bf16
+ * rows, w as it is. For bf16 rows and finite f16 / f32 weights also the copy in
+ * scale_row_bf16's even / odd order (owned[1]):
  * per block of 16, the 8 even elements, then the 8 odd ones; the last D % 16 as they are. */
 static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t rows, int bf16,
                              float **owned) {
@@ -200,7 +216,7 @@ static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t
     c->wt = w->dtype;
     c->one = gemma ? 1.0f : 0.0f;
     c->g_eo = NULL;
-    if (rows < 16 || (w->dtype == LK_F32 && !gemma && !bf16)) return LK_OK;
+    if (rows < 16 || (w->dtype == LK_F32 && !gemma && !bf16) || (bf16 && w->dtype == LK_BF16)) return LK_OK;
     if (!(owned[0] = lk_weights_f32(w, gemma))) return LK_ERR_NOMEM;
     const float *g = owned[0];
     c->w = (const char *)g;
