@@ -490,13 +490,14 @@ static void test_bad_inputs(void) {
     tu_free(&bad_neg);
 }
 
-/* NaN and inf through the bf16 NeoX fast path: a cos/sin entry that is a NaN with every
+/* NaN and inf through the bf16 NeoX and GPT-J fast paths: a cos/sin entry that is a NaN with every
  * payload bit set (f32 0x7fffffff, f16 0x7fff: rounding it to bf16 without the NaN rule
  * would carry into the sign), NaN and inf in q and k; every ISA bit-identical to ref. */
 static void test_special_values(void) {
     lk_isa isas[3];
     int nisa = tu_isas(isas);
     const int64_t T = 5, Hq = 3, Hk = 2, D = 128, P = 8;
+    for (int neox = 0; neox <= 1; neox++)
     for (int ct = 0; ct < 3; ct++) {
         lk_dtype cdt = ct == 0 ? LK_F32 : ct == 1 ? LK_F16 : LK_BF16;
         tu_buf pos = tu_alloc(LK_I64, 1, (int64_t[]){T}, 0), cache = tu_alloc(cdt, 2, (int64_t[]){P, D}, 0);
@@ -518,18 +519,20 @@ static void test_special_values(void) {
             tu_buf q = tu_alloc(LK_BF16, 3, (int64_t[]){T, Hq, D}, 0), k = tu_alloc(LK_BF16, 3, (int64_t[]){T, Hk, D}, 0);
             memcpy(q.t.data, q0.t.data, (size_t)(T * Hq * D * 2));
             memcpy(k.t.data, k0.t.data, (size_t)(T * Hk * D * 2));
-            lk_status st = lk_rotary_embedding(&pos.t, &q.t, &k.t, &cache.t, 1);
+            lk_status st = lk_rotary_embedding(&pos.t, &q.t, &k.t, &cache.t, neox);
             if (ii == 0) {
                 memcpy(rq.t.data, q.t.data, (size_t)(T * Hq * D * 2));
                 memcpy(rk.t.data, k.t.data, (size_t)(T * Hk * D * 2));
                 /* the rule itself: the NaN cos makes pair 5 of token 1 NaN in every head */
-                tu_check(st == LK_OK && isnan(tu_get(&q, 1 * Hq * D + 5)) && isnan(tu_get(&k, 1 * Hk * D + 64 + 5)),
-                         "rotary bf16 special values ref: a NaN cos gives NaN outputs (cache %s)", lk_dtype_name(cdt));
+                int64_t ex = neox ? 5 : 10, ey = neox ? 64 + 5 : 11;
+                tu_check(st == LK_OK && isnan(tu_get(&q, 1 * Hq * D + ex)) && isnan(tu_get(&k, 1 * Hk * D + ey)),
+                         "rotary %s bf16 special values ref: a NaN cos gives NaN outputs (cache %s)",
+                         neox ? "neox" : "gptj", lk_dtype_name(cdt));
             } else {
                 tu_check(st == LK_OK && memcmp(q.t.data, rq.t.data, (size_t)(T * Hq * D * 2)) == 0 &&
                              memcmp(k.t.data, rk.t.data, (size_t)(T * Hk * D * 2)) == 0,
-                         "rotary bf16 special values %s == ref bitwise (cache %s)", lk_isa_name(isas[ii]),
-                         lk_dtype_name(cdt));
+                         "rotary %s bf16 special values %s == ref bitwise (cache %s)", neox ? "neox" : "gptj",
+                         lk_isa_name(isas[ii]), lk_dtype_name(cdt));
             }
             tu_free(&q);
             tu_free(&k);

@@ -28,6 +28,10 @@
  *    and y (odd); shufps leaves the pairs in the lane order 0 1 4 5 | 2 3 6 7, so the
  *    staged cos/sin are stored in that same order (one vpermpd per 8 pairs per token,
  *    not per head), and unpcklps/unpckhps put x', y' back into v0, v1 order.
+ *    bf16 q/k whose staged cos/sin hold no NaN: one 32-byte load is 8 pairs, each in
+ *    one 32-bit lane; x (low half) shifted up and y (high half) masked are f32 values
+ *    in plain pair order (cos/sin staged a second time in that order), and the rounded
+ *    results go back as x' shifted down blended with y': no shuffles, no pack.
  */
 #include "../kernels.h"
 #include "simd.h"
@@ -49,13 +53,17 @@ static inline __m256 gptj_lane_order(__m256 v) {
 
 /* stage cache pairs [i0, i0 + n) of row cs (cos at [0, half), sin at [half, 2 half)) */
 static void stage(cs_block *b, const char *cs, lk_dtype dt, int64_t half, int64_t i0, int64_t n,
-                  int gptj) {
+                  int gptj, int natural) {
     size_t es = lk_dtype_size(dt);
     const char *pc = cs + i0 * es, *ps = cs + (half + i0) * es; // [n] each
     for (int64_t j = 0; j < n; j += 8) {
         int m = n - j < 8 ? (int)(n - j) : 8;
         __m256 c = m == 8 ? lk8_load(pc + j * es, dt) : lk8_load_part(pc + j * es, dt, m);
         __m256 s = m == 8 ? lk8_load(ps + j * es, dt) : lk8_load_part(ps + j * es, dt, m);
+        if (natural) { /* GPT-J bf16: cu / su in plain pair order */
+            _mm256_storeu_ps(b->cu + j, c);
+            _mm256_storeu_ps(b->su + j, s);
+        }
         if (gptj) {
             c = gptj_lane_order(c);
             s = gptj_lane_order(s);
@@ -65,9 +73,18 @@ static void stage(cs_block *b, const char *cs, lk_dtype dt, int64_t half, int64_
     }
 }
 
-/* the in-lane order copy (cu, su) of whole 16-pair groups and the NaN check */
-static void stage_unpacked(cs_block *b, int64_t n) {
+/* b->nan_free: the staged cos / sin of [0, n) hold no NaN */
+static void check_nan(cs_block *b, int64_t n) {
     __m256 bad = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {
+        __m256 c = _mm256_loadu_ps(b->c + j), s = _mm256_loadu_ps(b->s + j);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(c, s, _CMP_UNORD_Q));
+    }
+    b->nan_free = _mm256_movemask_ps(bad) == 0;
+}
+
+/* NeoX bf16: the in-lane order copy (cu, su) of whole 16-pair groups */
+static void stage_unpacked(cs_block *b, int64_t n) {
     for (int64_t j = 0; j + 16 <= n; j += 16)
         for (int k = 0; k < 4; k++) {
             b->cu[j + k] = b->c[j + k], b->cu[j + 4 + k] = b->c[j + 8 + k];
@@ -75,11 +92,6 @@ static void stage_unpacked(cs_block *b, int64_t n) {
             b->su[j + k] = b->s[j + k], b->su[j + 4 + k] = b->s[j + 8 + k];
             b->su[j + 8 + k] = b->s[j + 4 + k], b->su[j + 12 + k] = b->s[j + 12 + k];
         }
-    for (int64_t j = 0; j < n; j += 8) {
-        __m256 c = _mm256_loadu_ps(b->c + j), s = _mm256_loadu_ps(b->s + j);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(c, s, _CMP_UNORD_Q));
-    }
-    b->nan_free = _mm256_movemask_ps(bad) == 0;
 }
 
 static inline size_t es_of(lk_dtype dt) { return dt == LK_F32 ? 4 : 2; }
@@ -151,6 +163,19 @@ static inline void rot_gptj(char *row, lk_dtype dt, int64_t i0, int64_t n, const
     size_t es = es_of(dt);
     char *p = row + 2 * i0 * es; // [2n]
     int64_t j = 0;
+    if (dt == LK_BF16 && b->nan_free) { /* 8 pairs per 32-byte load: x even, y odd halves */
+        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), lsb = _mm256_set1_epi32(1),
+                      bias = _mm256_set1_epi32(0x7fff);
+        for (; j + 8 <= n; j += 8) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 4 * j));
+            __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), y = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            rot8(&x, &y, b->cu + j, b->su + j);
+            __m256i xi = _mm256_castps_si256(x), yi = _mm256_castps_si256(y);
+            xi = _mm256_add_epi32(_mm256_add_epi32(xi, bias), _mm256_and_si256(_mm256_srli_epi32(xi, 16), lsb));
+            yi = _mm256_add_epi32(_mm256_add_epi32(yi, bias), _mm256_and_si256(_mm256_srli_epi32(yi, 16), lsb));
+            _mm256_storeu_si256((__m256i *)(p + 4 * j), _mm256_blend_epi16(_mm256_srli_epi32(xi, 16), yi, 0xaa));
+        }
+    }
     for (; j + 8 <= n; j += 8) {
         char *p0 = p + 2 * j * es, *p1 = p0 + 8 * es;
         __m256 v0 = lk8_load(p0, dt), v1 = lk8_load(p1, dt);
@@ -214,6 +239,7 @@ typedef struct {
     const lk_rotary_args *a;
     int prefetch_q, prefetch_k;
     int bf16_neox; /* q and k are bf16, NeoX: stage the in-lane order copy too */
+    int bf16_gptj; /* q and k are bf16, GPT-J: stage the plain order copy too */
 } rotary_ctx;
 
 static void rotary_tokens(void *ctx, int64_t t0, int64_t t1) {
@@ -229,9 +255,10 @@ static void rotary_tokens(void *ctx, int64_t t0, int64_t t1) {
         if (t + 1 < t1 && rc->prefetch_k) prefetch_token(&a->k, t + 1, 2 * half);
         for (int64_t i0 = 0; i0 < half; i0 += CHUNK) {
             int64_t n = half - i0 < CHUNK ? half - i0 : CHUNK;
-            stage(&b, row, cs->dtype, half, i0, n, !a->is_neox);
+            stage(&b, row, cs->dtype, half, i0, n, !a->is_neox, rc->bf16_gptj);
             b.nan_free = 0;
             if (rc->bf16_neox) stage_unpacked(&b, n);
+            if (rc->bf16_neox || rc->bf16_gptj) check_nan(&b, n);
             rotate_heads(&a->q, t, half, i0, n, &b, a->is_neox);
             if (a->has_k) rotate_heads(&a->k, t, half, i0, n, &b, a->is_neox);
         }
@@ -247,7 +274,8 @@ lk_status lk_avx2_rotary_embedding(const lk_rotary_args *a) {
     if (a->has_k) bytes += 2 * rot * a->k.shape[1] * (int64_t)lk_dtype_size(a->k.dtype);
     rotary_ctx rc = {a, wants_prefetch(&a->q, rot), a->has_k && wants_prefetch(&a->k, rot),
                      a->is_neox && a->q.dtype == LK_BF16 && (!a->has_k || a->k.dtype == LK_BF16) &&
-                         rot / 2 >= 16};
+                         rot / 2 >= 16,
+                     !a->is_neox && a->q.dtype == LK_BF16 && (!a->has_k || a->k.dtype == LK_BF16)};
     lk_parallel_for(a->positions.shape[0], bytes, rotary_tokens, &rc);
     return LK_OK;
 }
