@@ -6,15 +6,16 @@
  *
  * Shapes: x, out, residual [..., D]; w [D]. Fast path needs last-dim stride 1 on every
  * operand and w; other layouts go to the reference. g is converted to f32 once per call
- * when there are
- * 16 rows or more (unless w is already f32 and not gemma). Work split: rows, contiguous chunks per
- * thread (lk_parallel_for). Per row, pass 1 accumulates squares in 4 x 8 f32 lanes,
- * pass 2 re-reads the row (from L1/L2) and writes it; one rounding per output element.
+ * when there are 16 rows or more (unless w is f32 and not gemma with f32 / f16 rows, or
+ * bf16 with bf16 rows). Work split: rows, contiguous chunks per thread (lk_parallel_for).
+ * Per row, pass 1 accumulates squares in 4 x 8 f32 lanes, pass 2 re-reads the row (from
+ * L1/L2) and writes it; one rounding per output element.
  * Outputs beyond LK_STREAM_MIN_BYTES whose rows are aligned use non-temporal stores.
  * For inputs that size, pass 2 also prefetches the next row (prefetch_next), so its DRAM
  * read overlaps this row's arithmetic instead of following it. bf16 rows take 16 values
- * per 32-byte load in even / odd order (shifts and masks, no shuffles) in pass 1 and,
- * with finite weights, pass 2 (scale_row_bf16, weights copied once in that order).
+ * per 32-byte load in even / odd order (shifts and masks, no shuffles) in pass 1 and in
+ * pass 2 (scale_row_bf16) with bf16 weights (split the same way, any row count) or
+ * finite f16 / f32 weights (copied once in that order).
  */
 #include <math.h>
 #include <stdlib.h>
