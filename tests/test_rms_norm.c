@@ -433,6 +433,18 @@ static void test_regress_disjoint_huge_stride(void) {
              "regress: x and residual one view with a huge size-1 stride -> %s", lk_status_str(s1));
 }
 
+/* first i where got[i] and ref[i] differ in class (NaN, inf of a sign, finite) or, both
+ * finite, by more than one bf16 ulp; -1 if none */
+static int64_t first_special_mismatch(const double *got, const double *ref, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int same = isnan(got[i]) ? isnan(ref[i])
+                   : isinf(got[i]) ? got[i] == ref[i]
+                   : !isnan(ref[i]) && !isinf(ref[i]) && fabs(got[i] - ref[i]) <= 8e-3 * (1 + fabs(ref[i]));
+        if (!same) return i;
+    }
+    return -1;
+}
+
 /* Special values through the bf16 fast path (16 rows or more, f32 weight copy): rows
  * holding an inf, a NaN, all zeros (eps 0: 0 * inf) or overflowing squares, and weights
  * holding inf / NaN, must give the reference's NaN and inf positions on every ISA, the
@@ -467,14 +479,7 @@ static void test_special_values(void) {
                 if (ii == 0) {
                     ref = got;
                 } else {
-                    int64_t bad = -1;
-                    for (int64_t i = 0; i < R * D && bad < 0; i++) {
-                        int same = isnan(got[i]) ? isnan(ref[i])
-                                   : isinf(got[i]) ? got[i] == ref[i]
-                                   : !isnan(ref[i]) && !isinf(ref[i]) &&
-                                         fabs(got[i] - ref[i]) <= 8e-3 * (1 + fabs(ref[i]));
-                        if (!same) bad = i;
-                    }
+                    int64_t bad = first_special_mismatch(got, ref, R * D);
                     tu_check(st == LK_OK && bad < 0 && tu_outside_intact(&o),
                              "rms_norm bf16 special values %s wcase=%d eps=%g: element %lld got %g ref %g",
                              lk_isa_name(isas[ii]), wcase, eps, (long long)bad,
@@ -520,14 +525,7 @@ static void test_special_values_few_rows(void) {
                 if (ii == 0) {
                     ref = got;
                 } else {
-                    int64_t bad = -1;
-                    for (int64_t i = 0; i < R * D && bad < 0; i++) {
-                        int same = isnan(got[i]) ? isnan(ref[i])
-                                   : isinf(got[i]) ? got[i] == ref[i]
-                                   : !isnan(ref[i]) && !isinf(ref[i]) &&
-                                         fabs(got[i] - ref[i]) <= 8e-3 * (1 + fabs(ref[i]));
-                        if (!same) bad = i;
-                    }
+                    int64_t bad = first_special_mismatch(got, ref, R * D);
                     tu_check(st == LK_OK && bad < 0,
                              "rms_norm bf16 few rows special values %s gemma=%d eps=%g: element %lld",
                              lk_isa_name(isas[ii]), gemma, eps, (long long)bad);
@@ -575,12 +573,9 @@ static void test_special_values_fused(void) {
                          ((uint16_t *)r.t.data)[12 * D + 20] == 0xffff && isinf(tu_get(&r, 9 * D + 17)),
                      "fused_add_rms_norm bf16 special values ref rules");
         } else {
-            int64_t bad = -1;
-            for (int64_t i = 0; i < R * D && bad < 0; i++) {
-                double g = tu_get(&x, i), f = tu_get(&rx, i);
-                int same = isnan(g) ? isnan(f) : isinf(g) ? g == f : !isnan(f) && !isinf(f) && fabs(g - f) <= 8e-3 * (1 + fabs(f));
-                if (!same) bad = i;
-            }
+            double *got = tu_values(&x), *want = tu_values(&rx);
+            int64_t bad = first_special_mismatch(got, want, R * D);
+            free(got), free(want);
             tu_check(st == LK_OK && memcmp(r.t.data, rr.t.data, (size_t)(R * D * 2)) == 0 && bad < 0,
                      "fused_add_rms_norm bf16 special values %s: residual bitwise, x element %lld",
                      lk_isa_name(isas[ii]), (long long)bad);
