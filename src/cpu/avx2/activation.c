@@ -24,8 +24,11 @@
  * stalls), and rounds without the NaN branch (every NaN here comes from a bf16 input
  * or is the default NaN, so its low 16 bits are 0 and the rounding add cannot carry).
  * Outputs of LK_STREAM_MIN_BYTES or more are written with non-temporal stores (no
- * read-for-ownership). bf16 is compute-bound on 2 AVX2 cores (~0.5 ns per value per
- * core in cache, about 55-65% of the copy bandwidth beyond L3); f32 is memory-bound.
+ * read-for-ownership), and there the bf16 loop also prefetches PF_AHEAD bytes ahead
+ * of both input streams (while the core computes, the hardware prefetcher alone falls
+ * behind at 2 threads: +10-20% beyond L3). bf16 is compute-bound on 2 AVX2 cores
+ * (~0.45 ns per value per core in cache, about 60-70% of the copy bandwidth beyond L3);
+ * f32 is memory-bound.
  */
 #include <float.h>
 #include <string.h>
@@ -33,7 +36,8 @@
 #include "../kernels.h"
 #include "simd.h"
 
-#define BLK 4096 /* columns per work unit */
+#define BLK 4096      /* columns per work unit */
+#define PF_AHEAD 2048 /* bytes prefetched ahead of the bf16 loop on streamed (beyond-cache) data */
 
 /* act(g) = g / (1 + exp(x)), x = -g (silu) or g (K0 + K1 g^2) (gelu, = -2u), for
  * every dtype path; `fast` selects the bf16 -> bf16 variant. Both work in base 2 with
@@ -44,22 +48,26 @@
  *    x log2(e) < 128.5: n <= 128, and whenever exp(x) overflows (x log2(e) >= 128 or
  *    so) 2 p 2^127 is +inf, the denominator too, and act = -0, exactly as expf's
  *    overflow gives; act(-inf) = -0 the same way;
- *  - x log2(e) is clamped from below at -126: 2^(n-1) is then 0 and the denominator 1,
- *    which 1 + exp(x) is in f32 anyway;
- *  - max_ps returns its second operand when either is NaN: a NaN gate stays NaN in
- *    the numerator, and its exponent argument is clamped to the low end.
+ *  - the exponent's argument is clamped from above at G_MAX (x is decreasing in g),
+ *    where x log2(e) > -126.5: n >= -126, 2^(n-1) is 0 when n = -126 and the
+ *    denominator 1, which 1 + exp(x) is in f32 anyway;
+ *  - max_ps / min_ps return their second operand when either is NaN: a NaN gate stays
+ *    NaN in the numerator, and its exponent argument becomes G_MAX.
  * Precise (f32 and the other dtype pairs): x = n ln2 + r by Cody-Waite (two
  * constants, r exact to f32), e^r by lk8_exp's polynomial (~1 ulp), one rounding in the
  * denominator's fma, a true IEEE division: act within 2 ulp of exact (test_activation's
- * accuracy test). Fast (bf16 -> bf16, where this op is compute-bound; about a third
- * fewer instructions and a much shorter dependency chain): y = x log2(e) rounded once
- * to f32, f = y - n exact, 2^f by a degree-5 polynomial (relative error 1.5e-7); the
- * rounding of y adds |y| 2^-24 ln 2 (6e-7 at |g| = 10, 5e-6 near the overflow edge),
- * so the bf16 result is the reference's or its neighbour (test_activation compares
- * every bf16 gate with the reference, bit by bit). */
+ * accuracy test). Fast (bf16 -> bf16, where this op is compute-bound): k = x / g in
+ * base 2 (-log2(e), or gelu's K0 + K1 g^2 rounded once), t = fma(g, k, shifter) and
+ * f = fma(g, k, -n) = x log2(e) - n with one rounding, 2^f by a degree-5 polynomial
+ * (relative error 1.5e-7) in Horner form: ~20 vector instructions per 8 values. The
+ * error of log2(e) in f32 (1.3e-8 relative; for gelu also k's rounding) adds at most
+ * |x log2(e)| 6e-8 relative (under 8e-6 even at the overflow edge), so the bf16 result
+ * is the reference's or its neighbour (test_activation compares every bf16 gate with
+ * the reference, bit by bit). */
 #define SILU_G_MIN (-88.75f)   /* x log2(e) = 128.04 */
 #define GELU_G_MIN (-10.0684f) /* x log2(e) = 128.25 */
-#define SILU_G_MAX 87.3f       /* x log2(e) = -125.95 */
+#define SILU_G_MAX 87.3f       /* x log2(e) = -125.95 (precise path: the same bound on x) */
+#define GELU_G_MAX 9.99f       /* x log2(e) = -125.64 */
 #define LOG2E 1.44269504088896341f
 #define GELU_K0 (-1.59576912160573f) /* -2 sqrt(2/pi) */
 #define GELU_K1 (-0.0713548162726f)  /* -2 sqrt(2/pi) * 0.044715 */
@@ -68,16 +76,17 @@ static inline __m256 act8_core(__m256 g, int gelu, int fast) {
     g = _mm256_max_ps(_mm256_set1_ps(gelu ? GELU_G_MIN : SILU_G_MIN), g);
     __m256 t, p;
     if (fast) {
-        __m256 y = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_K1 * LOG2E),
-                                                           _mm256_set1_ps(GELU_K0 * LOG2E)))
-                        : _mm256_mul_ps(g, _mm256_set1_ps(-LOG2E));
-        y = _mm256_max_ps(y, _mm256_set1_ps(-126.0f));
-        t = _mm256_add_ps(y, shifter);
-        __m256 f = _mm256_sub_ps(y, _mm256_sub_ps(t, shifter)), f2 = _mm256_mul_ps(f, f);
-        __m256 a = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.6931469440460205f), f, _mm256_set1_ps(2 * 1.0000001192092896f));
-        __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.05550713464617729f), f, _mm256_set1_ps(2 * 0.24022120237350464f));
-        __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.00132764654699713f), f, _mm256_set1_ps(2 * 0.009675541892647743f));
-        p = _mm256_fmadd_ps(_mm256_fmadd_ps(c, f2, b), f2, a);
+        __m256 gy = _mm256_min_ps(g, _mm256_set1_ps(gelu ? GELU_G_MAX : SILU_G_MAX));
+        __m256 k = gelu ? _mm256_fmadd_ps(_mm256_mul_ps(gy, gy), _mm256_set1_ps(GELU_K1 * LOG2E),
+                                          _mm256_set1_ps(GELU_K0 * LOG2E))
+                        : _mm256_set1_ps(-LOG2E);
+        t = _mm256_fmadd_ps(gy, k, shifter);                        /* n + shifter */
+        __m256 f = _mm256_fmadd_ps(gy, k, _mm256_sub_ps(shifter, t)); /* x log2(e) - n */
+        p = _mm256_fmadd_ps(_mm256_set1_ps(2 * 0.00132764654699713f), f, _mm256_set1_ps(2 * 0.009675541892647743f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2 * 0.05550713464617729f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2 * 0.24022120237350464f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2 * 0.6931469440460205f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2 * 1.0000001192092896f));
     } else {
         /* silu works on -x = min(g, G_MAX) with the odd coefficients negated;
          * gelu on x clamped to >= -87.3 (the same bound) */
@@ -116,7 +125,7 @@ static inline __m256i act16_bf16(__m256i gv, __m256i uv, int gelu) {
     __m256 ue = _mm256_castsi256_ps(_mm256_slli_epi32(uv, 16)), uo = _mm256_castsi256_ps(_mm256_and_si256(uv, hi));
     __m256i e = _mm256_castps_si256(_mm256_mul_ps(act8_core(ge, gelu, 1), ue));
     __m256i o = _mm256_castps_si256(_mm256_mul_ps(act8_core(go, gelu, 1), uo));
-    __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
     e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
     o = _mm256_add_epi32(_mm256_add_epi32(o, half), _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
     return _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xaa);
@@ -134,6 +143,10 @@ static inline __attribute__((always_inline)) void act_seg_bf16(char *o, const ch
     if (n >= 16) {
         __m256i gv = _mm256_loadu_si256((const __m256i *)gate), uv = _mm256_loadu_si256((const __m256i *)up);
         for (; i + 32 <= n; i += 16) {
+            if (stream && !(i & 16)) { /* one prefetch per 64-byte line and stream */
+                _mm_prefetch((const char *)((uintptr_t)gate + (uintptr_t)(i * 2 + PF_AHEAD)), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)up + (uintptr_t)(i * 2 + PF_AHEAD)), _MM_HINT_T0);
+            }
             __m256i r = act16_bf16(gv, uv, gelu);
             gv = _mm256_loadu_si256((const __m256i *)(gate + (i + 16) * 2));
             uv = _mm256_loadu_si256((const __m256i *)(up + (i + 16) * 2));
