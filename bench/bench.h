@@ -8,7 +8,9 @@
  *   3. runs the reference kernel (LLMKERN_ISA=ref path) once on the same inputs and
  *      measures the max error of the timed output against it,
  *   4. prints a row with bench_row: median time, achieved GB/s (or GFLOP/s), the
- *      ceiling measured at start-up in the same run, their ratio and the max error.
+ *      ceiling (bandwidth rows timed with bench_time_bw: the copy bandwidth probed
+ *      between their repetitions; other rows: measured at start-up), their ratio and
+ *      the max error.
  * Rows are also written to the --json file.
  */
 #ifndef LK_BENCH_H
@@ -20,12 +22,13 @@
 #include "llmkern.h"
 
 typedef struct {
-    double copy_gbs;  /* DRAM copy bandwidth, counting 1 read + 1 write per byte moved */
-    double read_gbs;  /* DRAM read-only bandwidth */
-    double fma_gflops;/* f32 FMA peak (all threads) */
+    double copy_gbs;     /* DRAM copy bandwidth, counting 1 read + 1 write per byte moved */
+    double row_copy_gbs; /* the same, probed between the current row's repetitions (0: none) */
+    double read_gbs;     /* DRAM read-only bandwidth */
+    double fma_gflops;   /* f32 FMA peak (all threads) */
     int threads;
-    int full;         /* --full: every case */
-    int reps;         /* repetitions per case (median) */
+    int full;            /* --full: every case */
+    int reps;            /* repetitions per case (median) */
 } bench_env;
 
 extern bench_env BENCH;
@@ -39,6 +42,9 @@ double bench_fma_now(void);
 typedef void (*bench_fn)(void *ctx);
 /* median milliseconds per call over BENCH.reps samples */
 double bench_time(bench_fn fn, void *ctx);
+/* the same for a bandwidth row: a copy probe (2 x 64 MiB) follows each sample, and the
+ * next bench_row of kind BENCH_BW uses the probes' median as its ceiling */
+double bench_time_bw(bench_fn fn, void *ctx);
 
 typedef enum { BENCH_BW, BENCH_FLOPS, BENCH_READ_BW } bench_kind;
 /* units: bytes for BENCH_BW (ratio vs copy bandwidth) and BENCH_READ_BW (vs read

@@ -41,7 +41,7 @@ static void one_case(int64_t T, int64_t I, lk_dtype dt) {
     lk_tensor tr = lk_tensor_make(ref, dt, 2, (int64_t[]){R, I});
     for (int gelu = 0; gelu <= 1; gelu++) {
         c.gelu = gelu;
-        double ms = bench_time(run_act, &c);
+        double ms = bench_time_bw(run_act, &c);
         lk_isa isa = lk_isa_current();
         lk_set_isa(LK_ISA_REF);
         if (gelu) lk_gelu_tanh_and_mul(&tr, &xr);

@@ -3,7 +3,11 @@
  *
  * Ceilings are measured in the same run with the same thread count:
  *  - copy bandwidth: b[i] = a[i] over 2 x 256 MiB, counting read + write bytes, the
- *    way the op rows count theirs; the better of plain stores and non-temporal stores;
+ *    way the op rows count theirs; the better of plain stores and non-temporal stores.
+ *    Bandwidth rows (bench_time_bw) measure it again between their repetitions, over
+ *    2 x 64 MiB with the store kind that won, and set the row against the median of
+ *    those probes: on a shared machine the bandwidth drifts during a run, and a row is
+ *    compared with what the memory gave while it ran;
  *  - read bandwidth: a vectorised sum over 256 MiB;
  *  - FMA peak: independent FMA chains in registers (AVX2 or AVX-512, whichever the
  *    library uses), 2 flops per lane per FMA.
@@ -21,7 +25,7 @@
 #include "core/core.h"
 #include "core/half.h"
 
-bench_env BENCH = {0, 0, 0, 1, 0, 7};
+bench_env BENCH = {.threads = 1, .reps = 7};
 FILE *bench_json;
 static int json_rows;
 
@@ -41,21 +45,31 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double bench_time(bench_fn fn, void *ctx) {
+static double copy_probe(void);
+
+/* median ms per call; with `probe`, a copy probe after each repetition, whose median
+ * goes to BENCH.row_copy_gbs */
+static double time_reps(bench_fn fn, void *ctx, int probe) {
     fn(ctx); /* warm-up */
     double t0 = now_s();
     fn(ctx);
     double one = now_s() - t0;
     int inner = one > 2e-3 ? 1 : (int)(2e-3 / (one > 1e-8 ? one : 1e-8)) + 1;
-    double samples[64];
+    double samples[64], probes[64];
     int reps = BENCH.reps > 64 ? 64 : BENCH.reps;
     for (int r = 0; r < reps; r++) {
         t0 = now_s();
         for (int i = 0; i < inner; i++) fn(ctx);
         samples[r] = (now_s() - t0) / inner;
+        if (probe) probes[r] = copy_probe();
     }
+    if (probe) BENCH.row_copy_gbs = median(probes, reps);
     return 1e3 * median(samples, reps);
 }
+
+double bench_time(bench_fn fn, void *ctx) { return time_reps(fn, ctx, 0); }
+
+double bench_time_bw(bench_fn fn, void *ctx) { return time_reps(fn, ctx, BENCH.copy_gbs > 0); }
 
 void *bench_alloc(lk_dtype dt, int64_t n, double lo, double hi) {
     size_t es = lk_dtype_size(dt), bytes = (size_t)(n > 0 ? n : 1) * es;
@@ -132,6 +146,10 @@ __attribute__((target("avx2"))) static float read_pass(const float *a, size_t n,
     return total;
 }
 
+/* the start-up arrays, kept for the probes between a bandwidth row's repetitions */
+static float *probe_a, *probe_b;
+static int probe_nt;
+
 /* Copy ceiling = the better of plain and non-temporal stores (plain stores also pay a
  * read-for-ownership that is not counted), both counted as 1 read + 1 write. */
 static void measure_bandwidth(void) {
@@ -159,8 +177,17 @@ static void measure_bandwidth(void) {
     double c = median(sc, 5), cnt = median(snt, 5);
     BENCH.copy_gbs = c > cnt ? c : cnt;
     BENCH.read_gbs = median(sread, 5) + (sink == 42.0f ? 1e-9 : 0);
-    free(a);
-    free(b);
+    probe_a = a, probe_b = b, probe_nt = cnt >= c;
+}
+
+#define PROBE_N ((size_t)16 << 20) /* floats per array: 64 MiB, twice the L3 */
+
+/* one copy pass over 2 x 64 MiB with the start-up's better store kind, in GB/s */
+static double copy_probe(void) {
+    double t0 = now_s();
+    if (probe_nt) copy_nt_pass(probe_b, probe_a, PROBE_N, BENCH.threads);
+    else copy_pass(probe_b, probe_a, PROBE_N, BENCH.threads);
+    return 2.0 * (double)PROBE_N * 4 / (now_s() - t0) / 1e9;
 }
 
 /* FMA peak: 8 independent accumulators per thread, vectorised by the compiler for the
@@ -221,6 +248,9 @@ void bench_measure_machine(void) {
            "%.1f GB/s | f32 FMA peak %.1f GFLOP/s\n",
            BENCH.threads, lk_isa_name(lk_isa_current()), BENCH.copy_gbs, BENCH.read_gbs,
            BENCH.fma_gflops);
+    if (BENCH.copy_gbs > 0)
+        printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
+               "(2 x 64 MiB; it drifts on a shared machine)\n");
     if (bench_json)
         fprintf(bench_json,
                 "{\n\"machine\": {\"threads\": %d, \"isa\": \"%s\", \"copy_gbs\": %.3f, "
@@ -238,7 +268,9 @@ void bench_section(const char *title) {
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err) {
     double rate = units / (ms * 1e-3) / 1e9;
-    double ceil = kind == BENCH_BW ? BENCH.copy_gbs : kind == BENCH_READ_BW ? BENCH.read_gbs : BENCH.fma_gflops;
+    double ceil = kind == BENCH_BW ? (BENCH.row_copy_gbs > 0 ? BENCH.row_copy_gbs : BENCH.copy_gbs)
+                : kind == BENCH_READ_BW ? BENCH.read_gbs : BENCH.fma_gflops;
+    BENCH.row_copy_gbs = 0;
     const char *u = kind == BENCH_FLOPS ? "GFLOP/s" : "GB/s";
     printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
            ms * 1e3, rate, u, ceil, u, ceil > 0 ? 100 * rate / ceil : 0, max_err);

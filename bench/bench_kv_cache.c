@@ -39,7 +39,7 @@ static void one_case(int64_t T, lk_dtype kt, lk_dtype ct) {
     c.kc = lk_tensor_make(kc, ct, 4, (int64_t[]){NB, bs, H, D});
     c.vc = lk_tensor_make(vc, ct, 4, (int64_t[]){NB, bs, H, D});
     c.sm = lk_tensor_make(all, LK_I64, 1, &T);
-    double ms = bench_time(run_cache, &c);
+    double ms = bench_time_bw(run_cache, &c);
     void *rk = bench_alloc(ct, cn, 0, 0), *rv = bench_alloc(ct, cn, 0, 0);
     cache_ctx r = c;
     r.kc.data = rk;

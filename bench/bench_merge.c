@@ -41,7 +41,7 @@ static void one_case(int64_t T, int64_t H, int64_t D, lk_dtype dt, const char *m
     c.lse_a = lse_view(la, T, H);
     c.lse_b = lse_view(lb, T, H);
     c.out_lse = lse_view(lo, T, H);
-    double ms = bench_time(run_merge, &c);
+    double ms = bench_time_bw(run_merge, &c);
     lk_tensor tr = lk_tensor_make(ref, dt, 3, shape);
     lk_isa isa = lk_isa_current();
     lk_set_isa(LK_ISA_REF);

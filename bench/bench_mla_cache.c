@@ -66,7 +66,7 @@ static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
     void *cache = bench_alloc(dt, nb * bs * DC, 0, 0), *ref = bench_alloc(dt, nb * bs * DC, 0, 0);
     concat_ctx c = {lk_tensor_make(kv, dt, 2, (int64_t[]){T, DL}), lk_tensor_make(pe, dt, 2, (int64_t[]){T, DR}),
                     cache_view(cache, dt, L, nb, bs), lk_tensor_make(slots, LK_I64, 1, &T), L};
-    double ms = bench_time(run_concat, &c);
+    double ms = bench_time_bw(run_concat, &c);
     concat_ctx r = c;
     r.cache = cache_view(ref, dt, L, nb, bs);
     lk_isa isa = lk_isa_current();
@@ -105,7 +105,7 @@ static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_l
     void *out = bench_alloc(dt, S * DC, 0, 0), *ref = bench_alloc(dt, S * DC, 0, 0);
     gather_ctx c = {lk_tensor_make(out, dt, 2, (int64_t[]){S, DC}), cache_view(cache, dt, L, nb, bs),
                     lk_tensor_make(bt, LK_I32, 2, (int64_t[]){B, mp}), lk_tensor_make(sl, LK_I32, 1, (int64_t[]){B}), L};
-    double ms = bench_time(run_gather, &c);
+    double ms = bench_time_bw(run_gather, &c);
     gather_ctx r = c;
     r.out = lk_tensor_make(ref, dt, 2, (int64_t[]){S, DC});
     lk_isa isa = lk_isa_current();

@@ -31,7 +31,7 @@ static void one_case(int64_t T, int64_t D, lk_dtype dt, int fused) {
     c.fused = fused;
     double err;
     if (!fused) {
-        double ms = bench_time(run_rms, &c);
+        double ms = bench_time_bw(run_rms, &c);
         void *ref = bench_alloc(dt, n, 0, 0);
         lk_tensor tr = lk_tensor_make(ref, dt, 2, (int64_t[]){T, D});
         lk_isa isa = lk_isa_current();
@@ -47,7 +47,7 @@ static void one_case(int64_t T, int64_t D, lk_dtype dt, int fused) {
     } else {
         /* repeated in-place calls keep values bounded (residual grows by x each call,
          * x is renormalised): time first, then check one call from fresh inputs */
-        double ms = bench_time(run_rms, &c);
+        double ms = bench_time_bw(run_rms, &c);
         void *x2 = bench_alloc(dt, n, -2, 2), *r2 = bench_alloc(dt, n, -2, 2);
         void *x3 = bench_alloc(dt, n, -2, 2), *r3 = bench_alloc(dt, n, -2, 2);
         lk_tensor tx2 = lk_tensor_make(x2, dt, 2, (int64_t[]){T, D}), tr2 = lk_tensor_make(r2, dt, 2, (int64_t[]){T, D});
@@ -105,7 +105,7 @@ static void qk_case(int64_t S, int strided_out) {
     lk_rms_norm(&trq, &c.q, &c.w, 1e-6f, 0);
     lk_set_isa(isa);
     double err = bench_max_err(tq, rq, LK_F16, S * 2048);
-    double ms = bench_time(run_qk, &c);
+    double ms = bench_time_bw(run_qk, &c);
     char shape[64];
     snprintf(shape, sizeof shape, "S=%lld q16+k8 x128 %s", (long long)S, strided_out ? "strd" : "cont");
     bench_row("qk_norm (q+k)", shape, "f16", ms, (double)S * 3072 * 2 * 2, BENCH_BW, err);

@@ -65,7 +65,7 @@ static void one_case(const char *label, void *buf, int64_t n, lk_tensor q, lk_te
     run_rope(&c2);
     lk_set_isa(isa);
     double err = bench_max_err(b1, b2, dt, n);
-    double ms = bench_time(run_rope, &c);
+    double ms = bench_time_bw(run_rope, &c);
     double bytes = (double)T * (double)rot *
                    (2.0 * (double)(q.shape[1] + k.shape[1]) * (double)es + (double)es);
     bench_row(neox ? "rotary (neox)" : "rotary (gptj)", label, lk_dtype_name(dt), ms, bytes,

@@ -23,7 +23,7 @@ static void one_case(int64_t H, int64_t Q, int64_t K, lk_dtype dt) {
     softmax_ctx c;
     c.x = lk_tensor_make(x, dt, 3, shape);
     c.out = lk_tensor_make(out, dt, 3, shape);
-    double ms = bench_time(run_softmax, &c);
+    double ms = bench_time_bw(run_softmax, &c);
     lk_tensor tr = lk_tensor_make(ref, dt, 3, shape);
     lk_isa isa = lk_isa_current();
     lk_set_isa(LK_ISA_REF);
