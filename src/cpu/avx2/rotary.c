@@ -17,10 +17,10 @@
  * every head of q and k is rotated from it (rot/2 > CHUNK is done in CHUNK pieces).
  * Rows whose rotated parts are short scattered runs (DeepSeek's q_pe = q[..., 128:192],
  * k_pe inside kv_a) are software-prefetched one token ahead: measured 2-3x on bf16.
- * Other inputs of LK_STREAM_MIN_BYTES or more prefetch PF_AHEAD bytes past each row
- * (into L1): the loop reads and writes in place, and without it the loads of the next
- * rows wait on memory while the core computes (Llama-3-8B T = 4096 bf16 at 2 threads:
- * 15 -> 20 GB/s, medians of 7 alternating runs).
+ * Other inputs of LK_STREAM_MIN_BYTES or more prefetch, with each row, the row about
+ * PF_AHEAD bytes of work later (into L1): the loop reads and writes in place, and
+ * without it the loads of the next rows wait on memory while the core computes
+ * (Llama-3-8B T = 4096 bf16 at 2 threads: 16 -> 21 GB/s, medians of alternating runs).
  *
  * Variants:
  *  - NeoX: x and y are two contiguous half-rows; 8 pairs per step, plain vector maths.
@@ -41,7 +41,7 @@
 #include "simd.h"
 
 #define CHUNK 256     /* pairs per staging block (multiple of 8) */
-#define PF_AHEAD 2048 /* bytes prefetched ahead of each row on large inputs */
+#define PF_AHEAD 2048 /* bytes of work the prefetch runs ahead on large inputs */
 
 typedef struct {
     float c[CHUNK], s[CHUNK]; /* f32 cos / sin of pairs [i0, i0 + n), zero-padded to 8 */
@@ -200,19 +200,21 @@ static inline void rot_gptj(char *row, lk_dtype dt, int64_t i0, int64_t n, const
 }
 
 /* pairs [i0, i0 + n) of every head of x[t] (x: [T, H, D]); inlined once per dtype so
- * the dtype tests in the load/store helpers fold away. `ahead`: prefetch the bytes
- * PF_AHEAD past each row's rotated part (the heads and tokens that follow it when rows
- * are contiguous; harmless elsewhere) */
+ * the dtype tests in the load/store helpers fold away. `ahead`: with each row, prefetch
+ * the same part of the row about PF_AHEAD bytes of work later (A heads on, in this
+ * token or the next: any token and head strides) */
 static inline __attribute__((always_inline)) void
 rotate_heads_dt(const lk_tensor *x, lk_dtype dt, int64_t t, int64_t half, int64_t i0, int64_t n,
                 const cs_block *b, int is_neox, int ahead) {
-    int64_t bytes = 2 * n * (int64_t)es_of(dt); /* this chunk's part of a row */
-    for (int64_t h = 0; h < x->shape[1]; h++) {
+    int64_t H = x->shape[1], bytes = 2 * n * (int64_t)es_of(dt); /* this chunk's part of a row */
+    int64_t A = ahead ? PF_AHEAD / bytes + 1 : 0, ht = t + A / H, hh = A % H; /* row t, h + A */
+    for (int64_t h = 0; h < H; h++) {
         char *row = lk_at(x, t * x->stride[0] + h * x->stride[1]); // [D]
-        if (ahead) {
-            uintptr_t p = (uintptr_t)row + (uintptr_t)(i0 * (int64_t)es_of(dt) + PF_AHEAD);
-            for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + (uintptr_t)o), _MM_HINT_T0);
+        if (ahead && ht < x->shape[0]) {
+            const char *p = (const char *)lk_at(x, ht * x->stride[0] + hh * x->stride[1]) + i0 * (int64_t)es_of(dt);
+            for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
         }
+        if (++hh == H) hh = 0, ht++;
         if (is_neox) rot_neox(row, dt, half, i0, n, b);
         else rot_gptj(row, dt, i0, n, b);
     }
