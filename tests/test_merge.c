@@ -274,6 +274,18 @@ static void test_many_states(void) {
 }
 
 /* states or out with last-dim stride != 1: every ISA falls back to the reference */
+/* outputs of 16 MiB or more take non-temporal stores on aligned rows (AVX2): bf16,
+ * f16 and f32 outs of 2049 x 32 x 128, contiguous and padded (rows off 32 bytes) */
+static void test_streamed_out(void) {
+    static const lk_dtype SD[] = {LK_BF16, LK_F32, LK_BF16, LK_BF16};
+    static const lk_dtype OD[] = {LK_BF16, LK_F32, LK_F16, LK_BF16};
+    for (int k = 0; k < 4; k++) {
+        mcase c = base_case(2, 2049, 32, 128, SD[k], OD[k]);
+        c.pad = k == 3;
+        run_case(&c, "streamed out");
+    }
+}
+
 static void test_noncontiguous(void) {
     for (int mode = 1; mode <= 3; mode++)
         for (int n = 2; n <= 3; n++) {
@@ -577,6 +589,7 @@ int main(void) {
     test_grid();
     test_many_states();
     test_noncontiguous();
+    test_streamed_out();
     test_two_way_is_n_way();
     test_threads();
     test_threads_2way();

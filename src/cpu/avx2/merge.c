@@ -16,9 +16,10 @@
  * time (same order, same result). One rounding per output element. bf16 states into a
  * bf16 out in one group take 16 elements per 32-byte load in even / odd lanes (shift
  * and mask in, round and blend out: no conversions, packs or NaN blends): about half
- * the instructions of the general loop. Inputs of LK_STREAM_MIN_BYTES or more prefetch
- * the rows about PF_AHEAD bytes of work ahead (out and every state): otherwise the
- * loads of the next rows wait on memory while the core computes.
+ * the instructions of the general loop. Outputs of LK_STREAM_MIN_BYTES or more are
+ * written with non-temporal stores where rows are 32-byte aligned and a multiple of 64
+ * bytes (no read-for-ownership: llama3 T = 4096 bf16 at 2 threads ~10 -> 11-12 GB/s;
+ * a software prefetch of the rows ahead measured no gain).
  */
 #include <math.h>
 
@@ -26,7 +27,6 @@
 #include "simd.h"
 
 #define MERGE_TILE 256
-#define PF_AHEAD 2048 /* bytes of rows (all tensors together) the prefetch runs ahead */
 #define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* elements [d0, d0 + len) of the row: v = (first ? 0 : tile) + sum_k c_k * p_k, then
@@ -34,8 +34,8 @@
  * sdt: the dtype of every state of the group, or -1 for mixed dtypes (each state's own);
  * inlined with literal ot and sdt (accumulate below) so the loops carry no dtype tests */
 LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len,
-                                      float *tile, int first, int last, char *orow, lk_dtype ot,
-                                      int sdt) {
+                                      float *tile, int first, int last, int stream, char *orow,
+                                      lk_dtype ot, int sdt) {
     size_t oes = (size_t)lk_merge_es(ot);
     int64_t j = 0;
     if (ot == LK_BF16 && sdt == LK_BF16 && first && last) /* bf16 -> bf16, one group */
@@ -53,7 +53,9 @@ LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64
             __m256i e = lk8_bf16_bits_nonan(ve), o = _mm256_castps_si256(vo);
             o = _mm256_add_epi32(_mm256_add_epi32(o, _mm256_set1_epi32(0x7fff)),
                                  _mm256_and_si256(_mm256_srli_epi32(o, 16), _mm256_set1_epi32(1)));
-            _mm256_storeu_si256((__m256i *)(orow + (d0 + j) * 2), _mm256_blend_epi16(e, o, 0xaa));
+            __m256i r = _mm256_blend_epi16(e, o, 0xaa);
+            if (stream) _mm256_stream_si256((__m256i *)(orow + (d0 + j) * 2), r);
+            else _mm256_storeu_si256((__m256i *)(orow + (d0 + j) * 2), r);
         }
     for (; j + 32 <= len; j += 32) {
         __m256 v0, v1, v2, v3;
@@ -74,10 +76,13 @@ LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64
         }
         if (last) {
             char *o = orow + (d0 + j) * oes;
-            lk8_store(o, ot, v0);
-            lk8_store(o + 8 * oes, ot, v1);
-            lk8_store(o + 16 * oes, ot, v2);
-            lk8_store(o + 24 * oes, ot, v3);
+            if (stream) {
+                lk8_stream(o, ot, v0), lk8_stream(o + 8 * oes, ot, v1);
+                lk8_stream(o + 16 * oes, ot, v2), lk8_stream(o + 24 * oes, ot, v3);
+            } else {
+                lk8_store(o, ot, v0), lk8_store(o + 8 * oes, ot, v1);
+                lk8_store(o + 16 * oes, ot, v2), lk8_store(o + 24 * oes, ot, v3);
+            }
         } else {
             _mm256_storeu_ps(tile + j, v0), _mm256_storeu_ps(tile + j + 8, v1);
             _mm256_storeu_ps(tile + j + 16, v2), _mm256_storeu_ps(tile + j + 24, v3);
@@ -107,26 +112,26 @@ LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64
 }
 
 LK_ALWAYS_INLINE void accumulate_out(const lk_merge_group *g, int64_t d0, int64_t len,
-                                     float *tile, int first, int last, char *orow, lk_dtype ot,
-                                     int sdt) {
+                                     float *tile, int first, int last, int stream, char *orow,
+                                     lk_dtype ot, int sdt) {
     switch (sdt) {
-    case LK_F32: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F32); break;
-    case LK_F16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_F16); break;
-    case LK_BF16: accumulate_body(g, d0, len, tile, first, last, orow, ot, LK_BF16); break;
-    default: accumulate_body(g, d0, len, tile, first, last, orow, ot, -1); break;
+    case LK_F32: accumulate_body(g, d0, len, tile, first, last, stream, orow, ot, LK_F32); break;
+    case LK_F16: accumulate_body(g, d0, len, tile, first, last, stream, orow, ot, LK_F16); break;
+    case LK_BF16: accumulate_body(g, d0, len, tile, first, last, stream, orow, ot, LK_BF16); break;
+    default: accumulate_body(g, d0, len, tile, first, last, stream, orow, ot, -1); break;
     }
 }
 
 /* accumulate_body specialised for out's dtype and the group's common state dtype */
 static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
-                       int last, char *orow, lk_dtype ot) {
+                       int last, int stream, char *orow, lk_dtype ot) {
     int sdt = g->n > 0 ? (int)g->dt[0] : LK_F32;
     for (int k = 1; k < g->n; k++)
         if ((int)g->dt[k] != sdt) sdt = -1;
     switch (ot) {
-    case LK_F32: accumulate_out(g, d0, len, tile, first, last, orow, LK_F32, sdt); break;
-    case LK_F16: accumulate_out(g, d0, len, tile, first, last, orow, LK_F16, sdt); break;
-    default: accumulate_out(g, d0, len, tile, first, last, orow, LK_BF16, sdt); break;
+    case LK_F32: accumulate_out(g, d0, len, tile, first, last, stream, orow, LK_F32, sdt); break;
+    case LK_F16: accumulate_out(g, d0, len, tile, first, last, stream, orow, LK_F16, sdt); break;
+    default: accumulate_out(g, d0, len, tile, first, last, stream, orow, LK_BF16, sdt); break;
     }
 }
 
@@ -139,37 +144,24 @@ static void fill_row(char *orow, lk_dtype ot, int64_t D, float value) {
     if (j < D) lk8_store_part(orow + j * oes, ot, v, (int)(D - j));
 }
 
-/* prefetch row (t, h) of out and of every state (into L1) */
-static void prefetch_row(const lk_merge_args *a, int64_t t, int64_t h) {
-    int64_t D = a->out.shape[2];
-    for (int i = -1; i < a->n; i++) {
-        const lk_tensor *v = i < 0 ? &a->out : &a->states[i];
-        const char *p = lk_merge_row_ptr(v, t, h); // [D]
-        for (int64_t o = 0; o < D * lk_merge_es(v->dtype); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    }
-}
-
 typedef struct {
     const lk_merge_args *a;
-    int64_t ahead; /* rows the prefetch runs ahead (0: none) */
+    int stream;    /* out of LK_STREAM_MIN_BYTES or more: non-temporal stores where aligned */
 } merge_ctx;
 
 static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
     const merge_ctx *mc = ctx;
     const lk_merge_args *a = mc->a;
     const lk_tensor *out = &a->out;
-    int64_t H = out->shape[1], D = out->shape[2], T = out->shape[0];
+    int64_t H = out->shape[1], D = out->shape[2];
     int64_t t = r0 / H, h = r0 % H;
-    int64_t pt = (r0 + mc->ahead) / H, ph = (r0 + mc->ahead) % H; /* row r + ahead */
     for (int64_t r = r0; r < r1; r++, h = h + 1 == H ? 0 : h + 1, t += h == 0) {
-        if (mc->ahead) {
-            if (pt < T) prefetch_row(a, pt, ph);
-            if (++ph == H) ph = 0, pt++;
-        }
         lk_merge_row row;
         lk_merge_row_init(&row, a, t, h); /* also writes out_lse[t, h] */
         if (D == 0) continue;
         char *orow = lk_merge_row_ptr(out, t, h); // [D]
+        /* whole 32-byte stores: the row and every 32- (or 16-) element block aligned */
+        int stream = mc->stream && ((uintptr_t)orow & 31) == 0 && (D * lk_merge_es(out->dtype)) % 64 == 0;
         if (row.kind != LK_MERGE_NORMAL) {
             fill_row(orow, out->dtype, D, row.kind == LK_MERGE_NAN ? NAN : 0.0f);
             continue;
@@ -178,7 +170,7 @@ static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
         int i = 0;
         lk_merge_next_group(a, &row, t, h, &i, &g);
         if (i >= a->n) { /* every non-empty state in one group: registers only */
-            accumulate(&g, 0, D, NULL, 1, 1, orow, out->dtype);
+            accumulate(&g, 0, D, NULL, 1, 1, stream, orow, out->dtype);
             continue;
         }
         float tile[MERGE_TILE];
@@ -189,11 +181,12 @@ static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
             do {
                 lk_merge_next_group(a, &row, t, h, &i, &g);
                 last = i >= a->n;
-                accumulate(&g, d0, len, tile, first, last, orow, out->dtype);
+                accumulate(&g, d0, len, tile, first, last, last && stream, orow, out->dtype);
                 first = 0;
             } while (!last);
         }
     }
+    if (mc->stream) _mm_sfence(); /* this thread's streamed stores, before the join */
 }
 
 lk_status lk_avx2_merge_attn_states(const lk_merge_args *a) {
@@ -206,7 +199,7 @@ lk_status lk_avx2_merge_attn_states(const lk_merge_args *a) {
     }
     if (!fast) return lk_ref_merge_attn_states(a);
     int64_t rows = a->out.shape[0] * a->out.shape[1];
-    merge_ctx mc = {a, rows * bytes >= LK_STREAM_MIN_BYTES && D > 0 ? PF_AHEAD / bytes + 1 : 0};
+    merge_ctx mc = {a, rows * D * lk_merge_es(a->out.dtype) >= LK_STREAM_MIN_BYTES};
     lk_parallel_for(rows, bytes, merge_rows, &mc);
     return LK_OK;
 }
