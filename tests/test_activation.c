@@ -116,6 +116,28 @@ static void test_cases(void) {
                     }
 }
 
+/* outputs of 16 MiB or more: non-temporal stores on 32-byte aligned blocks, and the
+ * bf16 loop's prefetch; rows 32-byte aligned (contiguous) and not (padded) */
+static void test_streamed_out(void) {
+    static const struct { int gelu, pad; lk_dtype dt; int64_t R; } C[] = {
+        {0, 0, LK_BF16, 2049}, {1, 1, LK_BF16, 2049}, {0, 0, LK_F32, 1025}};
+    for (int k = 0; k < 3; k++) {
+        int64_t R = C[k].R, d = 4112, xshape[2] = {R, 2 * d}, oshape[2] = {R, d};
+        tu_buf x = tu_alloc(C[k].dt, 2, xshape, C[k].pad);
+        tu_fill_uniform(&x, -8, 8);
+        double *xv = tu_values(&x), *want = malloc(sizeof(double) * R * d);
+        act_mul64(want, xv, R, d, C[k].gelu);
+        char what[64];
+        snprintf(what, sizeof what, "streamed [%lld,%lld] pad=%d", (long long)R, (long long)(2 * d),
+                 C[k].pad);
+        int arg[2] = {2, C[k].pad};
+        run_all_isas(what, C[k].gelu, &x, C[k].dt, oshape, mk_padded, arg, want, R * d);
+        free(xv);
+        free(want);
+        tu_free(&x);
+    }
+}
+
 /* rank 1, 3 and 4, padded; rank 3 with permuted leading dims (last-dim stride 1, fast
  * path with a non-monotone row walk) */
 static tu_buf mk_perm3(lk_dtype dt, const int64_t *shape, void *arg) {
@@ -511,6 +533,7 @@ int main(void) {
     test_accuracy();
     test_every_bf16_gate();
     test_threads();
+    test_streamed_out();
     test_empty();
     test_bad_inputs();
     return tu_finish("test_activation");

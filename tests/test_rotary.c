@@ -298,6 +298,31 @@ static void test_threads(void) {
 
 /* q with a negative token stride (tokens stored in reverse) equals the contiguous call
  * with the positions reversed, bit for bit, on every ISA */
+/* q + k of 16 MiB or more take the prefetch of the rows ahead (AVX2): bitwise equal to
+ * ref, contiguous and as slices of one fused qkv buffer, NeoX and GPT-J, bf16 and f32 */
+static void test_large_inputs(void) {
+    for (int k = 0; k < 4; k++) {
+        int neox = k % 2, layout = k < 2 ? L_CONTIG : L_FUSED;
+        lk_dtype dt = k == 3 ? LK_F32 : LK_BF16;
+        rcase c = {2049, 32, 8, 128, 128, neox, dt, dt, LK_F32, LK_I64, layout};
+        qk_mem m0 = make_qk(&c);
+        lk_tensor pv;
+        tu_buf pb = make_positions(LK_I64, c.T, 8192, 0, &pv);
+        tu_buf cb = make_cache(LK_F32, 8192, 128, 0);
+        qk_mem a = clone_qk(&c, &m0), r = clone_qk(&c, &m0);
+        lk_status st = lk_rotary_embedding(&pv, &a.q, &a.k, &cb.t, neox);
+        lk_set_isa(LK_ISA_REF);
+        lk_rotary_embedding(&pv, &r.q, &r.k, &cb.t, neox);
+        lk_set_isa(lk_isa_best());
+        int same = memcmp(a.qb.base, r.qb.base, a.qb.bytes) == 0 &&
+                   (!a.kb.base || memcmp(a.kb.base, r.kb.base, a.kb.bytes) == 0);
+        tu_check(st == LK_OK && same, "rotary %s %s %s [2049, 32 + 8, 128] identical to ref",
+                 neox ? "neox" : "gptj", LAYOUT_NAME[layout], lk_dtype_name(dt));
+        free_qk(&a), free_qk(&r), free_qk(&m0);
+        tu_free(&pb), tu_free(&cb);
+    }
+}
+
 static void test_negative_stride(void) {
     lk_isa isas[3];
     int nisa = tu_isas(isas);
@@ -546,6 +571,7 @@ int main(void) {
     test_special_values();
     test_cases();
     test_threads();
+    test_large_inputs();
     test_negative_stride();
     test_empty();
     test_bad_inputs();
