@@ -374,6 +374,17 @@ static void test_empty(void) {
     qh.shape[1] = 0;
     st = lk_rotary_embedding(&pos.t, &qh, &k.t, &cache.t, 0);
     tu_check(st == LK_OK && tu_intact(&q) && tu_intact(&k), "rotary Hq = Hk = 0 is a no-op (%s)", lk_last_error());
+    for (int neox = 0; neox <= 1; neox++) { /* q rotated, k has no heads: same as ref */
+        tu_buf q1 = tu_alloc(LK_F32, 3, (int64_t[]){3, 2, 8}, 0), q2 = tu_alloc(LK_F32, 3, (int64_t[]){3, 2, 8}, 0);
+        memcpy(q1.base, q.base, q.bytes), memcpy(q2.base, q.base, q.bytes);
+        st = lk_rotary_embedding(&pos.t, &q1.t, &k.t, &cache.t, neox);
+        lk_set_isa(LK_ISA_REF);
+        lk_status st2 = lk_rotary_embedding(&pos.t, &q2.t, &k.t, &cache.t, neox);
+        lk_set_isa(lk_isa_best());
+        tu_check(st == LK_OK && st2 == LK_OK && memcmp(q1.base, q2.base, q1.bytes) == 0 && tu_intact(&k),
+                 "rotary %s with Hk = 0 rotates q as ref (%s)", neox ? "neox" : "gptj", lk_last_error());
+        tu_free(&q1), tu_free(&q2);
+    }
     st = lk_rotary_embedding(&pos.t, &q.t, NULL, &cache0.t, 1);
     tu_check(st == LK_OK && tu_intact(&q), "rotary rot = 0 is a no-op (%s)", lk_last_error());
     tu_set(&pos, 2, 16);

@@ -207,6 +207,7 @@ static inline __attribute__((always_inline)) void
 rotate_heads_dt(const lk_tensor *x, lk_dtype dt, int64_t t, int64_t half, int64_t i0, int64_t n,
                 const cs_block *b, int is_neox, int ahead) {
     int64_t H = x->shape[1], bytes = 2 * n * (int64_t)es_of(dt); /* this chunk's part of a row */
+    if (H <= 0 || n <= 0) return;
     int64_t A = ahead ? PF_AHEAD / bytes + 1 : 0, ht = t + A / H, hh = A % H; /* row t, h + A */
     for (int64_t h = 0; h < H; h++) {
         char *row = lk_at(x, t * x->stride[0] + h * x->stride[1]); // [D]
