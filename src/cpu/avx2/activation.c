@@ -24,11 +24,11 @@
  * stalls), and rounds without the NaN branch (every NaN here comes from a bf16 input
  * or is the default NaN, so its low 16 bits are 0 and the rounding add cannot carry).
  * Outputs of LK_STREAM_MIN_BYTES or more are written with non-temporal stores (no
- * read-for-ownership), and there the bf16 loop also prefetches PF_AHEAD bytes ahead
- * of both input streams (while the core computes, the hardware prefetcher alone falls
- * behind at 2 threads: +10-20% beyond L3). bf16 is compute-bound on 2 AVX2 cores
- * (~0.45 ns per value per core in cache, about 60-70% of the copy bandwidth beyond L3);
- * f32 is memory-bound.
+ * read-for-ownership), and there the loops also prefetch PF_AHEAD bytes ahead of both
+ * input streams (while the core computes, the hardware prefetcher alone falls behind
+ * at 2 threads: bf16 +10-20%, f32 +5-8% beyond L3). bf16 is compute-bound on 2 AVX2
+ * cores (~0.45 ns per value per core in cache, 55-75% of the copy bandwidth beyond L3);
+ * f32 is close to memory-bound (75-95%).
  */
 #include <float.h>
 #include <string.h>
@@ -37,7 +37,7 @@
 #include "simd.h"
 
 #define BLK 4096      /* columns per work unit */
-#define PF_AHEAD 2048 /* bytes prefetched ahead of the bf16 loop on streamed (beyond-cache) data */
+#define PF_AHEAD 2048 /* bytes prefetched ahead of the loops on streamed (beyond-cache) data */
 
 /* act(g) = g / (1 + exp(x)), x = -g (silu) or g (K0 + K1 g^2) (gelu, = -2u), for
  * every dtype path; `fast` selects the bf16 -> bf16 variant. Both work in base 2 with
@@ -176,6 +176,10 @@ static inline __attribute__((always_inline)) void act_seg(char *o, lk_dtype ot, 
     size_t oes = ot == LK_F32 ? 4 : 2, xes = xt == LK_F32 ? 4 : 2;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if (stream && (xes == 4 || !(i & 16))) { /* one prefetch per 64-byte line and stream */
+            _mm_prefetch((const char *)((uintptr_t)gate + (uintptr_t)(i * (int64_t)xes + PF_AHEAD)), _MM_HINT_T0);
+            _mm_prefetch((const char *)((uintptr_t)up + (uintptr_t)(i * (int64_t)xes + PF_AHEAD)), _MM_HINT_T0);
+        }
         __m256 g0 = lk8_load(gate + i * xes, xt), g1 = lk8_load(gate + (i + 8) * xes, xt);
         __m256 y0 = lk8_load(up + i * xes, xt), y1 = lk8_load(up + (i + 8) * xes, xt);
         if (stream) {
