@@ -65,9 +65,9 @@ LK_HOSTDEV static inline float lk_lse_fold_max(float m, float lse) {
 }
 
 /* Weight exp(lse - m) of a state relative to the fold max m (finite); 0 if empty.
- * In [0, 1]; exactly 1 for the max state. */
+ * In [0, 1]; exactly 1 for the max state (expf(0), without the call). */
 LK_HOSTDEV static inline float lk_lse_weight(float lse, float m) {
-    return isinf(lse) ? 0.0f : expf(lse - m);
+    return isinf(lse) ? 0.0f : lse == m ? 1.0f : expf(lse - m);
 }
 
 typedef enum { LK_MERGE_NORMAL = 0, LK_MERGE_EMPTY = 1, LK_MERGE_NAN = 2 } lk_merge_kind;
