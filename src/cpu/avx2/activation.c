@@ -120,15 +120,10 @@ static inline __m256 act8(__m256 g, __m256 y, int gelu) { return _mm256_mul_ps(a
  * shifted down, blended with the odd ones' high halves), so no shuffles. The rounding
  * has no NaN branch (see the block comment). */
 static inline __m256i act16_bf16(__m256i gv, __m256i uv, int gelu) {
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 ge = _mm256_castsi256_ps(_mm256_slli_epi32(gv, 16)), go = _mm256_castsi256_ps(_mm256_and_si256(gv, hi));
-    __m256 ue = _mm256_castsi256_ps(_mm256_slli_epi32(uv, 16)), uo = _mm256_castsi256_ps(_mm256_and_si256(uv, hi));
-    __m256i e = _mm256_castps_si256(_mm256_mul_ps(act8_core(ge, gelu, 1), ue));
-    __m256i o = _mm256_castps_si256(_mm256_mul_ps(act8_core(go, gelu, 1), uo));
-    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
-    e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
-    o = _mm256_add_epi32(_mm256_add_epi32(o, half), _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
-    return _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xaa);
+    __m256 ge, go, ue, uo;
+    lk16_bf16_split(gv, &ge, &go);
+    lk16_bf16_split(uv, &ue, &uo);
+    return lk16_bf16_join_nonan(_mm256_mul_ps(act8_core(ge, gelu, 1), ue), _mm256_mul_ps(act8_core(go, gelu, 1), uo));
 }
 
 /* bf16 -> bf16: o[i] = act(gate[i]) * up[i], i < n, 16 per step; the last n % 16 go

@@ -40,20 +40,16 @@ LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64
     int64_t j = 0;
     if (ot == LK_BF16 && sdt == LK_BF16 && first && last) /* bf16 -> bf16, one group */
         for (; j + 16 <= len; j += 16) { /* 16 per 32-byte load: even / odd lanes */
-            const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
             __m256 ve = _mm256_setzero_ps(), vo = ve;
             for (int k = 0; k < g->n; k++) {
-                __m256 c = _mm256_set1_ps(g->c[k]);
-                __m256i x = _mm256_loadu_si256((const __m256i *)(g->p[k] + (d0 + j) * 2));
-                ve = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), ve);
-                vo = _mm256_fmadd_ps(c, _mm256_castsi256_ps(_mm256_and_si256(x, hi)), vo);
+                __m256 c = _mm256_set1_ps(g->c[k]), xe, xo;
+                lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(g->p[k] + (d0 + j) * 2)), &xe, &xo);
+                ve = _mm256_fmadd_ps(c, xe, ve);
+                vo = _mm256_fmadd_ps(c, xo, vo);
             }
             /* every NaN here is a bf16 input's (quieted by the fma) or the default one:
              * its low 16 bits are 0, so the rounding needs no NaN branch */
-            __m256i e = lk8_bf16_bits_nonan(ve), o = _mm256_castps_si256(vo);
-            o = _mm256_add_epi32(_mm256_add_epi32(o, _mm256_set1_epi32(0x7fff)),
-                                 _mm256_and_si256(_mm256_srli_epi32(o, 16), _mm256_set1_epi32(1)));
-            __m256i r = _mm256_blend_epi16(e, o, 0xaa);
+            __m256i r = lk16_bf16_join_nonan(ve, vo);
             if (stream) _mm256_stream_si256((__m256i *)(orow + (d0 + j) * 2), r);
             else _mm256_storeu_si256((__m256i *)(orow + (d0 + j) * 2), r);
         }

@@ -40,12 +40,10 @@ static inline float sumsq(const char *x, lk_dtype dt, int64_t D) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     if (dt == LK_BF16) { /* 16 per load: even elements shifted up, odd ones masked */
-        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
         for (; i + 32 <= D; i += 32) {
-            __m256i u = _mm256_loadu_si256((const __m256i *)(x + i * 2));
-            __m256i v = _mm256_loadu_si256((const __m256i *)(x + i * 2 + 32));
-            __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), b = _mm256_castsi256_ps(_mm256_and_si256(u, hi));
-            __m256 c = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), d = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            __m256 a, b, c, d;
+            lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(x + i * 2)), &a, &b);
+            lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(x + i * 2 + 32)), &c, &d);
             s0 = _mm256_fmadd_ps(a, a, s0);
             s1 = _mm256_fmadd_ps(b, b, s1);
             s2 = _mm256_fmadd_ps(c, c, s2);
@@ -127,28 +125,22 @@ static inline __attribute__((always_inline)) void scale_row_any(char *o, lk_dtyp
 static inline __attribute__((always_inline)) int64_t
 scale_row_bf16(char *o, const char *x, const char *w, int wbf16, float one, int64_t D, float inv,
                int stream, const char *const *pf, int npf) {
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), lsb = _mm256_set1_epi32(1),
-                  half = _mm256_set1_epi32(0x7fff);
     __m256 vinv = _mm256_set1_ps(inv), vone = _mm256_set1_ps(one);
     int64_t i = 0;
     for (; i + 16 <= D; i += 16) {
         if (npf) prefetch_next(pf, npf, i * 2);
-        __m256i u = _mm256_loadu_si256((const __m256i *)(x + i * 2));
-        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), b = _mm256_castsi256_ps(_mm256_and_si256(u, hi));
-        __m256 ga, gb;
+        __m256 a, b, ga, gb;
+        lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(x + i * 2)), &a, &b);
         if (wbf16) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(w + i * 2));
-            ga = _mm256_add_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), vone);
-            gb = _mm256_add_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), vone);
+            lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(w + i * 2)), &ga, &gb);
+            ga = _mm256_add_ps(ga, vone);
+            gb = _mm256_add_ps(gb, vone);
         } else {
             ga = _mm256_loadu_ps((const float *)w + i);
             gb = _mm256_loadu_ps((const float *)w + i + 8);
         }
-        __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga));
-        __m256i d = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
-        e = _mm256_add_epi32(_mm256_add_epi32(e, half), _mm256_and_si256(_mm256_srli_epi32(e, 16), lsb));
-        d = _mm256_add_epi32(_mm256_add_epi32(d, half), _mm256_and_si256(_mm256_srli_epi32(d, 16), lsb));
-        __m256i r = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), d, 0xaa);
+        __m256i r = lk16_bf16_join_nonan(_mm256_mul_ps(_mm256_mul_ps(a, vinv), ga),
+                                         _mm256_mul_ps(_mm256_mul_ps(b, vinv), gb));
         if (stream) _mm256_stream_si256((__m256i *)(o + i * 2), r);
         else _mm256_storeu_si256((__m256i *)(o + i * 2), r);
     }

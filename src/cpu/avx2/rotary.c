@@ -169,16 +169,11 @@ static inline void rot_gptj(char *row, lk_dtype dt, int64_t i0, int64_t n, const
     char *p = row + 2 * i0 * es; // [2n]
     int64_t j = 0;
     if (dt == LK_BF16 && b->nan_free) { /* 8 pairs per 32-byte load: x even, y odd halves */
-        const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), lsb = _mm256_set1_epi32(1),
-                      bias = _mm256_set1_epi32(0x7fff);
         for (; j + 8 <= n; j += 8) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 4 * j));
-            __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), y = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            __m256 x, y;
+            lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(p + 4 * j)), &x, &y);
             rot8(&x, &y, b->cu + j, b->su + j);
-            __m256i xi = _mm256_castps_si256(x), yi = _mm256_castps_si256(y);
-            xi = _mm256_add_epi32(_mm256_add_epi32(xi, bias), _mm256_and_si256(_mm256_srli_epi32(xi, 16), lsb));
-            yi = _mm256_add_epi32(_mm256_add_epi32(yi, bias), _mm256_and_si256(_mm256_srli_epi32(yi, 16), lsb));
-            _mm256_storeu_si256((__m256i *)(p + 4 * j), _mm256_blend_epi16(_mm256_srli_epi32(xi, 16), yi, 0xaa));
+            _mm256_storeu_si256((__m256i *)(p + 4 * j), lk16_bf16_join_nonan(x, y));
         }
     }
     for (; j + 8 <= n; j += 8) {

@@ -29,6 +29,24 @@ static inline __m256i lk8_bf16_bits_nonan(__m256 v) {
     return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
 }
 
+/* 16 bf16 values (one 32-byte load) as f32 in even / odd order, without shuffles: the
+ * even elements are the low halves of the 32-bit lanes (shifted up), the odd ones the
+ * high halves (masked) */
+static inline void lk16_bf16_split(__m256i v, __m256 *even, __m256 *odd) {
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* lk16_bf16_split's inverse: even / odd f32 values rounded as lk8_bf16_bits_nonan (same
+ * NaN condition) and put back in element order (even ones shifted down, blended with
+ * the odd ones' high halves) */
+static inline __m256i lk16_bf16_join_nonan(__m256 even, __m256 odd) {
+    __m256i o = _mm256_castps_si256(odd);
+    o = _mm256_add_epi32(_mm256_add_epi32(o, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(o, 16), _mm256_set1_epi32(1)));
+    return _mm256_blend_epi16(lk8_bf16_bits_nonan(even), o, 0xaa);
+}
+
 /* f32 -> bf16 round-to-nearest-even, NaN quieted: 8 results in the low 16 bits of
  * each 32-bit lane */
 static inline __m256i lk8_bf16_bits(__m256 v) {
