@@ -1,7 +1,8 @@
 /*
- * Core: f16/bf16 conversions (scalar exact vs float64 maths and vs the hardware
- * converter; SIMD store paths bit-identical to scalar), the vectorised exp, status
- * strings, error text, ISA forcing, thread control, view checks and the overlap rule.
+ * Core: f16/bf16 conversions (scalar exact vs float64 maths), status strings, error
+ * text, ISA forcing, thread control, view checks and the overlap rule. The vector
+ * layer of each ISA (SIMD conversions bit-identical to these, exp, shuffles) is
+ * checked by test_vec_<isa> (tests/vec_check.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -100,93 +101,6 @@ static void test_bf16(void) {
     tu_check(bad == 0, "f32 -> bf16 all 2^16 high halves x {0,1,7fff,8000,8001,ffff} low halves (%d bad)", bad);
 }
 
-#if defined(__clang__) /* clang (the TSan build) has no GCC target pragma */
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
-#include "cpu/avx2/simd.h"
-
-/* hardware F16C conversion and the AVX2 store helpers vs the scalar code */
-static void simd_conversions(void) {
-    int bad_hw = 0, bad_bf = 0, bad_f16 = 0;
-    uint32_t u = 0;
-    for (uint64_t k = 0; k < (1ull << 32); k += 8 * 251) {
-        float v[8];
-        for (int j = 0; j < 8; j++) v[j] = lk_bits_f32(u = (uint32_t)(k + (uint64_t)j * 0x2000003u));
-        __m256 x = _mm256_loadu_ps(v);
-        uint16_t hb[8], hf[8];
-        lk8_store(hb, LK_BF16, x);
-        lk8_store(hf, LK_F16, x);
-        for (int j = 0; j < 8; j++) {
-            if (hb[j] != lk_f32_to_bf16(v[j])) bad_bf++;
-            if (hf[j] != lk_f32_to_f16(v[j])) bad_f16++;
-            __m128i hw = _mm_cvtps_ph(_mm_set_ss(v[j]), _MM_FROUND_TO_NEAREST_INT);
-            if ((uint16_t)_mm_extract_epi16(hw, 0) != lk_f32_to_f16(v[j])) bad_hw++;
-        }
-    }
-    (void)u;
-    tu_check(bad_hw == 0, "scalar f32 -> f16 equals F16C on 17M patterns (%d bad)", bad_hw);
-    tu_check(bad_f16 == 0, "lk8_store f16 equals scalar (%d bad)", bad_f16);
-    tu_check(bad_bf == 0, "lk8_store bf16 equals scalar (%d bad)", bad_bf);
-    /* loads: every 16-bit pattern */
-    int bad_load = 0;
-    for (uint32_t h = 0; h < 65536; h += 8) {
-        uint16_t in[8];
-        float out[8];
-        for (int j = 0; j < 8; j++) in[j] = (uint16_t)(h + j);
-        _mm256_storeu_ps(out, lk8_load(in, LK_F16));
-        for (int j = 0; j < 8; j++) {
-            float s = lk_f16_to_f32(in[j]);
-            if (memcmp(&s, &out[j], 4)) bad_load++; /* bit-exact, NaNs included */
-        }
-        _mm256_storeu_ps(out, lk8_load(in, LK_BF16));
-        for (int j = 0; j < 8; j++) {
-            float s = lk_bf16_to_f32(in[j]);
-            if (memcmp(&s, &out[j], 4)) bad_load++;
-        }
-    }
-    tu_check(bad_load == 0, "lk8_load f16/bf16 equals scalar on all patterns (%d bad)", bad_load);
-    /* partial loads/stores touch only n elements */
-    uint16_t buf[10];
-    int ok = 1;
-    for (int n = 0; n < 8; n++) {
-        for (int j = 0; j < 10; j++) buf[j] = 0xabcd;
-        lk8_store_part(buf, LK_BF16, _mm256_set1_ps(1.0f), n);
-        for (int j = 0; j < 10; j++) ok &= buf[j] == (j < n ? 0x3f80 : 0xabcd);
-    }
-    tu_check(ok, "lk8_store_part writes exactly n elements");
-}
-
-static void simd_exp(void) {
-    double worst = 0;
-    int bad_special = 0;
-    for (double x = -87.0; x <= 88.5; x += 0.0137) {
-        float xs = (float)x, v[8];
-        _mm256_storeu_ps(v, lk8_exp(_mm256_set1_ps(xs)));
-        double want = exp((double)xs), e = fabs(v[0] - want) / want;
-        if (e > worst) worst = e;
-    }
-    tu_check(worst < 4e-7, "lk8_exp max relative error %.3g over [-87, 88.5]", worst);
-    float sp[8] = {-INFINITY, INFINITY, NAN, -100.0f, 100.0f, 0.0f, -0.0f, 88.72f}, v[8];
-    _mm256_storeu_ps(v, lk8_exp(_mm256_loadu_ps(sp)));
-    bad_special += v[0] != 0.0f;
-    bad_special += v[1] != INFINITY;
-    bad_special += !isnan(v[2]);
-    bad_special += v[3] != 0.0f;
-    bad_special += v[4] != INFINITY;
-    bad_special += v[5] != 1.0f || v[6] != 1.0f;
-    bad_special += !(fabs(v[7] - exp((double)sp[7])) / exp((double)sp[7]) < 1e-6);
-    tu_check(bad_special == 0, "lk8_exp specials: exp(-inf)=0 exp(inf)=inf NaN, under/overflow (%g %g %g %g %g %g)",
-             v[0], v[1], v[2], v[3], v[4], v[7]);
-}
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
 static void test_runtime(void) {
     tu_check(!strcmp(lk_status_str(LK_ERR_SHAPE), "LK_ERR_SHAPE") &&
                  !strcmp(lk_status_str((lk_status)999), "LK_ERR_UNKNOWN"),
@@ -278,12 +192,6 @@ int main(void) {
     test_f16_decode();
     test_f16_encode();
     test_bf16();
-    if (lk_isa_best() >= LK_ISA_AVX2) {
-        simd_conversions();
-        simd_exp();
-    } else {
-        printf("  note: CPU without AVX2: SIMD helper checks not run (not counted)\n");
-    }
     test_runtime();
     test_views();
     return tu_finish("test_core");

@@ -83,6 +83,10 @@ static inline void lk_rowit_next(lk_rowit *it) {
 /* Number of rows (product of the leading ndim - inner dims). */
 int64_t lk_rows(const lk_tensor *t, int inner);
 
+/* For the few hot helpers whose inlining with literal arguments (dtypes, flags) is what
+ * makes them fast: the compiler must not keep them out of line. */
+#define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
+
 /* Element size of a dtype already validated (inlined: used inside hot loops). */
 static inline int64_t lk_esize(lk_dtype dt) {
     return dt == LK_I64 ? 8 : (dt == LK_F32 || dt == LK_I32) ? 4 : 2;

@@ -4,9 +4,11 @@
  * function: shapes agree, indices are in range, outputs do not overlap inputs except
  * where the op allows it. Kernels return LK_OK or LK_ERR_NOMEM (before any store).
  *
- * One entry per op. dispatch.c fills the table from ref/, then overrides entries with
- * the best ISA the CPU supports. A SIMD kernel handles the layouts it is fast on and
- * calls the ref kernel for the rest (e.g. a last-dim stride != 1).
+ * One entry per op. dispatch.c fills one table per ISA: the reference table from ref/,
+ * then each vector ISA's table starts as a copy of the previous one and its registration
+ * function (src/cpu/simd/register.c, compiled once per ISA) overrides the entries its
+ * SIMD sources provide. A SIMD kernel handles the layouts it is fast on and calls the
+ * ref kernel for the rest (e.g. a last-dim stride != 1).
  */
 #ifndef LK_KERNELS_H
 #define LK_KERNELS_H
@@ -198,31 +200,5 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a);
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
 lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
-
-/* ---- avx2/ ---- */
-lk_status lk_avx2_rms_norm(const lk_rms_norm_args *a);
-lk_status lk_avx2_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a);
-lk_status lk_avx2_silu_and_mul(const lk_act_args *a);
-lk_status lk_avx2_gelu_tanh_and_mul(const lk_act_args *a);
-lk_status lk_avx2_rotary_embedding(const lk_rotary_args *a);
-lk_status lk_avx2_reshape_and_cache_flash(const lk_cache_args *a);
-lk_status lk_avx2_merge_attn_states(const lk_merge_args *a);
-lk_status lk_avx2_causal_softmax(const lk_softmax_args *a);
-lk_status lk_avx2_flash_attn(const lk_attn_args *a);
-lk_status lk_avx2_concat_and_cache_mla(const lk_mla_cache_args *a);
-lk_status lk_avx2_gather_cache(const lk_gather_cache_args *a);
-lk_status lk_avx2_mla_softmax_block(const lk_mla_softmax_args *a);
-
-/* ---- avx512/ ---- */
-lk_status lk_avx512_rms_norm(const lk_rms_norm_args *a);
-lk_status lk_avx512_fused_add_rms_norm(const lk_fused_add_rms_norm_args *a);
-lk_status lk_avx512_silu_and_mul(const lk_act_args *a);
-lk_status lk_avx512_gelu_tanh_and_mul(const lk_act_args *a);
-lk_status lk_avx512_rotary_embedding(const lk_rotary_args *a);
-lk_status lk_avx512_reshape_and_cache_flash(const lk_cache_args *a);
-lk_status lk_avx512_merge_attn_states(const lk_merge_args *a);
-lk_status lk_avx512_causal_softmax(const lk_softmax_args *a);
-lk_status lk_avx512_concat_and_cache_mla(const lk_mla_cache_args *a);
-lk_status lk_avx512_gather_cache(const lk_gather_cache_args *a);
 
 #endif

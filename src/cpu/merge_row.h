@@ -1,6 +1,6 @@
 /*
- * The per-(token, head) part of merge_attn_states, shared by the ref, AVX2 and AVX-512
- * kernels so that they agree bit for bit on it: the row's weights and out_lse (maths and
+ * The per-(token, head) part of merge_attn_states, shared by the ref kernel and the
+ * SIMD source (src/cpu/simd/merge.c) so that every ISA agrees bit for bit on it: the row's weights and out_lse (maths and
  * -inf / NaN rules from src/common/attn_state.h), and the list of non-empty states with
  * their coefficients. Only the D-long weighted sum differs per ISA.
  *
@@ -29,7 +29,7 @@ typedef struct {
     int n;
     const char *p[LK_MERGE_GROUP]; /* start of the state's row [D] */
     lk_dtype dt[LK_MERGE_GROUP];
-    int es[LK_MERGE_GROUP];        /* element size */
+    int64_t es[LK_MERGE_GROUP];    /* element size */
     float c[LK_MERGE_GROUP];       /* coefficient c_i */
 } lk_merge_group;
 
@@ -37,12 +37,9 @@ static inline float lk_merge_lse_at(const lk_tensor *l, int64_t t, int64_t h) {
     return ((const float *)l->data)[t * l->stride[0] + h * l->stride[1]]; // [T, H]
 }
 
-/* element size of a validated float dtype, inline for the row loop */
-static inline int lk_merge_es(lk_dtype dt) { return dt == LK_F32 ? 4 : 2; }
-
 /* row start of tensor v ([T, H, D]) at (t, h) */
 static inline char *lk_merge_row_ptr(const lk_tensor *v, int64_t t, int64_t h) {
-    return (char *)v->data + (t * v->stride[0] + h * v->stride[1]) * lk_merge_es(v->dtype);
+    return (char *)v->data + (t * v->stride[0] + h * v->stride[1]) * lk_esize(v->dtype);
 }
 
 /* weights of row (t, h); writes out_lse[t, h] when requested */
@@ -79,7 +76,7 @@ static inline void lk_merge_next_group(const lk_merge_args *a, const lk_merge_ro
         const lk_tensor *s = &a->states[*i];
         g->p[g->n] = lk_merge_row_ptr(s, t, h);
         g->dt[g->n] = s->dtype;
-        g->es[g->n] = lk_merge_es(s->dtype);
+        g->es[g->n] = lk_esize(s->dtype);
         g->c[g->n] = lk_merge_row_coef(r, *i, lse);
         g->n++;
     }

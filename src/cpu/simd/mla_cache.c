@@ -1,5 +1,5 @@
 /*
- * concat_and_cache_mla and gather_cache, AVX2 + F16C.
+ * concat_and_cache_mla and gather_cache, every vector ISA (src/cpu/vec/lkv.h, W lanes).
  *
  *   concat: cache(slot_mapping[t]) = round([kv_c[t] | k_pe[t]]);  gather: out[t] =
  *   round(cache entry of token t) (formulas and shapes in ref/mla_cache.c).
@@ -8,52 +8,49 @@
  * stride 1, cache dim stride 1: ND rows or NZ 16-element chunks); other layouts go to
  * the reference. The token loop, its split over threads, the grouping of tokens in
  * consecutive slots and the run table (contiguous stretches of each entry) are shared
- * with AVX-512 in mla_cache_common.c; this file copies one group's runs: same dtype =
- * 32-byte vector moves (bit copy), else 8 lanes converted through f32 with one
- * rounding (simd.h, bit-identical to half.h). Large outputs use non-temporal stores
+ * in mla_cache_common.c; this file copies one group's runs: same dtype = vector moves
+ * (bit copy), else W lanes converted through f32 with one rounding (lkv.h,
+ * bit-identical to half.h). Large outputs use non-temporal stores
  * where the destination is aligned.
  */
 #include <string.h>
 
 #include "../kernels.h"
-#include "simd.h"
+#include "../vec/lkv.h"
 
-static inline int64_t esize(lk_dtype dt) { return dt == LK_F32 ? 4 : 2; }
-
-/* bit copy of `bytes` contiguous bytes; stream: non-temporal from the first 32-byte
- * boundary of dst */
+/* bit copy of `bytes` contiguous bytes; stream: non-temporal from the first
+ * LKV_BYTES boundary of dst */
 static inline void copy_bytes(char *dst, const char *src, int64_t bytes, int stream) {
     int64_t i = 0;
     if (stream) {
-        int64_t head = (int64_t)((32 - ((uintptr_t)dst & 31)) & 31);
+        int64_t head = (int64_t)((LKV_BYTES - ((uintptr_t)dst & (LKV_BYTES - 1))) & (LKV_BYTES - 1));
         if (head < bytes) {
             memcpy(dst, src, (size_t)head);
-            for (i = head; i + 32 <= bytes; i += 32)
-                _mm256_stream_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
+            for (i = head; i + LKV_BYTES <= bytes; i += LKV_BYTES) lkv_bits_stream(dst + i, lkv_bits_loadu(src + i));
         }
     }
-    for (; i + 128 <= bytes; i += 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
-        __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
-        _mm256_storeu_si256((__m256i *)(dst + i), a);
-        _mm256_storeu_si256((__m256i *)(dst + i + 32), b);
-        _mm256_storeu_si256((__m256i *)(dst + i + 64), c);
-        _mm256_storeu_si256((__m256i *)(dst + i + 96), d);
+    for (; i + 4 * LKV_BYTES <= bytes; i += 4 * LKV_BYTES) {
+        lkv_bits a = lkv_bits_loadu(src + i), b = lkv_bits_loadu(src + i + LKV_BYTES);
+        lkv_bits c = lkv_bits_loadu(src + i + 2 * LKV_BYTES), d = lkv_bits_loadu(src + i + 3 * LKV_BYTES);
+        lkv_bits_storeu(dst + i, a), lkv_bits_storeu(dst + i + LKV_BYTES, b);
+        lkv_bits_storeu(dst + i + 2 * LKV_BYTES, c), lkv_bits_storeu(dst + i + 3 * LKV_BYTES, d);
     }
-    for (; i + 32 <= bytes; i += 32)
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
+    for (; i + LKV_BYTES <= bytes; i += LKV_BYTES) lkv_bits_storeu(dst + i, lkv_bits_loadu(src + i));
     if (i < bytes) memcpy(dst + i, src + i, (size_t)(bytes - i));
 }
 
 /* dst[i] = round(src[i]), i < n, contiguous; stream: non-temporal when dst is aligned */
 static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st, int64_t n, int stream) {
-    int64_t des = esize(dt), ses = esize(st), i = 0;
-    if (stream && ((uintptr_t)dst & (uintptr_t)(8 * des - 1)) == 0)
-        for (; i + 8 <= n; i += 8) lk8_stream(dst + i * des, dt, lk8_load(src + i * ses, st));
-    for (; i + 8 <= n; i += 8) lk8_store(dst + i * des, dt, lk8_load(src + i * ses, st));
-    if (i < n) lk8_store_part(dst + i * des, dt, lk8_load_part(src + i * ses, st, (int)(n - i)), (int)(n - i));
+    int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
+    if (stream && ((uintptr_t)dst & (uintptr_t)(LKV_W * des - 1)) == 0)
+        for (; i + LKV_W <= n; i += LKV_W) lkv_stream(dst + i * des, dt, lkv_load(src + i * ses, st));
+    for (; i + LKV_W <= n; i += LKV_W) lkv_store(dst + i * des, dt, lkv_load(src + i * ses, st));
+    if (i < n) lkv_store_part(dst + i * des, dt, lkv_load_part(src + i * ses, st, n - i), n - i);
+}
+
+LK_ALWAYS_INLINE void put32(char *d, lkv_c32 v, int stream) {
+    if (stream) lkv_c32_stream(d, v);
+    else lkv_c32_storeu(d, v);
 }
 
 /* 4 runs of 16 elements (4 NZ chunks) for every token of the group, each token's loads
@@ -64,60 +61,54 @@ static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st,
  * cache, 16-bit chunks of 2 consecutive slots make one 64-byte line: they are stored
  * back to back, so a streamed line is complete at once (about 20% faster at 16+ MiB). */
 static inline void copy_4x16(const lk_copy_group *g, const lk_copy_part *q, const lk_copy_run *runs) {
-    int64_t ces = esize(q->ct), res = esize(q->rt);
+    int64_t ces = lk_esize(q->ct), res = lk_esize(q->rt);
     lk_dtype dt = g->to_cache ? q->ct : q->rt, st = g->to_cache ? q->rt : q->ct;
-    int64_t des = esize(dt), ses = esize(st);
+    int64_t des = lk_esize(dt), ses = lk_esize(st);
     int64_t db = (g->to_cache ? q->cstep : q->rstep) * des, sb = (g->to_cache ? q->rstep : q->cstep) * ses;
+    /* streamed stores are 32 bytes (bit copies) or W elements (conversions) */
+    uintptr_t al = (uintptr_t)(dt != st && LKV_W * des > 32 ? LKV_W * des : 32) - 1;
     char *d[4];
     const char *s[4];
-    int stream = g->stream && !(db & 31);
+    int stream = g->stream && !(db & (int64_t)al);
     for (int k = 0; k < 4; k++) {
         char *cp = q->cache + runs[k].coff * ces, *rp = q->row + runs[k].roff * res;
         d[k] = g->to_cache ? cp : rp;
         s[k] = g->to_cache ? rp : cp;
-        stream &= !((uintptr_t)d[k] & 31);
+        stream &= !((uintptr_t)d[k] & al);
     }
     int64_t i = 0;
     if (dt == st && des == 2 && db == 32) /* into NZ: 2 tokens fill a line, store them together */
         for (; i + 2 <= g->ntok; i += 2) {
-            __m256i v[8];
-            for (int k = 0; k < 4; k++)
-                v[2 * k] = _mm256_loadu_si256((const __m256i *)s[k]),
-                v[2 * k + 1] = _mm256_loadu_si256((const __m256i *)(s[k] + sb));
-            for (int k = 0; k < 4; k++)
-                if (stream) _mm256_stream_si256((__m256i *)d[k], v[2 * k]), _mm256_stream_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
-                else _mm256_storeu_si256((__m256i *)d[k], v[2 * k]), _mm256_storeu_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
+            lkv_c32 v[8];
+            for (int k = 0; k < 4; k++) v[2 * k] = lkv_c32_loadu(s[k]), v[2 * k + 1] = lkv_c32_loadu(s[k] + sb);
+            for (int k = 0; k < 4; k++) put32(d[k], v[2 * k], stream), put32(d[k] + 32, v[2 * k + 1], stream);
             for (int k = 0; k < 4; k++) d[k] += 2 * db, s[k] += 2 * sb;
         }
     for (; i < g->ntok; i++, d[0] += db, d[1] += db, d[2] += db, d[3] += db, s[0] += sb, s[1] += sb,
                         s[2] += sb, s[3] += sb) {
-        if (dt != st) { /* 8 lanes through f32, one rounding */
-            __m256 v[8];
-            for (int k = 0; k < 4; k++) v[2 * k] = lk8_load(s[k], st), v[2 * k + 1] = lk8_load(s[k] + 8 * ses, st);
+        if (dt != st) { /* W lanes through f32, one rounding */
+            lkv_f32 v[4][16 / LKV_W];
             for (int k = 0; k < 4; k++)
-                if (stream) lk8_stream(d[k], dt, v[2 * k]), lk8_stream(d[k] + 8 * des, dt, v[2 * k + 1]);
-                else lk8_store(d[k], dt, v[2 * k]), lk8_store(d[k] + 8 * des, dt, v[2 * k + 1]);
+                for (int e = 0; e < 16 / LKV_W; e++) v[k][e] = lkv_load(s[k] + e * LKV_W * ses, st);
+            for (int k = 0; k < 4; k++)
+                for (int e = 0; e < 16 / LKV_W; e++)
+                    if (stream) lkv_stream(d[k] + e * LKV_W * des, dt, v[k][e]);
+                    else lkv_store(d[k] + e * LKV_W * des, dt, v[k][e]);
         } else if (des == 2) { /* 32 bytes a chunk */
-            __m256i v[4];
-            for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_si256((const __m256i *)s[k]);
-            for (int k = 0; k < 4; k++)
-                if (stream) _mm256_stream_si256((__m256i *)d[k], v[k]);
-                else _mm256_storeu_si256((__m256i *)d[k], v[k]);
+            lkv_c32 v[4];
+            for (int k = 0; k < 4; k++) v[k] = lkv_c32_loadu(s[k]);
+            for (int k = 0; k < 4; k++) put32(d[k], v[k], stream);
         } else { /* f32: 64 bytes a chunk */
-            __m256i v[8];
-            for (int k = 0; k < 4; k++)
-                v[2 * k] = _mm256_loadu_si256((const __m256i *)s[k]),
-                v[2 * k + 1] = _mm256_loadu_si256((const __m256i *)(s[k] + 32));
-            for (int k = 0; k < 4; k++)
-                if (stream) _mm256_stream_si256((__m256i *)d[k], v[2 * k]), _mm256_stream_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
-                else _mm256_storeu_si256((__m256i *)d[k], v[2 * k]), _mm256_storeu_si256((__m256i *)(d[k] + 32), v[2 * k + 1]);
+            lkv_c32 v[8];
+            for (int k = 0; k < 4; k++) v[2 * k] = lkv_c32_loadu(s[k]), v[2 * k + 1] = lkv_c32_loadu(s[k] + 32);
+            for (int k = 0; k < 4; k++) put32(d[k], v[2 * k], stream), put32(d[k] + 32, v[2 * k + 1], stream);
         }
     }
 }
 
 /* one run of n elements of one token */
 static inline void copy_run(char *cp, lk_dtype ct, char *rp, lk_dtype rt, int64_t n, int to_cache, int stream) {
-    if (ct == rt) copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, n * esize(ct), stream);
+    if (ct == rt) copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, n * lk_esize(ct), stream);
     else if (to_cache) convert(cp, ct, rp, rt, n, stream);
     else convert(rp, rt, cp, ct, n, stream);
 }
@@ -128,7 +119,7 @@ static void copy_runs(const lk_copy_group *g) {
         for (int64_t i = 0; i < g->ntok; i++)
             for (int p = 0; p < g->nparts; p++) {
                 const lk_copy_part *q = &g->part[p];
-                int64_t ces = esize(q->ct), res = esize(q->rt);
+                int64_t ces = lk_esize(q->ct), res = lk_esize(q->rt);
                 char *cp = q->cache + i * q->cstep * ces, *rp = q->row + i * q->rstep * res;
                 for (int64_t r = 0; r < q->nruns; r++)
                     copy_run(cp + q->runs[r].coff * ces, q->ct, rp + q->runs[r].roff * res, q->rt, q->runs[r].len,
@@ -138,7 +129,7 @@ static void copy_runs(const lk_copy_group *g) {
         for (int p = 0; p < g->nparts; p++) {
             const lk_copy_part *q = &g->part[p];
             const lk_copy_run *runs = q->runs;
-            int64_t ces = esize(q->ct), res = esize(q->rt), cb = q->cstep * ces, rb = q->rstep * res;
+            int64_t ces = lk_esize(q->ct), res = lk_esize(q->rt), cb = q->cstep * ces, rb = q->rstep * res;
             for (int64_t r = 0; r < q->nruns; r++) {
                 if (runs[r].len == 16 && r + 4 <= q->nruns && runs[r + 1].len == 16 && runs[r + 2].len == 16 &&
                     runs[r + 3].len == 16) {
@@ -151,17 +142,22 @@ static void copy_runs(const lk_copy_group *g) {
                     copy_run(cp, q->ct, rp, q->rt, runs[r].len, g->to_cache, g->stream);
             }
         }
-    if (g->fence) _mm_sfence();
+    if (g->fence) lkv_sfence();
 }
 
-lk_status lk_avx2_concat_and_cache_mla(const lk_mla_cache_args *a) {
+static lk_status concat_and_cache_mla(const lk_mla_cache_args *a) {
     if (a->kv_c.stride[1] != 1 || a->k_pe.stride[1] != 1 || a->kv_c_cache.s3 != 1 ||
         a->k_pe_cache.s3 != 1)
         return lk_ref_concat_and_cache_mla(a);
     return lk_mla_cache_drive(a, copy_runs);
 }
 
-lk_status lk_avx2_gather_cache(const lk_gather_cache_args *a) {
+static lk_status gather_cache(const lk_gather_cache_args *a) {
     if (a->out.stride[2] != 1 || a->cache.s3 != 1) return lk_ref_gather_cache(a);
     return lk_gather_cache_drive(a, copy_runs);
+}
+
+void LKV_FN(register_mla_cache)(lk_kernel_table *t) {
+    t->concat_and_cache_mla = concat_and_cache_mla;
+    t->gather_cache = gather_cache;
 }

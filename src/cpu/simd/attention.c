@@ -1,5 +1,6 @@
 /*
- * flash_attn_varlen, AVX2 + FMA + F16C: tiled flash attention with online softmax.
+ * flash_attn_varlen, every vector ISA (src/cpu/vec/lkv.h, W lanes): tiled flash attention
+ * with online softmax.
  *
  * Maths (per request b, query i, query head h, KV head kh = h / G, G = Hq / Hk):
  *   s_j = scale * q_i . k_j (softcap: c * tanh(s / c)), keys j in i's window;
@@ -9,13 +10,15 @@
  * times the G query heads of the KV head, M = qt * G rows (r = t * G + g), so one K/V
  * tile converted to f32 serves every row of the tile and every head of the GQA group.
  * For each key tile of KB keys that some row of the unit can see:
- *   Kt  [KB/16][Dqk][16]  K tile transposed into 16-key panels (8x8 register transposes)
- *   Vp  [Dvp/16][KB][16]  V tile in 16-dim panels
- *   S   [Mp][KB] = Qs [Mp][Dqk] . Kt      (6x16 register-blocked FMA micro-kernel)
+ *   Kt  [KB/PW][Dqk][PW]  K tile transposed into PW-key panels (W x W register transposes)
+ *   Vp  [Dvp/PW][KB][PW]  V tile in PW-dim panels
+ *   S   [Mp][KB] = Qs [Mp][Dqk] . Kt      (MR x PW register-blocked FMA micro-kernel)
+ *   with PW = 2W panels and MR = LKV_MR rows (AVX2 6 x 16: 12 of 16 ymm accumulators;
+ *   AVX-512 12 x 32: 24 of 32 zmm, 14 loads per 24 FMAs)
  *   boundary tiles are masked by index (fully hidden tiles are never visited, fully
  *   visible ones are not masked), online softmax per row (running max m, sum l, O
  *   rescaled by exp(m_old - m_new)), then O [Mp][Dvp] += P . Vp (same micro-kernel).
- * The scale is folded into Qs. exp is the polynomial lk8_exp.
+ * The scale is folded into Qs. exp is the polynomial lkv_exp.
  *
  * Decode path (queries that are few compared to keys): unit = (request, key chunk of
  * DECODE_CHUNK keys), every head of the request at once, walking the chunk's keys in
@@ -27,7 +30,8 @@
  * do not depend on the thread count.
  *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
- * a multiple of 16), head dims a multiple of 8; anything else goes to the reference.
+ * a multiple of 16), head dims a multiple of 8 (a last partial vector where W = 16);
+ * anything else goes to the reference.
  * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
  * allocated up front.
  */
@@ -37,52 +41,40 @@
 
 #include "../../common/attn_state.h"
 #include "../kernels.h"
-#include "simd.h"
+#include "../vec/lkv.h"
 
 #define KB 64        /* keys per tile */
-#define MR 6         /* micro-kernel rows */
+#define MR LKV_MR    /* micro-kernel rows */
+#define PW (2 * LKV_W) /* panel width: micro-kernel columns */
 #define ROWS 60      /* target rows (tokens x group heads) of a query tile */
 #define DECODE_CHUNK 512
 
 /* ------------------------------------------------------------------ micro-kernel */
 
-/* C[6][16] (+)= A[6][K] . B[K][16]; A rows lda apart, B packed 16 wide, C ldc apart */
-static inline void mk_6x16(int64_t K, const float *A, int64_t lda, const float *B, float *C,
-                           int64_t ldc, int accumulate) {
-    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-    if (accumulate) {
-        c00 = _mm256_loadu_ps(C), c01 = _mm256_loadu_ps(C + 8);
-        c10 = _mm256_loadu_ps(C + ldc), c11 = _mm256_loadu_ps(C + ldc + 8);
-        c20 = _mm256_loadu_ps(C + 2 * ldc), c21 = _mm256_loadu_ps(C + 2 * ldc + 8);
-        c30 = _mm256_loadu_ps(C + 3 * ldc), c31 = _mm256_loadu_ps(C + 3 * ldc + 8);
-        c40 = _mm256_loadu_ps(C + 4 * ldc), c41 = _mm256_loadu_ps(C + 4 * ldc + 8);
-        c50 = _mm256_loadu_ps(C + 5 * ldc), c51 = _mm256_loadu_ps(C + 5 * ldc + 8);
-    } else {
-        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+/* C[MR][PW] (+)= A[MR][K] . B[K][PW]; A rows lda apart, B packed PW wide, C ldc apart.
+ * The loops over the MR rows are unrolled: the 2 MR accumulators live in registers. */
+static inline void mk(int64_t K, const float *A, int64_t lda, const float *B, float *C, int64_t ldc,
+                      int accumulate) {
+    lkv_f32 c0[MR], c1[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        c0[r] = accumulate ? lkv_loadu(C + r * ldc) : lkv_zero();
+        c1[r] = accumulate ? lkv_loadu(C + r * ldc + LKV_W) : lkv_zero();
     }
-    const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda, *a4 = A + 4 * lda,
-                *a5 = A + 5 * lda;
     for (int64_t k = 0; k < K; k++) {
-        __m256 b0 = _mm256_load_ps(B + k * 16), b1 = _mm256_load_ps(B + k * 16 + 8), a;
-        a = _mm256_broadcast_ss(a0 + k);
-        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
-        a = _mm256_broadcast_ss(a1 + k);
-        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
-        a = _mm256_broadcast_ss(a2 + k);
-        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
-        a = _mm256_broadcast_ss(a3 + k);
-        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
-        a = _mm256_broadcast_ss(a4 + k);
-        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
-        a = _mm256_broadcast_ss(a5 + k);
-        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+        lkv_f32 b0 = lkv_loadu(B + k * PW), b1 = lkv_loadu(B + k * PW + LKV_W);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            lkv_f32 a = lkv_set1(A[r * lda + k]);
+            c0[r] = lkv_fma(a, b0, c0[r]);
+            c1[r] = lkv_fma(a, b1, c1[r]);
+        }
     }
-    _mm256_storeu_ps(C, c00), _mm256_storeu_ps(C + 8, c01);
-    _mm256_storeu_ps(C + ldc, c10), _mm256_storeu_ps(C + ldc + 8, c11);
-    _mm256_storeu_ps(C + 2 * ldc, c20), _mm256_storeu_ps(C + 2 * ldc + 8, c21);
-    _mm256_storeu_ps(C + 3 * ldc, c30), _mm256_storeu_ps(C + 3 * ldc + 8, c31);
-    _mm256_storeu_ps(C + 4 * ldc, c40), _mm256_storeu_ps(C + 4 * ldc + 8, c41);
-    _mm256_storeu_ps(C + 5 * ldc, c50), _mm256_storeu_ps(C + 5 * ldc + 8, c51);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        lkv_storeu(C + r * ldc, c0[r]);
+        lkv_storeu(C + r * ldc + LKV_W, c1[r]);
+    }
 }
 
 /* ------------------------------------------------------------------ loading */
@@ -93,61 +85,45 @@ static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d) { return base
 
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
 
-static inline __m256 load8_at(const lk_paged *c, int64_t off) {
-    return lk8_load((const char *)c->data + off * lk_esize(c->dtype), c->dtype);
-}
-
-/* 8x8 transpose of r0..r7 in place */
-static inline void transpose8(__m256 *r) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+/* W dims of a K/V row from element offset off (n < W: the first n, the rest 0) */
+static inline lkv_f32 load_at(const lk_paged *c, int64_t off, int64_t n) {
+    const char *p = (const char *)c->data + off * lk_esize(c->dtype);
+    return n >= LKV_W ? lkv_load(p, c->dtype) : lkv_load_part(p, c->dtype, n);
 }
 
 /* marks a tile row past the last key; element offsets of real keys may be negative
  * (negative strides), but never INT64_MIN (lk_check_view bounds them by 2^62) */
 #define NO_KEY INT64_MIN
 
-/* Kt[p][d][jj % 16] = K[j0 + jj][d] for jj < kb, 0 for kb <= jj < KB */
-static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
-                        float *Kt) {
+/* Kt[p][d][jj % PW] = K[j0 + jj][d] for jj < kb, 0 for kb <= jj < KB */
+static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, float *Kt) {
     const lk_paged *c = &a->kc;
     int64_t D = a->Dqk, cs = chunk_stride(c);
-    for (int64_t g = 0; g < KB; g += 8) {
-        int64_t base[8];
-        for (int r = 0; r < 8; r++)
-            base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : NO_KEY;
-        float *dst = Kt + (g / 16) * D * 16 + (g % 16);
-        for (int64_t d = 0; d < D; d += 8) {
-            __m256 r8[8];
-            for (int r = 0; r < 8; r++)
-                r8[r] = base[r] != NO_KEY ? load8_at(c, dim_off(base[r], cs, d)) : _mm256_setzero_ps();
-            transpose8(r8);
-            for (int k = 0; k < 8; k++) _mm256_store_ps(dst + (d + k) * 16, r8[k]);
+    for (int64_t g = 0; g < KB; g += LKV_W) {
+        int64_t base[LKV_W];
+        for (int r = 0; r < LKV_W; r++) base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : NO_KEY;
+        float *dst = Kt + (g / PW) * D * PW + (g % PW);
+        for (int64_t d = 0; d < D; d += LKV_W) {
+            int64_t n = D - d < LKV_W ? D - d : LKV_W;
+            lkv_f32 rw[LKV_W];
+            for (int r = 0; r < LKV_W; r++) rw[r] = base[r] != NO_KEY ? load_at(c, dim_off(base[r], cs, d), n) : lkv_zero();
+            lkv_transpose(rw);
+            for (int k = 0; k < n; k++) lkv_storeu(dst + (d + k) * PW, rw[k]);
         }
     }
 }
 
-/* Vp[d / 16][jj][d % 16] = V[j0 + jj][d] (panels `ps` floats apart); zero for jj >= kb
+/* Vp[d / PW][jj][d % PW] = V[j0 + jj][d] (panels `ps` floats apart); zero for jj >= kb
  * and Dv <= d < Dvp */
-static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb,
-                        int64_t Dvp, int64_t ps, float *Vp) {
+static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, int64_t Dvp,
+                        int64_t ps, float *Vp) {
     const lk_paged *c = &a->vc;
     int64_t D = a->Dv, cs = chunk_stride(c);
     for (int64_t jj = 0; jj < KB; jj++) {
         int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : NO_KEY;
-        for (int64_t d = 0; d < Dvp; d += 8) {
-            __m256 v = base != NO_KEY && d < D ? load8_at(c, dim_off(base, cs, d)) : _mm256_setzero_ps();
-            _mm256_store_ps(Vp + (d / 16) * ps + jj * 16 + (d % 16), v);
+        for (int64_t d = 0; d < Dvp; d += LKV_W) {
+            lkv_f32 v = base != NO_KEY && d < D ? load_at(c, dim_off(base, cs, d), D - d) : lkv_zero();
+            lkv_storeu(Vp + (d / PW) * ps + jj * PW + (d % PW), v);
         }
     }
 }
@@ -156,12 +132,12 @@ static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
 static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float *dst) {
     const lk_tensor *q = &a->q;
     int64_t off = t * q->stride[0] + h * q->stride[1], D = a->Dqk;
-    __m256 sc = _mm256_set1_ps(a->scale);
+    lkv_f32 sc = lkv_set1(a->scale);
     if (q->stride[2] == 1) {
         int64_t es = lk_esize(q->dtype);
         const char *p = (const char *)q->data + off * es;
         int64_t d = 0;
-        for (; d + 8 <= D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(sc, lk8_load(p + d * es, q->dtype)));
+        for (; d + LKV_W <= D; d += LKV_W) lkv_storeu(dst + d, lkv_mul(sc, lkv_load(p + d * es, q->dtype)));
         for (; d < D; d++) dst[d] = a->scale * lk_load_f(p, q->dtype, d);
     } else {
         for (int64_t d = 0; d < D; d++) dst[d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
@@ -174,15 +150,15 @@ static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const flo
     float inv = lk_softmax_inv(st.l);
     /* every visible score -inf (l = 0): zeros, never NaN, even where a zero weight met an
      * infinite V value in the accumulator (0 * inf) */
-    __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(st.l == 0.0f ? 0 : -1));
+    lkv_m keep = lkv_m_first(st.l == 0.0f ? 0 : LKV_W);
     int64_t off = t * out->stride[0] + h * out->stride[1], D = a->Dv;
     if (out->stride[2] == 1) {
         int64_t es = lk_esize(out->dtype);
         char *p = (char *)out->data + off * es;
-        __m256 vi = _mm256_set1_ps(inv);
+        lkv_f32 vi = lkv_set1(inv);
         int64_t d = 0;
-        for (; d + 8 <= D; d += 8)
-            lk8_store(p + d * es, out->dtype, _mm256_and_ps(keep, _mm256_mul_ps(_mm256_loadu_ps(o + d), vi)));
+        for (; d + LKV_W <= D; d += LKV_W)
+            lkv_store(p + d * es, out->dtype, lkv_maskz(keep, lkv_mul(lkv_loadu(o + d), vi)));
         for (; d < D; d++) lk_store_f(p, out->dtype, d, st.l == 0.0f ? 0.0f : o[d] * inv);
     } else {
         for (int64_t d = 0; d < D; d++)
@@ -194,19 +170,19 @@ static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const flo
 
 /* ------------------------------------------------------------------ softmax pieces */
 
-/* softcap * tanh(x / softcap) for 8 lanes: tanh(y) = sign(y) (1 - e) / (1 + e), e = exp(-2|y|) */
-static inline __m256 softcap8(__m256 x, float cap) {
-    __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap));
-    __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
-    __m256 e = lk8_exp(_mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), y), _mm256_set1_ps(-2.0f)));
-    __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    return _mm256_mul_ps(_mm256_or_ps(t, sign), _mm256_set1_ps(cap));
+/* softcap * tanh(x / softcap) for W lanes: tanh(y) = sign(y) (1 - e) / (1 + e), e = exp(-2|y|) */
+static inline lkv_f32 softcap_v(lkv_f32 x, float cap) {
+    lkv_f32 y = lkv_mul(x, lkv_set1(1.0f / cap)), neg0 = lkv_set1(-0.0f), one = lkv_set1(1.0f);
+    lkv_f32 sign = lkv_and(y, neg0);
+    lkv_f32 e = lkv_exp(lkv_mul(lkv_andnot(neg0, y), lkv_set1(-2.0f)));
+    lkv_f32 t = lkv_div(lkv_sub(one, e), lkv_add(one, e));
+    return lkv_mul(lkv_or(t, sign), lkv_set1(cap));
 }
 
 /* ------------------------------------------------------------------ prefill path
  * Requests are processed in groups whose packed K/V fit PACK_BUDGET bytes: phase 1
  * converts each (request, KV head) "slab" of the group once into f32 panels
- *   Kt [kpad/16][Dqk][16] and Vp [Dvp/16][kpad][16]   (kpad = k_len rounded up to KB),
+ *   Kt [kpad/PW][Dqk][PW] and Vp [Dvp/PW][kpad][PW]   (kpad = k_len rounded up to KB),
  * phase 2 runs the (request, KV head, query tile) units over those panels. */
 
 #define PACK_BUDGET ((int64_t)64 << 20)
@@ -230,10 +206,10 @@ static void pack_unit(void *vctx, int64_t u, int tid) {
     const lk_attn_args *a = c->a;
     int64_t sl = c->tile_slab[u], b = c->slab_b[sl], kh = c->slab_kh[sl], j0 = c->tile_j0[u];
     int64_t k_len = a->k_len[b], kpad = kpad_of(k_len), kb = k_len - j0 < KB ? k_len - j0 : KB;
-    float *Kt = c->pack + c->slab_off[sl];   // [kpad/16][Dqk][16]
-    float *Vp = Kt + kpad * a->Dqk;         // [Dvp/16][kpad][16]
+    float *Kt = c->pack + c->slab_off[sl];   // [kpad/PW][Dqk][PW]
+    float *Vp = Kt + kpad * a->Dqk;         // [Dvp/PW][kpad][PW]
     load_k_tile(a, b, kh, j0, kb, Kt + j0 * a->Dqk);
-    load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * 16, Vp + j0 * 16);
+    load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * PW, Vp + j0 * PW);
 }
 
 /* Masked keys inside a key tile get P = 0, and the P.V product multiplies them anyway:
@@ -250,33 +226,33 @@ static int masks_keys(const int64_t *lo, const int64_t *hi, int64_t M, int64_t j
     return 0;
 }
 
-/* 1 if a V value of the tile's keys (packed panels Vp [Dvp/16][kpad][16]) is inf or NaN */
+/* 1 if a V value of the tile's keys (packed panels Vp [Dvp/PW][kpad][PW]) is inf or NaN */
 static int tile_nonfinite(const float *Vp, int64_t kpad, int64_t j0, int64_t k_len, int64_t Dvp) {
     int64_t kb = k_len - j0 < KB ? k_len - j0 : KB;
-    __m256 acc = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
-    for (int64_t p = 0; p < Dvp / 16; p++) {
-        const float *v = Vp + p * kpad * 16 + j0 * 16;
-        for (int64_t i = 0; i < kb * 16; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_load_ps(v + i), zero));
+    lkv_f32 acc = lkv_zero(), zero = lkv_zero();
+    for (int64_t p = 0; p < Dvp / PW; p++) {
+        const float *v = Vp + p * kpad * PW + j0 * PW;
+        for (int64_t i = 0; i < kb * PW; i += LKV_W) acc = lkv_add(acc, lkv_mul(lkv_loadu(v + i), zero));
     }
-    return _mm256_movemask_ps(_mm256_cmp_ps(acc, acc, _CMP_UNORD_Q)) != 0;
+    return lkv_m_any(lkv_unord(acc, acc));
 }
 
 /* O[r] += sum over the keys j of the tile that row r sees of P[r][j] V[j] (keys in order) */
-static void pv_visible_only(const float *S, const float *Vp, float *O, const int64_t *lo,
-                            const int64_t *hi, int64_t M, int64_t j0, int64_t kpad, int64_t Dvp) {
+static void pv_visible_only(const float *S, const float *Vp, float *O, const int64_t *lo, const int64_t *hi,
+                            int64_t M, int64_t j0, int64_t kpad, int64_t Dvp) {
     for (int64_t r = 0; r < M; r++) {
         int64_t j_lo = lo[r] > j0 ? lo[r] : j0, j_hi = hi[r] < j0 + KB - 1 ? hi[r] : j0 + KB - 1;
         const float *s = S + r * KB; // [KB] probabilities of row r
-        for (int64_t p = 0; p < Dvp / 16; p++) {
-            float *o = O + r * Dvp + p * 16;
-            __m256 c0 = _mm256_loadu_ps(o), c1 = _mm256_loadu_ps(o + 8);
+        for (int64_t p = 0; p < Dvp / PW; p++) {
+            float *o = O + r * Dvp + p * PW;
+            lkv_f32 c0 = lkv_loadu(o), c1 = lkv_loadu(o + LKV_W);
             for (int64_t j = j_lo; j <= j_hi; j++) {
-                const float *v = Vp + p * kpad * 16 + j * 16; // [16] dims of key j
-                __m256 w = _mm256_set1_ps(s[j - j0]);
-                c0 = _mm256_fmadd_ps(w, _mm256_load_ps(v), c0);
-                c1 = _mm256_fmadd_ps(w, _mm256_load_ps(v + 8), c1);
+                const float *v = Vp + p * kpad * PW + j * PW; // [PW] dims of key j
+                lkv_f32 w = lkv_set1(s[j - j0]);
+                c0 = lkv_fma(w, lkv_loadu(v), c0);
+                c1 = lkv_fma(w, lkv_loadu(v + LKV_W), c1);
             }
-            _mm256_storeu_ps(o, c0), _mm256_storeu_ps(o + 8, c1);
+            lkv_storeu(o, c0), lkv_storeu(o + LKV_W, c1);
         }
     }
 }
@@ -288,8 +264,8 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b], kpad = kpad_of(k_len);
     int64_t nt = q_len - t0 < c->qt ? q_len - t0 : c->qt; /* tokens in this tile */
     int64_t M = nt * G, Mp = (M + MR - 1) / MR * MR, Dqk = a->Dqk, Dvp = c->Dvp;
-    const float *Kt = c->pack + c->slab_off[sl];                        // [kpad/16][Dqk][16]
-    const float *Vp = Kt + kpad * Dqk;                                  // [Dvp/16][kpad][16]
+    const float *Kt = c->pack + c->slab_off[sl];                        // [kpad/PW][Dqk][PW]
+    const float *Vp = Kt + kpad * Dqk;                                  // [Dvp/PW][kpad][PW]
     float *Qs = (float *)(c->scratch + (size_t)tid * c->scratch_bytes); // [Mp][Dqk]
     float *S = Qs + c->Mp * Dqk;                                        // [Mp][KB]
     float *O = S + c->Mp * KB;                                          // [Mp][Dvp]
@@ -313,10 +289,10 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     memset(O, 0, sizeof(float) * (size_t)(Mp * Dvp));
     for (int64_t r = 0; r < Mp; r++) st[r] = lk_online_init();
     for (int64_t j0 = jmin >= 0 ? jmin / KB * KB : 0; j0 <= jmax; j0 += KB) {
-        const float *Ktile = Kt + j0 * Dqk; /* 4 panels of [Dqk][16] */
+        const float *Ktile = Kt + j0 * Dqk; /* KB / PW panels of [Dqk][PW] */
         for (int64_t r = 0; r < Mp; r += MR)
-            for (int64_t p = 0; p < KB / 16; p++)
-                mk_6x16(Dqk, Qs + r * Dqk, Dqk, Ktile + p * Dqk * 16, S + r * KB + p * 16, KB, 0);
+            for (int64_t p = 0; p < KB / PW; p++)
+                mk(Dqk, Qs + r * Dqk, Dqk, Ktile + p * Dqk * PW, S + r * KB + p * PW, KB, 0);
         for (int64_t r = 0; r < Mp; r++) {
             float *s = S + r * KB;
             if (r >= M || hi[r] < j0 || lo[r] > j0 + KB - 1 || lo[r] > hi[r]) {
@@ -324,32 +300,32 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
                 continue;
             }
             if (a->softcap > 0)
-                for (int jj = 0; jj < KB; jj += 8) _mm256_storeu_ps(s + jj, softcap8(_mm256_loadu_ps(s + jj), a->softcap));
+                for (int jj = 0; jj < KB; jj += LKV_W) lkv_storeu(s + jj, softcap_v(lkv_loadu(s + jj), a->softcap));
             if (lo[r] > j0 || hi[r] < j0 + KB - 1)
                 for (int64_t jj = 0; jj < KB; jj++)
                     if (j0 + jj < lo[r] || j0 + jj > hi[r]) s[jj] = -INFINITY;
-            __m256 mx = _mm256_set1_ps(-INFINITY);
-            for (int jj = 0; jj < KB; jj += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + jj));
-            float alpha = lk_online_rescale(&st[r], lk8_hmax(mx));
-            __m256 vm = _mm256_set1_ps(lk_online_shift(st[r].m)), sum = _mm256_setzero_ps();
-            for (int jj = 0; jj < KB; jj += 8) {
-                __m256 e = lk8_exp(_mm256_sub_ps(_mm256_loadu_ps(s + jj), vm));
-                _mm256_storeu_ps(s + jj, e);
-                sum = _mm256_add_ps(sum, e);
+            lkv_f32 mx = lkv_set1(-INFINITY);
+            for (int jj = 0; jj < KB; jj += LKV_W) mx = lkv_max(mx, lkv_loadu(s + jj));
+            float alpha = lk_online_rescale(&st[r], lkv_hmax(mx));
+            lkv_f32 vm = lkv_set1(lk_online_shift(st[r].m)), sum = lkv_zero();
+            for (int jj = 0; jj < KB; jj += LKV_W) {
+                lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(s + jj), vm));
+                lkv_storeu(s + jj, e);
+                sum = lkv_add(sum, e);
             }
-            lk_online_add(&st[r], lk8_hsum(sum));
+            lk_online_add(&st[r], lkv_hsum(sum));
             if (alpha != 1.0f) {
-                __m256 va = _mm256_set1_ps(alpha);
+                lkv_f32 va = lkv_set1(alpha);
                 float *o = O + r * Dvp;
-                for (int64_t d = 0; d < Dvp; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
+                for (int64_t d = 0; d < Dvp; d += LKV_W) lkv_storeu(o + d, lkv_mul(lkv_loadu(o + d), va));
             }
         }
         if (masks_keys(lo, hi, M, j0, k_len) && tile_nonfinite(Vp, kpad, j0, k_len, Dvp))
             pv_visible_only(S, Vp, O, lo, hi, M, j0, kpad, Dvp);
         else
             for (int64_t r = 0; r < Mp; r += MR)
-                for (int64_t p = 0; p < Dvp / 16; p++)
-                    mk_6x16(KB, S + r * KB, KB, Vp + p * kpad * 16 + j0 * 16, O + r * Dvp + p * 16, Dvp, 1);
+                for (int64_t p = 0; p < Dvp / PW; p++)
+                    mk(KB, S + r * KB, KB, Vp + p * kpad * PW + j0 * PW, O + r * Dvp + p * PW, Dvp, 1);
     }
     for (int64_t t = 0; t < nt; t++)
         for (int64_t g = 0; g < G; g++) {
@@ -375,7 +351,7 @@ static void run_group(prefill_ctx *c, int64_t s0, int64_t s1, int nt) {
 
 static lk_status run_prefill(const lk_attn_args *a) {
     int64_t G = a->Hq / a->Hk, qt = ROWS / G > 0 ? ROWS / G : 1;
-    int64_t Mp = (qt * G + MR - 1) / MR * MR, Dvp = (a->Dv + 15) / 16 * 16;
+    int64_t Mp = (qt * G + MR - 1) / MR * MR, Dvp = (a->Dv + PW - 1) / PW * PW;
     int64_t n_slabs = 0, max_tiles = 0, max_units = 0, max_slab = 0;
     for (int64_t b = 0; b < a->B; b++) {
         int64_t ql = a->cu_q[b + 1] - a->cu_q[b];
@@ -456,56 +432,77 @@ static inline int64_t head_step(const lk_paged *c) {
     return c->layout == LK_KV_NZ ? (c->D / 16) * c->s1 : c->s2;
 }
 
-/* q . k over D dims of a row at p (16-dim chunks cs elements apart), dtype constant
- * after inlining */
-static inline __attribute__((always_inline)) float dot_row(const float *q, const char *p, int64_t cs,
-                                                            int64_t D, lk_dtype dt) {
-    int64_t es = lk_esize(dt);
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    for (int64_t d = 0; d < D; d += 16, p += cs * es) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), lk8_load(p, dt), s0);
-        if (d + 8 < D) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), lk8_load(p + 8 * es, dt), s1);
+/* byte offset of dim d (a multiple of W) of a K/V row whose 16-dim chunks are cs
+ * elements apart (cs == 16: a contiguous ND row) */
+static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return ((d >> 4) * cs + (d & 15)) * es; }
+
+/* q . k over D dims of a row at p, dtype constant after inlining */
+LK_ALWAYS_INLINE float dot_row(const float *q, const char *p, int64_t cs, int64_t D, lk_dtype dt) {
+    int64_t es = lk_esize(dt), d = 0;
+    lkv_f32 s0 = lkv_zero(), s1 = s0;
+    for (; d + 2 * LKV_W <= D; d += 2 * LKV_W) {
+        s0 = lkv_fma(lkv_loadu(q + d), lkv_load(p + chunk_off(d, cs, es), dt), s0);
+        s1 = lkv_fma(lkv_loadu(q + d + LKV_W), lkv_load(p + chunk_off(d + LKV_W, cs, es), dt), s1);
     }
-    return lk8_hsum(_mm256_add_ps(s0, s1));
+    if (d + LKV_W <= D) s0 = lkv_fma(lkv_loadu(q + d), lkv_load(p + chunk_off(d, cs, es), dt), s0), d += LKV_W;
+    if (d < D)
+        s1 = lkv_fma(lkv_load_part(q + d, LK_F32, D - d), lkv_load_part(p + chunk_off(d, cs, es), dt, D - d), s1);
+    return lkv_hsum(lkv_add(s0, s1));
 }
 
 /* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
  * (cs == 16: contiguous ND row) */
 static inline void prefetch_row(const char *p, int64_t cs, int64_t D, int64_t es) {
     if (cs == 16) {
-        for (int64_t off = 0; off < D * es; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+        for (int64_t off = 0; off < D * es; off += 64) lkv_prefetch(p + off);
     } else {
-        for (int64_t c = 0; c < D / 16; c++) _mm_prefetch(p + c * cs * es, _MM_HINT_T0);
+        for (int64_t c = 0; c < D / 16; c++) lkv_prefetch(p + c * cs * es);
     }
 }
 
 /* o += w0 v0 + w1 v1 + w2 v2 + w3 v3 (rows of D dims, 16-dim chunks cs apart) */
-static inline __attribute__((always_inline)) void axpy4_row(float *o, const float *w, const char *const *v,
-                                                             int64_t cs, int64_t D, lk_dtype dt) {
-    int64_t es = lk_esize(dt);
-    __m256 w0 = _mm256_set1_ps(w[0]), w1 = _mm256_set1_ps(w[1]), w2 = _mm256_set1_ps(w[2]), w3 = _mm256_set1_ps(w[3]);
-    for (int64_t d = 0; d < D; d += 8) {
-        int64_t off = ((d >> 4) * cs + (d & 15)) * es;
-        __m256 acc = _mm256_loadu_ps(o + d);
-        acc = _mm256_fmadd_ps(w0, lk8_load(v[0] + off, dt), acc);
-        acc = _mm256_fmadd_ps(w1, lk8_load(v[1] + off, dt), acc);
-        acc = _mm256_fmadd_ps(w2, lk8_load(v[2] + off, dt), acc);
-        acc = _mm256_fmadd_ps(w3, lk8_load(v[3] + off, dt), acc);
-        _mm256_storeu_ps(o + d, acc);
+LK_ALWAYS_INLINE void axpy4_row(float *o, const float *w, const char *const *v, int64_t cs, int64_t D, lk_dtype dt) {
+    int64_t es = lk_esize(dt), d = 0;
+    lkv_f32 w0 = lkv_set1(w[0]), w1 = lkv_set1(w[1]), w2 = lkv_set1(w[2]), w3 = lkv_set1(w[3]);
+    for (; d + LKV_W <= D; d += LKV_W) {
+        int64_t off = chunk_off(d, cs, es);
+        lkv_f32 acc = lkv_loadu(o + d);
+        acc = lkv_fma(w0, lkv_load(v[0] + off, dt), acc);
+        acc = lkv_fma(w1, lkv_load(v[1] + off, dt), acc);
+        acc = lkv_fma(w2, lkv_load(v[2] + off, dt), acc);
+        acc = lkv_fma(w3, lkv_load(v[3] + off, dt), acc);
+        lkv_storeu(o + d, acc);
+    }
+    if (d < D) {
+        int64_t off = chunk_off(d, cs, es), n = D - d;
+        lkv_f32 acc = lkv_load_part(o + d, LK_F32, n);
+        acc = lkv_fma(w0, lkv_load_part(v[0] + off, dt, n), acc);
+        acc = lkv_fma(w1, lkv_load_part(v[1] + off, dt, n), acc);
+        acc = lkv_fma(w2, lkv_load_part(v[2] + off, dt, n), acc);
+        acc = lkv_fma(w3, lkv_load_part(v[3] + off, dt, n), acc);
+        lkv_store_part(o + d, LK_F32, acc, n);
     }
 }
 
 /* o += w0 v0 + ... for the n < 4 keys left at a block end (padding them with weight 0
  * would turn an infinite V value into NaN: 0 * inf) */
-static inline __attribute__((always_inline)) void axpyn_row(float *o, const float *w, const char *const *v, int n,
-                                                             int64_t cs, int64_t D, lk_dtype dt) {
+LK_ALWAYS_INLINE void axpyn_row(float *o, const float *w, const char *const *v, int n, int64_t cs, int64_t D,
+                                lk_dtype dt) {
     int64_t es = lk_esize(dt);
-    for (int64_t d = 0; d < D; d += 8) {
-        int64_t off = ((d >> 4) * cs + (d & 15)) * es;
-        __m256 acc = _mm256_loadu_ps(o + d);
-        for (int k = 0; k < n; k++) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[k]), lk8_load(v[k] + off, dt), acc);
-        _mm256_storeu_ps(o + d, acc);
+    for (int64_t d = 0; d < D; d += LKV_W) {
+        int64_t off = chunk_off(d, cs, es), m = D - d < LKV_W ? D - d : LKV_W;
+        lkv_f32 acc = lkv_load_part(o + d, LK_F32, m);
+        for (int k = 0; k < n; k++) acc = lkv_fma(lkv_set1(w[k]), lkv_load_part(v[k] + off, dt, m), acc);
+        lkv_store_part(o + d, LK_F32, acc, m);
     }
+}
+
+/* o[0, D) *= alpha */
+static void scale_row(float *o, int64_t D, float alpha) {
+    lkv_f32 va = lkv_set1(alpha);
+    int64_t d = 0;
+    for (; d + LKV_W <= D; d += LKV_W) lkv_storeu(o + d, lkv_mul(lkv_loadu(o + d), va));
+    if (d < D) lkv_store_part(o + d, LK_F32, lkv_mul(lkv_load_part(o + d, LK_F32, D - d), va), D - d);
 }
 
 /* One chunk of keys for every head of one request: keys in blocks of DB, scores of the
@@ -560,18 +557,18 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
             for (int64_t h = 0; h < Hq; h++) {
                 float *sh = sc + h * DB, bmax = -INFINITY;
                 for (int64_t jj = nb; jj < DB; jj++) sh[jj] = -INFINITY;
-                __m256 s0 = _mm256_loadu_ps(sh), s1 = _mm256_loadu_ps(sh + 8);
-                bmax = lk8_hmax(_mm256_max_ps(s0, s1));
+                lkv_f32 mx = lkv_loadu(sh);
+                for (int jj = LKV_W; jj < DB; jj += LKV_W) mx = lkv_max(mx, lkv_loadu(sh + jj));
+                bmax = lkv_hmax(mx);
                 float alpha = lk_online_rescale(&st[h], bmax);
-                __m256 shift = _mm256_set1_ps(lk_online_shift(st[h].m));
-                s0 = lk8_exp(_mm256_sub_ps(s0, shift)), s1 = lk8_exp(_mm256_sub_ps(s1, shift));
-                _mm256_storeu_ps(sh, s0), _mm256_storeu_ps(sh + 8, s1);
-                lk_online_add(&st[h], lk8_hsum(_mm256_add_ps(s0, s1)));
-                if (alpha != 1.0f) {
-                    __m256 va = _mm256_set1_ps(alpha);
-                    for (int64_t d = 0; d < Dv; d += 8)
-                        _mm256_storeu_ps(o + h * Dv + d, _mm256_mul_ps(_mm256_loadu_ps(o + h * Dv + d), va));
+                lkv_f32 shift = lkv_set1(lk_online_shift(st[h].m)), sum = lkv_zero();
+                for (int jj = 0; jj < DB; jj += LKV_W) {
+                    lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(sh + jj), shift));
+                    lkv_storeu(sh + jj, e);
+                    sum = lkv_add(sum, e);
                 }
+                lk_online_add(&st[h], lkv_hsum(sum));
+                if (alpha != 1.0f) scale_row(o + h * Dv, Dv, alpha);
             }
             for (int64_t jj = 0; jj < nb; jj += 4)
                 for (int64_t kh = 0; kh < Hk; kh++) {
@@ -684,9 +681,12 @@ static lk_status run_decode(const lk_attn_args *a) {
                         float alpha = lk_online_rescale(&acc, sk.m);
                         float w = sk.l == 0.0f ? 0.0f : expf(lk_online_shift(sk.m) - lk_online_shift(acc.m));
                         lk_online_add(&acc, sk.l * w);
-                        __m256 va = _mm256_set1_ps(alpha), vw = _mm256_set1_ps(w);
-                        for (int64_t d = 0; d < a->Dv; d += 8)
-                            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(vw, _mm256_loadu_ps(ok + d), _mm256_mul_ps(va, _mm256_loadu_ps(o + d))));
+                        lkv_f32 va = lkv_set1(alpha), vw = lkv_set1(w);
+                        for (int64_t d = 0; d < a->Dv; d += LKV_W) {
+                            int64_t n = a->Dv - d < LKV_W ? a->Dv - d : LKV_W;
+                            lkv_f32 v = lkv_fma(vw, lkv_load_part(ok + d, LK_F32, n), lkv_mul(va, lkv_load_part(o + d, LK_F32, n)));
+                            lkv_store_part(o + d, LK_F32, v, n);
+                        }
                     }
                     store_out_row(a, q0 + i, h, o, acc);
                 }
@@ -698,9 +698,11 @@ static lk_status run_decode(const lk_attn_args *a) {
     return st;
 }
 
-lk_status lk_avx2_flash_attn(const lk_attn_args *a) {
+static lk_status flash_attn(const lk_attn_args *a) {
     if (!simd_layout_ok(a)) return lk_ref_flash_attn(a);
     lk_status st = use_decode(a) ? run_decode(a) : run_prefill(a);
     if (st == LK_OK) zero_padding_rows(a);
     return st;
 }
+
+void LKV_FN(register_attention)(lk_kernel_table *t) { t->flash_attn = flash_attn; }

@@ -1,5 +1,6 @@
 /*
- * merge_attn_states (N-way; the 2-way op is n = 2), AVX2 + FMA + F16C.
+ * merge_attn_states (N-way; the 2-way op is n = 2), every vector ISA (src/cpu/vec/lkv.h,
+ * W lanes).
  *
  *   per (t, h): m = max finite lse_i; c_i = exp(lse_i - m) / sum_k exp(lse_k - m)
  *   out[t, h, :] = sum_i c_i * states_i[t, h, :];  out_lse[t, h] = m + log(sum ...)
@@ -11,99 +12,94 @@
  * f32, any strides. Fast path: last-dim stride 1 on out and every state, else the
  * reference. Work split: the T * H (token, head) rows, contiguous chunks per thread
  * (lk_parallel_for). Per row the non-empty states are taken in groups of up to
- * LK_MERGE_GROUP and summed in registers 32 lanes at a time, in state order, with FMA;
+ * LK_MERGE_GROUP and summed in registers 4W lanes at a time, in state order, with FMA;
  * more non-empty states go through an f32 tile of MERGE_TILE elements, one group at a
  * time (same order, same result). One rounding per output element. bf16 states into a
- * bf16 out in one group take 16 elements per 32-byte load in even / odd lanes (shift
+ * bf16 out in one group take 2W elements per load in even / odd lanes (shift
  * and mask in, round and blend out: no conversions, packs or NaN blends): about half
  * the instructions of the general loop. Outputs of LK_STREAM_MIN_BYTES or more are
- * written with non-temporal stores where rows are 32-byte aligned and a multiple of 64
- * bytes (no read-for-ownership: llama3 T = 4096 bf16 at 2 threads ~10 -> 11-12 GB/s;
+ * written with non-temporal stores where rows are aligned to the vector width and a
+ * multiple of twice it (no read-for-ownership: llama3 T = 4096 bf16 at 2 threads ~10 -> 11-12 GB/s;
  * a software prefetch of the rows ahead measured no gain).
  */
 #include <math.h>
 
 #include "../merge_row.h"
-#include "simd.h"
+#include "../vec/lkv.h"
 
 #define MERGE_TILE 256
-#define LK_ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* elements [d0, d0 + len) of the row: v = (first ? 0 : tile) + sum_k c_k * p_k, then
  * stored rounded to out (last) or kept in the f32 tile (tile[j] holds element d0 + j).
  * sdt: the dtype of every state of the group, or -1 for mixed dtypes (each state's own);
  * inlined with literal ot and sdt (accumulate below) so the loops carry no dtype tests */
-LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len,
-                                      float *tile, int first, int last, int stream, char *orow,
-                                      lk_dtype ot, int sdt) {
-    size_t oes = (size_t)lk_merge_es(ot);
-    int64_t j = 0;
+LK_ALWAYS_INLINE void accumulate_body(const lk_merge_group *g, int64_t d0, int64_t len, float *tile, int first,
+                                      int last, int stream, char *orow, lk_dtype ot, int sdt) {
+    int64_t oes = lk_esize(ot), j = 0;
     if (ot == LK_BF16 && sdt == LK_BF16 && first && last) /* bf16 -> bf16, one group */
-        for (; j + 16 <= len; j += 16) { /* 16 per 32-byte load: even / odd lanes */
-            __m256 ve = _mm256_setzero_ps(), vo = ve;
+        for (; j + 2 * LKV_W <= len; j += 2 * LKV_W) { /* 2W per load: even / odd lanes */
+            lkv_f32 ve = lkv_zero(), vo = ve;
             for (int k = 0; k < g->n; k++) {
-                __m256 c = _mm256_set1_ps(g->c[k]), xe, xo;
-                lk16_bf16_split(_mm256_loadu_si256((const __m256i *)(g->p[k] + (d0 + j) * 2)), &xe, &xo);
-                ve = _mm256_fmadd_ps(c, xe, ve);
-                vo = _mm256_fmadd_ps(c, xo, vo);
+                lkv_f32 c = lkv_set1(g->c[k]), xe, xo;
+                lkv_bf16_load_eo(g->p[k] + (d0 + j) * 2, &xe, &xo);
+                ve = lkv_fma(c, xe, ve);
+                vo = lkv_fma(c, xo, vo);
             }
             /* every NaN here is a bf16 input's (quieted by the fma) or the default one:
              * its low 16 bits are 0, so the rounding needs no NaN branch */
-            __m256i r = lk16_bf16_join_nonan(ve, vo);
-            if (stream) _mm256_stream_si256((__m256i *)(orow + (d0 + j) * 2), r);
-            else _mm256_storeu_si256((__m256i *)(orow + (d0 + j) * 2), r);
+            lkv_bf16_store_eo_nonan(orow + (d0 + j) * 2, ve, vo, stream);
         }
-    for (; j + 32 <= len; j += 32) {
-        __m256 v0, v1, v2, v3;
-        if (first) v0 = v1 = v2 = v3 = _mm256_setzero_ps();
+    for (; j + 4 * LKV_W <= len; j += 4 * LKV_W) {
+        lkv_f32 v0, v1, v2, v3;
+        if (first) v0 = v1 = v2 = v3 = lkv_zero();
         else {
-            v0 = _mm256_loadu_ps(tile + j), v1 = _mm256_loadu_ps(tile + j + 8);
-            v2 = _mm256_loadu_ps(tile + j + 16), v3 = _mm256_loadu_ps(tile + j + 24);
+            v0 = lkv_loadu(tile + j), v1 = lkv_loadu(tile + j + LKV_W);
+            v2 = lkv_loadu(tile + j + 2 * LKV_W), v3 = lkv_loadu(tile + j + 3 * LKV_W);
         }
         for (int k = 0; k < g->n; k++) {
-            __m256 c = _mm256_set1_ps(g->c[k]);
+            lkv_f32 c = lkv_set1(g->c[k]);
             const char *p = g->p[k] + (d0 + j) * g->es[k];
             lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
-            int es = g->es[k];
-            v0 = _mm256_fmadd_ps(c, lk8_load(p, dt), v0);
-            v1 = _mm256_fmadd_ps(c, lk8_load(p + 8 * es, dt), v1);
-            v2 = _mm256_fmadd_ps(c, lk8_load(p + 16 * es, dt), v2);
-            v3 = _mm256_fmadd_ps(c, lk8_load(p + 24 * es, dt), v3);
+            int64_t es = g->es[k];
+            v0 = lkv_fma(c, lkv_load(p, dt), v0);
+            v1 = lkv_fma(c, lkv_load(p + LKV_W * es, dt), v1);
+            v2 = lkv_fma(c, lkv_load(p + 2 * LKV_W * es, dt), v2);
+            v3 = lkv_fma(c, lkv_load(p + 3 * LKV_W * es, dt), v3);
         }
         if (last) {
             char *o = orow + (d0 + j) * oes;
             if (stream) {
-                lk8_stream(o, ot, v0), lk8_stream(o + 8 * oes, ot, v1);
-                lk8_stream(o + 16 * oes, ot, v2), lk8_stream(o + 24 * oes, ot, v3);
+                lkv_stream(o, ot, v0), lkv_stream(o + LKV_W * oes, ot, v1);
+                lkv_stream(o + 2 * LKV_W * oes, ot, v2), lkv_stream(o + 3 * LKV_W * oes, ot, v3);
             } else {
-                lk8_store(o, ot, v0), lk8_store(o + 8 * oes, ot, v1);
-                lk8_store(o + 16 * oes, ot, v2), lk8_store(o + 24 * oes, ot, v3);
+                lkv_store(o, ot, v0), lkv_store(o + LKV_W * oes, ot, v1);
+                lkv_store(o + 2 * LKV_W * oes, ot, v2), lkv_store(o + 3 * LKV_W * oes, ot, v3);
             }
         } else {
-            _mm256_storeu_ps(tile + j, v0), _mm256_storeu_ps(tile + j + 8, v1);
-            _mm256_storeu_ps(tile + j + 16, v2), _mm256_storeu_ps(tile + j + 24, v3);
+            lkv_storeu(tile + j, v0), lkv_storeu(tile + j + LKV_W, v1);
+            lkv_storeu(tile + j + 2 * LKV_W, v2), lkv_storeu(tile + j + 3 * LKV_W, v3);
         }
     }
-    for (; j + 8 <= len; j += 8) {
-        __m256 v = first ? _mm256_setzero_ps() : _mm256_loadu_ps(tile + j);
+    for (; j + LKV_W <= len; j += LKV_W) {
+        lkv_f32 v = first ? lkv_zero() : lkv_loadu(tile + j);
         for (int k = 0; k < g->n; k++) {
             lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
-            __m256 x = lk8_load(g->p[k] + (d0 + j) * g->es[k], dt);
-            v = _mm256_fmadd_ps(_mm256_set1_ps(g->c[k]), x, v);
+            lkv_f32 x = lkv_load(g->p[k] + (d0 + j) * g->es[k], dt);
+            v = lkv_fma(lkv_set1(g->c[k]), x, v);
         }
-        if (last) lk8_store(orow + (d0 + j) * oes, ot, v);
-        else _mm256_storeu_ps(tile + j, v);
+        if (last) lkv_store(orow + (d0 + j) * oes, ot, v);
+        else lkv_storeu(tile + j, v);
     }
     if (j < len) {
-        int w = (int)(len - j);
-        __m256 v = first ? _mm256_setzero_ps() : lk8_load_part(tile + j, LK_F32, w);
+        int64_t w = len - j;
+        lkv_f32 v = first ? lkv_zero() : lkv_load_part(tile + j, LK_F32, w);
         for (int k = 0; k < g->n; k++) {
             lk_dtype dt = sdt < 0 ? g->dt[k] : (lk_dtype)sdt;
-            __m256 x = lk8_load_part(g->p[k] + (d0 + j) * g->es[k], dt, w);
-            v = _mm256_fmadd_ps(_mm256_set1_ps(g->c[k]), x, v);
+            lkv_f32 x = lkv_load_part(g->p[k] + (d0 + j) * g->es[k], dt, w);
+            v = lkv_fma(lkv_set1(g->c[k]), x, v);
         }
-        if (last) lk8_store_part(orow + (d0 + j) * oes, ot, v, w);
-        else lk8_store_part(tile + j, LK_F32, v, w);
+        if (last) lkv_store_part(orow + (d0 + j) * oes, ot, v, w);
+        else lkv_store_part(tile + j, LK_F32, v, w);
     }
 }
 
@@ -133,11 +129,10 @@ static void accumulate(const lk_merge_group *g, int64_t d0, int64_t len, float *
 
 /* the whole row set to value (0 for an all-empty row, NaN for a NaN LSE) */
 static void fill_row(char *orow, lk_dtype ot, int64_t D, float value) {
-    size_t oes = (size_t)lk_merge_es(ot);
-    __m256 v = _mm256_set1_ps(value);
-    int64_t j = 0;
-    for (; j + 8 <= D; j += 8) lk8_store(orow + j * oes, ot, v);
-    if (j < D) lk8_store_part(orow + j * oes, ot, v, (int)(D - j));
+    int64_t oes = lk_esize(ot), j = 0;
+    lkv_f32 v = lkv_set1(value);
+    for (; j + LKV_W <= D; j += LKV_W) lkv_store(orow + j * oes, ot, v);
+    if (j < D) lkv_store_part(orow + j * oes, ot, v, D - j);
 }
 
 typedef struct {
@@ -156,8 +151,9 @@ static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
         lk_merge_row_init(&row, a, t, h); /* also writes out_lse[t, h] */
         if (D == 0) continue;
         char *orow = lk_merge_row_ptr(out, t, h); // [D]
-        /* whole 32-byte stores: the row and every 32- (or 16-) element block aligned */
-        int stream = mc->stream && ((uintptr_t)orow & 31) == 0 && (D * lk_merge_es(out->dtype)) % 64 == 0;
+        /* whole vector stores: the row and every 4W- (or 2W-) element block aligned */
+        int stream = mc->stream && ((uintptr_t)orow & (LKV_BYTES - 1)) == 0 &&
+                     (D * lk_esize(out->dtype)) % (2 * LKV_BYTES) == 0;
         if (row.kind != LK_MERGE_NORMAL) {
             fill_row(orow, out->dtype, D, row.kind == LK_MERGE_NAN ? NAN : 0.0f);
             continue;
@@ -182,20 +178,22 @@ static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
             } while (!last);
         }
     }
-    if (mc->stream) _mm_sfence(); /* this thread's streamed stores, before the join */
+    if (mc->stream) lkv_sfence(); /* this thread's streamed stores, before the join */
 }
 
-lk_status lk_avx2_merge_attn_states(const lk_merge_args *a) {
+static lk_status merge_attn_states(const lk_merge_args *a) {
     int64_t D = a->out.shape[2];
-    int64_t bytes = D * lk_merge_es(a->out.dtype) + 4;
+    int64_t bytes = D * lk_esize(a->out.dtype) + 4;
     int fast = a->out.stride[2] == 1 || D <= 1;
     for (int i = 0; i < a->n; i++) {
         fast &= a->states[i].stride[2] == 1 || D <= 1;
-        bytes += D * lk_merge_es(a->states[i].dtype) + 4;
+        bytes += D * lk_esize(a->states[i].dtype) + 4;
     }
     if (!fast) return lk_ref_merge_attn_states(a);
     int64_t rows = a->out.shape[0] * a->out.shape[1];
-    merge_ctx mc = {a, rows * D * lk_merge_es(a->out.dtype) >= LK_STREAM_MIN_BYTES};
+    merge_ctx mc = {a, rows * D * lk_esize(a->out.dtype) >= LK_STREAM_MIN_BYTES};
     lk_parallel_for(rows, bytes, merge_rows, &mc);
     return LK_OK;
 }
+
+void LKV_FN(register_merge)(lk_kernel_table *t) { t->merge_attn_states = merge_attn_states; }

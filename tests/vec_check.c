@@ -1,0 +1,228 @@
+/*
+ * The vector layer (src/cpu/vec/lkv.h) of one ISA against the scalar code: compiled once
+ * per vector ISA with that ISA's flags and macro, like the SIMD sources, into the test
+ * binary test_vec_<isa> (tests/vec_main.c runs it only where the CPU has the ISA).
+ *
+ *  - typed stores (f16, bf16: round to nearest even, NaN quieted) equal src/core/half.h
+ *    on 17M f32 patterns, and the hardware F16C conversion; loads on every 16-bit pattern
+ *  - tails: lkv_store_part writes exactly n elements, lkv_load_part zero-fills
+ *  - exp, exp_nonan, exp_nonpos: accuracy over the f32 range, special values, and
+ *    exp_nonpos bit-identical to exp for x <= 0
+ *  - bf16 even / odd split and joins, the _nonan rounding, lkv_bf16_round_nonan
+ *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/vec/lkv.h"
+#include "testutil.h"
+
+#define W LKV_W
+
+static float randf(void) { return lk_bits_f32((uint32_t)tu_rand()); }
+
+static void conversions(void) {
+    int bad_bf = 0, bad_f16 = 0, bad_hw = 0, bad_nonan = 0, bad_round = 0;
+    for (uint64_t k = 0; k < (1ull << 32); k += (uint64_t)W * 251) {
+        float v[W];
+        for (int j = 0; j < W; j++) v[j] = lk_bits_f32((uint32_t)(k + (uint64_t)j * 0x2000003u));
+        lkv_f32 x = lkv_loadu(v);
+        uint16_t hb[W], hf[W];
+        uint32_t nb[W];
+        float rb[W];
+        lkv_store(hb, LK_BF16, x);
+        lkv_store(hf, LK_F16, x);
+        lkv_storeu((float *)nb, lkv_as_f32(lkv_bf16_bits_nonan(x)));
+        lkv_storeu(rb, lkv_bf16_round_nonan(x));
+        for (int j = 0; j < W; j++) {
+            if (hb[j] != lk_f32_to_bf16(v[j])) bad_bf++;
+            if (hf[j] != lk_f32_to_f16(v[j])) bad_f16++;
+            if (!isnan(v[j]) && nb[j] != lk_f32_to_bf16(v[j])) bad_nonan++;
+            if (!isnan(v[j]) && lk_f32_bits(rb[j]) != (uint32_t)lk_f32_to_bf16(v[j]) << 16) bad_round++;
+        }
+        uint16_t hw[W];
+        lkv_store_f16(hw, x); /* the F16C / AVX-512 converter itself */
+        for (int j = 0; j < W; j++) bad_hw += hw[j] != lk_f32_to_f16(v[j]);
+    }
+    tu_check(bad_hw == 0, "f16 hardware conversion equals the scalar f32 -> f16 on 17M patterns (%d bad)", bad_hw);
+    tu_check(bad_f16 == 0, "lkv_store f16 equals scalar (%d bad)", bad_f16);
+    tu_check(bad_bf == 0, "lkv_store bf16 equals scalar, NaNs quieted (%d bad)", bad_bf);
+    tu_check(bad_nonan == 0, "lkv_bf16_bits_nonan equals scalar on every non-NaN (%d bad)", bad_nonan);
+    tu_check(bad_round == 0, "lkv_bf16_round_nonan is the bf16 value as f32 (%d bad)", bad_round);
+    int bad_load = 0;
+    for (uint32_t h = 0; h < 65536; h += W) {
+        uint16_t in[W];
+        float out[W];
+        for (int j = 0; j < W; j++) in[j] = (uint16_t)(h + (uint32_t)j);
+        lkv_storeu(out, lkv_load(in, LK_F16));
+        for (int j = 0; j < W; j++) {
+            float s = lk_f16_to_f32(in[j]);
+            bad_load += memcmp(&s, &out[j], 4) != 0; /* bit-exact, NaNs included */
+        }
+        lkv_storeu(out, lkv_load(in, LK_BF16));
+        for (int j = 0; j < W; j++) {
+            float s = lk_bf16_to_f32(in[j]);
+            bad_load += memcmp(&s, &out[j], 4) != 0;
+        }
+    }
+    tu_check(bad_load == 0, "lkv_load f16 / bf16 equal scalar on all 16-bit patterns (%d bad)", bad_load);
+}
+
+static void tails(void) {
+    int ok = 1;
+    const lk_dtype dts[3] = {LK_F32, LK_F16, LK_BF16};
+    for (int t = 0; t < 3; t++)
+        for (int n = 0; n <= W; n++) {
+            unsigned char buf[4 * W + 8], in[4 * W];
+            memset(buf, 0xab, sizeof buf);
+            int64_t es = lk_esize(dts[t]);
+            lkv_store_part(buf, dts[t], lkv_set1(1.0f), n);
+            for (int64_t j = 0; j < (int64_t)sizeof buf; j++)
+                if (j >= n * es) ok &= buf[j] == 0xab;
+            for (int j = 0; j < n; j++) ok &= lk_load_f(buf, dts[t], j) == 1.0f;
+            for (int j = 0; j < 4 * W; j++) in[j] = (unsigned char)(0x3c + (j & 1));
+            float out[W];
+            lkv_storeu(out, lkv_load_part(in, dts[t], n));
+            for (int j = 0; j < W; j++) ok &= j < n ? out[j] == lk_load_f(in, dts[t], j) : out[j] == 0.0f;
+        }
+    tu_check(ok, "lkv_store_part writes exactly n elements, lkv_load_part zero-fills (every dtype, n = 0..W)");
+}
+
+static void exps(void) {
+    double worst = 0, worst_nonan = 0;
+    int bitdiff = 0;
+    for (double x = -87.0; x <= 88.5; x += 0.0137) {
+        float v[W], u[W], xs = (float)x;
+        lkv_storeu(v, lkv_exp(lkv_set1(xs)));
+        lkv_storeu(u, lkv_exp_nonan(lkv_set1(xs)));
+        double want = exp((double)xs), e = fabs(v[0] - want) / want, en = fabs(u[0] - want) / want;
+        if (e > worst) worst = e;
+        if (en > worst_nonan) worst_nonan = en;
+        if (xs <= 0) {
+            float p[W];
+            lkv_storeu(p, lkv_exp_nonpos(lkv_set1(xs)));
+            bitdiff += memcmp(p, v, sizeof p) != 0;
+        }
+    }
+    tu_check(worst < 4e-7, "lkv_exp max relative error %.3g over [-87, 88.5]", worst);
+    tu_check(worst_nonan < 4e-7, "lkv_exp_nonan max relative error %.3g over [-87, 88.5]", worst_nonan);
+    tu_check(bitdiff == 0, "lkv_exp_nonpos bit-identical to lkv_exp on [-87, 0] (%d differ)", bitdiff);
+    float sp[8] = {-INFINITY, INFINITY, NAN, -100.0f, 100.0f, 0.0f, -0.0f, 88.72f}, in[W], v[W];
+    for (int j = 0; j < W; j++) in[j] = sp[j % 8];
+    lkv_storeu(v, lkv_exp(lkv_loadu(in)));
+    int bad = (v[0] != 0.0f) + (v[1] != INFINITY) + !isnan(v[2]) + (v[3] != 0.0f) + (v[4] != INFINITY) +
+              (v[5] != 1.0f || v[6] != 1.0f) + !(fabs(v[7] - exp((double)sp[7])) / exp((double)sp[7]) < 1e-6);
+    tu_check(bad == 0, "lkv_exp specials: exp(-inf)=0 exp(inf)=inf NaN, under/overflow (%g %g %g %g %g %g)", v[0],
+             v[1], v[2], v[3], v[4], v[7]);
+    float np[4] = {-INFINITY, -87.4f, -0.0f, -200.0f};
+    for (int j = 0; j < W; j++) in[j] = np[j % 4];
+    lkv_storeu(v, lkv_exp_nonpos(lkv_loadu(in)));
+    tu_check(v[0] == 0.0f && v[1] == 0.0f && v[2] == 1.0f && v[3] == 0.0f, "lkv_exp_nonpos: -inf and < -87.3 give 0");
+}
+
+static void bf16_orders(void) {
+    int ok_split = 1, ok_join = 1, ok_exact = 1;
+    for (int rep = 0; rep < 2000; rep++) {
+        uint16_t h[2 * W], back[2 * W];
+        for (int j = 0; j < 2 * W; j++) h[j] = (uint16_t)tu_rand();
+        lkv_f32 e, o;
+        lkv_bf16_load_eo(h, &e, &o);
+        float ev[W], ov[W];
+        lkv_storeu(ev, e), lkv_storeu(ov, o);
+        for (int j = 0; j < W; j++)
+            ok_split &= lk_f32_bits(ev[j]) == (uint32_t)h[2 * j] << 16 && lk_f32_bits(ov[j]) == (uint32_t)h[2 * j + 1] << 16;
+        lkv_bits_storeu(back, lkv_bf16_join_exact(e, o));
+        ok_exact &= !memcmp(back, h, sizeof h);
+        /* any f32 values but NaN: the join rounds them like lk_f32_to_bf16 */
+        float fe[W], fo[W];
+        for (int j = 0; j < W; j++) {
+            do fe[j] = randf(); while (isnan(fe[j]));
+            do fo[j] = randf(); while (isnan(fo[j]));
+        }
+        lkv_bf16_store_eo_nonan(back, lkv_loadu(fe), lkv_loadu(fo), 0);
+        for (int j = 0; j < W; j++) ok_join &= back[2 * j] == lk_f32_to_bf16(fe[j]) && back[2 * j + 1] == lk_f32_to_bf16(fo[j]);
+    }
+    tu_check(ok_split, "lkv_bf16_split: element 2i / 2i + 1 in lane i of even / odd");
+    tu_check(ok_exact, "lkv_bf16_join_exact inverts the split bit for bit");
+    tu_check(ok_join, "lkv_bf16_join_nonan rounds like lk_f32_to_bf16 (non-NaN values)");
+}
+
+static void shuffles(void) {
+    float v[2 * W], x[W], y[W], xo[W], yo[W], b0[W], b1[W];
+    for (int j = 0; j < 2 * W; j++) v[j] = (float)j;
+    for (int j = 0; j < W; j++) xo[j] = (float)(2 * j), yo[j] = (float)(2 * j + 1);
+    lkv_f32 vx, vy;
+    lkv_deinterleave(lkv_loadu(v), lkv_loadu(v + W), &vx, &vy);
+    lkv_storeu(x, vx), lkv_storeu(y, vy);
+    lkv_storeu(b0, lkv_pair_order(lkv_loadu(xo)));
+    lkv_storeu(b1, lkv_pair_order(lkv_loadu(yo)));
+    int ok = !memcmp(x, b0, sizeof x) && !memcmp(y, b1, sizeof y);
+    tu_check(ok, "lkv_deinterleave gives the even / odd elements in lkv_pair_order");
+    lkv_f32 w0, w1;
+    lkv_interleave(vx, vy, &w0, &w1);
+    float r[2 * W];
+    lkv_storeu(r, w0), lkv_storeu(r + W, w1);
+    tu_check(!memcmp(r, v, sizeof r), "lkv_interleave inverts lkv_deinterleave");
+    const lk_dtype dts[3] = {LK_F32, LK_F16, LK_BF16};
+    int ok2 = 1;
+    for (int t = 0; t < 3; t++) {
+        float a[W], b[W];
+        for (int j = 0; j < W; j++) a[j] = randf(), b[j] = randf();
+        unsigned char p1[8 * W], p2[8 * W];
+        memset(p1, 0, sizeof p1), memset(p2, 0, sizeof p2);
+        int64_t es = lk_esize(dts[t]);
+        lkv_store2(p1, p1 + 4 * W, dts[t], lkv_loadu(a), lkv_loadu(b));
+        lkv_store(p2, dts[t], lkv_loadu(a));
+        lkv_store(p2 + 4 * W, dts[t], lkv_loadu(b));
+        ok2 &= !memcmp(p1, p2, sizeof p1) && es > 0;
+    }
+    tu_check(ok2, "lkv_store2 equals two lkv_store (every dtype)");
+    float m[W][W];
+    lkv_f32 rows[W];
+    for (int i = 0; i < W; i++) {
+        for (int j = 0; j < W; j++) m[i][j] = (float)(i * W + j);
+        rows[i] = lkv_loadu(m[i]);
+    }
+    lkv_transpose(rows);
+    int ok3 = 1;
+    for (int i = 0; i < W; i++) {
+        float t[W];
+        lkv_storeu(t, rows[i]);
+        for (int j = 0; j < W; j++) ok3 &= t[j] == m[j][i];
+    }
+    tu_check(ok3, "lkv_transpose (%d x %d)", W, W);
+}
+
+static void lanes(void) {
+    float v[W], s = 0, mx = -INFINITY;
+    for (int j = 0; j < W; j++) v[j] = (float)(j * 3 % 7) - 2.5f, s += v[j], mx = v[j] > mx ? v[j] : mx;
+    lkv_f32 x = lkv_loadu(v);
+    tu_check(lkv_hsum(x) == s && lkv_hmax(x) == mx, "lkv_hsum / lkv_hmax");
+    int ok = 1;
+    for (int n = 0; n <= W; n++) {
+        float t[W], z[W];
+        lkv_storeu(t, lkv_blend(lkv_zero(), lkv_set1(1.0f), lkv_m_first(n)));
+        lkv_storeu(z, lkv_zero_where(lkv_m_first(n), lkv_set1(2.0f)));
+        for (int j = 0; j < W; j++) ok &= t[j] == (j < n ? 1.0f : 0.0f) && z[j] == (j < n ? 0.0f : 2.0f);
+        ok &= lkv_m_any(lkv_m_first(n)) == (n > 0);
+    }
+    tu_check(ok, "lkv_m_first / lkv_blend / lkv_zero_where / lkv_m_any");
+    float nn[W];
+    for (int j = 0; j < W; j++) nn[j] = j == W - 1 ? NAN : 1.0f;
+    tu_check(lkv_m_any(lkv_unord(lkv_loadu(nn), lkv_loadu(nn))) && !lkv_m_any(lkv_unord(x, x)), "lkv_unord");
+    float mm[W];
+    lkv_storeu(mm, lkv_max(lkv_loadu(nn), lkv_set1(-1.0f)));
+    tu_check(mm[W - 1] == -1.0f && mm[0] == 1.0f, "lkv_max(a, b) returns b where a is NaN");
+}
+
+int LKV_FN(vec_check)(void);
+int LKV_FN(vec_check)(void) {
+    conversions();
+    tails();
+    exps();
+    bf16_orders();
+    shuffles();
+    lanes();
+    return 0;
+}
