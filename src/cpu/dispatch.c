@@ -47,6 +47,7 @@ static void fill_tables(void) {
 
     /* -- mla prefill -- */
     r->mla_softmax_block = lk_ref_mla_softmax_block;
+    r->mla_prefix_prefill = lk_mla_prefill_drive;
 
     /* ================ AVX2 overrides ================ */
     *a2 = *r;
