@@ -270,7 +270,7 @@ LK_API lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse
 /* ---------------------------------------------------------------- MLA prefix prefill */
 
 /* How lk_mla_prefix_prefill computes attention over [prefix | current] (see
- * src/ops/mla_prefill.c for the rule behind LK_MLA_AUTO; every strategy gives the same
+ * src/cpu/mla/cost.c for the rule behind LK_MLA_AUTO; every strategy gives the same
  * result up to f32 rounding):
  *  - SPLIT_MERGE: gather the prefix latents, project them with kv_b_proj, attention of
  *    the new tokens over the projected prefix (no mask) and over themselves (causal),

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "core/half.h"
-#include "cpu/mla/mla.h"
+#include "cpu/mla/mla_test.h"
 #include "testutil.h"
 
 #define MAXB 40

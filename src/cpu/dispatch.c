@@ -58,6 +58,7 @@ static void fill_ref(lk_kernel_table *r) {
     r->concat_and_cache_mla = lk_ref_concat_and_cache_mla;
     r->gather_cache = lk_ref_gather_cache;
     r->mla_softmax_block = lk_ref_mla_softmax_block;
+    r->mla_prefix_prefill = lk_mla_prefill_drive;
 }
 
 static void fill_tables(void) {

@@ -168,6 +168,9 @@ typedef struct {
     int64_t ldo, Dv;
 } lk_mla_softmax_args;
 
+/* mla_prefix_prefill: the validated arguments (src/cpu/mla/mla.h) */
+struct lk_mla_args;
+
 typedef struct {
     lk_isa isa;
     lk_status (*rms_norm)(const lk_rms_norm_args *a);
@@ -182,6 +185,7 @@ typedef struct {
     lk_status (*concat_and_cache_mla)(const lk_mla_cache_args *a);
     lk_status (*gather_cache)(const lk_gather_cache_args *a);
     lk_status (*mla_softmax_block)(const lk_mla_softmax_args *a);
+    lk_status (*mla_prefix_prefill)(const struct lk_mla_args *a, lk_mla_strategy strategy);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -200,5 +204,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a);
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
 lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
+/* every ISA: src/cpu/mla/driver.c over the table's own kernels */
+lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 
 #endif

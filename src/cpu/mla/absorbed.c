@@ -146,9 +146,9 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
         lk_mla_blas_begin();
         lk_parallel_units(n_units, nt, absorbed_unit, &c);
         lk_mla_blas_end();
-        lk_mla_trace("latent_attn units=%lld (absorb_q sgemm, mqa over %lld + %lld latent dims, absorb_out sgemm, "
-                     "current keys causal) rows=%d kblock=%d",
-                     (long long)n_units, (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
+        lk_trace_item("latent_attn units=%lld (absorb_q sgemm, mqa over %lld + %lld latent dims, absorb_out sgemm, "
+                      "current keys causal) rows=%d kblock=%d",
+                      (long long)n_units, (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
     }
     free(q_owned), free(k_owned), free(v_owned), free(c.scratch), free(c.unit);
     return s;

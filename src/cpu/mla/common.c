@@ -274,9 +274,9 @@ lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G) {
             s = gather_groups(a, p, tbl, lens, u, 1, G, r0);
             memset(G + (r0 + used) * E, 0, sizeof(float) * (size_t)((end - r0 - used) * E));
         }
-        lk_mla_trace("gather pages=%lld rows=%lld E=%lld calls=%lld", (long long)p->pages,
-                     (long long)(p->pages * bs), (long long)E,
-                     (long long)((p->n_full > 0) + nu - p->n_full) * (a->one_buffer ? 1 : 2));
+        lk_trace_item("gather pages=%lld rows=%lld E=%lld calls=%lld", (long long)p->pages,
+                      (long long)(p->pages * bs), (long long)E,
+                      (long long)((p->n_full > 0) + nu - p->n_full) * (a->one_buffer ? 1 : 2));
     }
     free(tbl);
     free(lens);
@@ -326,9 +326,9 @@ lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float
     lk_parallel_units(p->n_groups, nt, proj_unit, &c);
     lk_mla_blas_end();
     free(c.tmp);
-    lk_mla_trace("project sgemm=%lld rows=%lld N=%lld K=%lld (groups %lld of %lld logical, %lld pages each)",
-                 (long long)p->n_groups, (long long)(p->pages * p->bs), (long long)N, (long long)a->Dl,
-                 (long long)p->n_groups, (long long)p->n_logical, (long long)p->g);
+    lk_trace_item("project sgemm=%lld rows=%lld N=%lld K=%lld (groups %lld of %lld logical, %lld pages each)",
+                  (long long)p->n_groups, (long long)(p->pages * p->bs), (long long)N, (long long)a->Dl,
+                  (long long)p->n_groups, (long long)p->n_logical, (long long)p->g);
     return LK_OK;
 }
 
@@ -368,8 +368,8 @@ lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float 
     fa.scale = a->scale, fa.wl = -1, fa.wr = 0;
     lk_status s = lk_kernels()->flash_attn(&fa);
     free(len);
-    lk_mla_trace("flash_current causal tokens=%lld H=%lld D=%lld/%lld", (long long)(a->cu_q[a->B] - a->cu_q[0]),
-                 (long long)a->H, (long long)Dqk, (long long)a->Dv);
+    lk_trace_item("flash_current causal tokens=%lld H=%lld D=%lld/%lld", (long long)(a->cu_q[a->B] - a->cu_q[0]),
+                  (long long)a->H, (long long)Dqk, (long long)a->Dv);
     return s;
 }
 
@@ -380,7 +380,7 @@ lk_status lk_mla_merge(const lk_mla_args *a, float *o1, float *lse1, float *o2, 
     lk_merge_args m;
     memset(&m, 0, sizeof m);
     m.out = a->out, m.n = 2, m.states = st, m.lses = ls;
-    lk_mla_trace("merge T=%lld H=%lld D=%lld", (long long)a->T, (long long)a->H, (long long)a->Dv);
+    lk_trace_item("merge T=%lld H=%lld D=%lld", (long long)a->T, (long long)a->H, (long long)a->Dv);
     return lk_kernels()->merge_attn_states(&m);
 }
 

@@ -69,8 +69,8 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
     if (!s) {
         cat_ctx c = {a, p, Kp, Vp, Kc, Kc + rows * a->H * Dqk, kstart};
         lk_parallel_for(rows, a->H * (Dqk + a->Dv) * 8, cat_rows, &c);
-        lk_mla_trace("concat_copy rows=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
-                     (long long)Dqk, (long long)a->Dv);
+        lk_trace_item("concat_copy rows=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
+                      (long long)Dqk, (long long)a->Dv);
         lk_attn_args fa;
         memset(&fa, 0, sizeof fa);
         fa.out = a->out;
@@ -81,8 +81,8 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
         fa.B = B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
         fa.scale = a->scale, fa.wl = -1, fa.wr = 0;
         s = lk_kernels()->flash_attn(&fa);
-        lk_mla_trace("flash_concat causal keys=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
-                     (long long)Dqk, (long long)a->Dv);
+        lk_trace_item("flash_concat causal keys=%lld H=%lld D=%lld/%lld", (long long)rows, (long long)a->H,
+                      (long long)Dqk, (long long)a->Dv);
     }
     free(kstart);
     return s;

@@ -98,8 +98,8 @@ lk_status lk_mla_fused(const lk_mla_args *a, const lk_mla_plan *p) {
         lk_parallel_units(n_units, nt, fused_unit, &c);
         lk_mla_blas_end();
         lk_mla_zero_padding(a);
-        lk_mla_trace("fused_attn units=%lld qblock=%d kblock=%d H=%lld D=%lld/%lld", (long long)n_units, QB,
-                     LK_MLA_KB, (long long)H, (long long)Dqk, (long long)a->Dv);
+        lk_trace_item("fused_attn units=%lld qblock=%d kblock=%d H=%lld D=%lld/%lld", (long long)n_units, QB,
+                      LK_MLA_KB, (long long)H, (long long)Dqk, (long long)a->Dv);
     }
     free(k_owned), free(v_owned), free(c.unit), free(c.scratch);
     return s;

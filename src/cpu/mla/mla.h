@@ -1,8 +1,10 @@
 /*
- * MLA prefix prefill: internal interface between the front-end (src/ops/mla_prefill.c:
- * validation, strategy choice, trace) and the strategies (src/cpu/mla/), which are
- * compositions of the kernel table's flash_attn / merge_attn_states / gather_cache and
- * OpenBLAS sgemm, plus one kernel of their own (the fused online-softmax pass).
+ * MLA prefix prefill: internal interface between the driver (driver.c: the kernel
+ * table's mla_prefix_prefill entry, run on arguments src/ops/mla_prefill.c validated:
+ * plan, strategy choice by cost.c, waves) and the strategies, which are compositions of
+ * the kernel table's flash_attn / merge_attn_states / gather_cache and OpenBLAS sgemm,
+ * plus one kernel of their own (the fused online-softmax pass). Each step appends an
+ * item to the call's trace (src/core/trace.h).
  *
  * Shapes: T tokens, H heads, Dn nope + Dr rope query/key dims (Dqk = Dn + Dr), Dv value
  * dims, Dl latent dims, B requests, bs cache block size. E = Dl + Dr is one cache entry.
@@ -19,7 +21,7 @@
  *            for the same group whatever the batch, so dedup on/off and any thread count
  *            give the same bits):  [rows, H * (Dn + Dv)] = G[:, :Dl] . kv_b_proj^T, then
  *            Kp [pages * bs, H, Dqk] = [k_nope | G[:, Dl:]] and Vp [pages * bs, H, Dv].
- * The front-end runs a batch in waves of consecutive requests (about 24 MiB of projected
+ * The driver runs a batch in waves of consecutive requests (about 24 MiB of projected
  * prefix each; the strategies see a wave as their batch, with exact token rows), reusing
  * the workspace buffers (lk_mla_ws) from wave to wave. Attention: split / concat call
  * the kernel table's flash_attn; fused / absorbed run the online-softmax engine of
@@ -28,6 +30,7 @@
 #ifndef LK_MLA_H
 #define LK_MLA_H
 
+#include "../../core/trace.h"
 #include "../kernels.h"
 
 /* reusable scratch of one call: the big buffers keep their memory across the waves
@@ -38,8 +41,8 @@ typedef struct {
     size_t n[LK_MLA_WS_SLOTS];
 } lk_mla_ws;
 
-/* validated arguments (front-end output) */
-typedef struct {
+/* validated arguments (src/ops/mla_prefill.c's output; kernels.h names the struct) */
+typedef struct lk_mla_args {
     lk_tensor out;          /* [T, H, Dv] */
     lk_tensor q, k;         /* [T, H, Dn + Dr] */
     lk_tensor v;            /* [T, H, Dv] */
@@ -55,35 +58,12 @@ typedef struct {
     int64_t B, T, H, Dn, Dr, Dv, Dl;
     float scale;
     int dedup;
-    lk_mla_ws *ws;          /* slots: 0 gathered prefix, 1 / 2 projected K / V, 3 strategy's own */
+    lk_mla_ws *ws;          /* the driver's; slots: 0 gathered prefix, 1 / 2 projected K / V, 3 strategy's own */
 } lk_mla_args;
 
 /* slot's buffer of at least `bytes` (contents undefined), NULL when out of memory */
 void *lk_mla_ws_get(const lk_mla_args *a, int slot, size_t bytes);
 void lk_mla_ws_free(lk_mla_ws *ws);
-
-/* shape summary the cost model reads (no data) */
-typedef struct {
-    int64_t B, H, Dn, Dr, Dv, Dl, bs;
-    const int32_t *q_len;     /* [B] */
-    const int32_t *prefix;    /* [B] */
-    int64_t unique_rows;      /* prefix rows to project after dedup (pages * bs) */
-} lk_mla_shape;
-
-/* cost model: predicted seconds per strategy (index = lk_mla_strategy, [0] unused) and
- * the cheapest; depends on the shape only (never on the thread count). */
-lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]);
-
-/* scratch budget of one wave of requests (front-end; default 24 MiB, <= 0 restores it);
- * process-wide, for tests */
-void lk_mla_set_wave_bytes(int64_t bytes);
-
-/* append "; <formatted>" to this thread's trace (front-end owns the buffer) */
-void lk_mla_trace(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
 
 /* ---------------------------------------------------------------- plan */
 

@@ -37,8 +37,8 @@ lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p) {
     fa.B = a->B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
     fa.scale = a->scale, fa.wl = -1, fa.wr = -1;
     s = lk_kernels()->flash_attn(&fa);
-    lk_mla_trace("flash_prefix paged pages=%lld H=%lld D=%lld/%lld", (long long)p->pages, (long long)a->H,
-                 (long long)Dqk, (long long)a->Dv);
+    lk_trace_item("flash_prefix paged pages=%lld H=%lld D=%lld/%lld", (long long)p->pages, (long long)a->H,
+                  (long long)Dqk, (long long)a->Dv);
     lk_tensor o2t = lk_tensor_make(o2, LK_F32, 3, oshape);
     if (!s) s = lk_mla_attn_current(a, &o2t, lse2);
     if (!s) s = lk_mla_merge(a, o, lse1, o2, lse2);
