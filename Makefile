@@ -16,8 +16,10 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+# every SIMD ISA the CPU runs (ref alone where it has none), each row's repetitions
+# interleaved between them; the share of each row's ceiling per ISA drawn into bench.png
 run: build
-	./$(BUILD)/llmkern_bench $(BENCH_ARGS)
+	./$(BUILD)/llmkern_bench --isa all --plot $(BUILD)/bench.png $(BENCH_ARGS)
 
 bench: run
 

@@ -4,14 +4,19 @@
  * Each op file defines `void bench_<op>(void)` and lists it in bench_main.c. A case:
  *   1. allocates its inputs (bench_alloc, random values),
  *   2. times the public op with bench_time (median of repetitions, each repetition
- *      long enough to time; warm-up call first),
+ *      long enough to time; warm-up call first) on every ISA of --isa, the repetitions
+ *      of the ISAs interleaved (one sample of each per round, the order rotated) so
+ *      that drift of a shared machine hits them alike; each ISA's median is kept,
  *   3. runs the reference kernel (LLMKERN_ISA=ref path) once on the same inputs and
- *      measures the max error of the timed output against it,
- *   4. prints a row with bench_row: median time, achieved GB/s (or GFLOP/s), the
- *      ceiling (bandwidth rows timed with bench_time_bw: the copy bandwidth probed
- *      between their repetitions; other rows: measured at start-up), their ratio and
- *      the max error.
- * Rows are also written to the --json file.
+ *      measures the max error of the op's output on each listed ISA against it
+ *      (bench_err_isas, or a bench_use_isa loop),
+ *   4. prints a row with bench_row: per ISA the median time, achieved GB/s (or
+ *      GFLOP/s), the ceiling (bandwidth rows timed with bench_time_bw: the copy
+ *      bandwidth probed between their repetitions; read-bandwidth rows: measured at
+ *      start-up; FLOPS rows: that ISA's FMA peak, measured at start-up) and their
+ *      ratio; with several ISAs also the last ISA's time over the first's; then the max
+ *      error over the ISAs.
+ * Rows are also written to the --json file (bench_json_row); --plot draws them.
  */
 #ifndef LK_BENCH_H
 #define LK_BENCH_H
@@ -21,11 +26,17 @@
 
 #include "llmkern.h"
 
+#define BENCH_MAX_ISA 3
+
 typedef struct {
     double copy_gbs;     /* DRAM copy bandwidth, counting 1 read + 1 write per byte moved */
     double row_copy_gbs; /* the same, probed between the current row's repetitions (0: none) */
     double read_gbs;     /* DRAM read-only bandwidth */
-    double fma_gflops;   /* f32 FMA peak (all threads) */
+    double fma_gflops;   /* f32 FMA peak of the first listed ISA (all threads; 0 on ref) */
+    int nisa;            /* the ISAs every row runs on (--isa; default: the one in use) */
+    lk_isa isa[BENCH_MAX_ISA];
+    double isa_fma[BENCH_MAX_ISA]; /* f32 FMA peak per listed ISA (0 on ref) */
+    double row_ms[BENCH_MAX_ISA];  /* per-ISA medians of the last bench_time(_bw) */
     int threads;
     int full;            /* --full: every case */
     int reps;            /* repetitions per case (median) */
@@ -35,12 +46,17 @@ extern bench_env BENCH;
 
 /* measured once at start-up */
 void bench_measure_machine(void);
-/* the FMA peak again, now (a quarter-length probe): for long runs on a shared machine
- * whose speed drifts, to set a row against the speed it ran at */
-double bench_fma_now(void);
+/* the FMA peak of `isa` again, now (a quarter-length probe): for long runs on a shared
+ * machine whose speed drifts, to set a row against the speed it ran at */
+double bench_fma_now(lk_isa isa);
+
+/* i < BENCH.nisa: makes the i-th listed ISA current and returns 1; otherwise makes the
+ * first current again and returns 0:  for (int i = 0; bench_use_isa(i); i++) ... */
+int bench_use_isa(int i);
 
 typedef void (*bench_fn)(void *ctx);
-/* median milliseconds per call over BENCH.reps samples */
+/* median milliseconds per call over BENCH.reps samples, on each listed ISA (interleaved);
+ * returns the first ISA's, all of them in BENCH.row_ms */
 double bench_time(bench_fn fn, void *ctx);
 /* the same for a bandwidth row: a copy probe (2 x 64 MiB) follows each sample, and the
  * next bench_row of kind BENCH_BW uses the probes' median as its ceiling */
@@ -48,16 +64,31 @@ double bench_time_bw(bench_fn fn, void *ctx);
 
 typedef enum { BENCH_BW, BENCH_FLOPS, BENCH_READ_BW } bench_kind;
 /* units: bytes for BENCH_BW (ratio vs copy bandwidth) and BENCH_READ_BW (vs read
- * bandwidth), flops for BENCH_FLOPS (vs FMA peak). max_err: max |out - ref| / (1 + |ref|) over the output. */
+ * bandwidth), flops for BENCH_FLOPS (vs each ISA's FMA peak). ms: the first ISA's median
+ * (bench_time's result); the other ISAs' come from BENCH.row_ms. max_err: max
+ * |out - ref| / (1 + |ref|) over the output, the max over the ISAs. */
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err);
+/* prints a section's title and column heads; its name (the title up to " (") goes with
+ * the JSON rows that follow */
 void bench_section(const char *title);
+/* only sets that name, for tables printed by their own code */
+void bench_section_name(const char *title);
+/* one JSON row (no-op without --json): ms[i], ceil[i] per listed ISA, units as for
+ * bench_row, unit "GB/s" or "GFLOP/s", max_err < 0: not measured (null); extra: more
+ * ", \"key\": value" fields or NULL */
+void bench_json_row(const char *op, const char *shape, const char *dtype, const char *unit,
+                    const double *ms, double units, const double *ceil, double max_err,
+                    const char *extra);
 
 /* aligned buffer of n elements of dt filled with uniform values in [lo, hi) */
 void *bench_alloc(lk_dtype dt, int64_t n, double lo, double hi);
 void bench_free(void *p);
 /* max |a - b| / (1 + |b|) over n elements of dt */
 double bench_max_err(const void *a, const void *b, lk_dtype dt, int64_t n);
+/* one call of fn on each listed ISA, the max error of its output out against ref */
+double bench_err_isas(bench_fn fn, void *ctx, const void *out, const void *ref, lk_dtype dt,
+                      int64_t n);
 
 /* op benches */
 void bench_rms_norm(void);

@@ -9,8 +9,13 @@
  *    those probes: on a shared machine the bandwidth drifts during a run, and a row is
  *    compared with what the memory gave while it ran;
  *  - read bandwidth: a vectorised sum over 256 MiB;
- *  - FMA peak: independent FMA chains in registers (AVX2 or AVX-512, whichever the
- *    library uses), 2 flops per lane per FMA.
+ *  - FMA peak, per listed ISA: independent FMA chains in registers (AVX2 or AVX-512
+ *    FMAs for those ISAs; none for ref), 2 flops per lane per FMA.
+ *
+ * With several ISAs (--isa) a timing interleaves them: each round takes one sample on
+ * every ISA, in an order rotated from round to round, so that a shared machine's drift
+ * hits them alike; rows print one column group per ISA and the last ISA's time over
+ * the first's.
  */
 #include "bench.h"
 
@@ -28,6 +33,7 @@
 bench_env BENCH = {.threads = 1, .reps = 7};
 FILE *bench_json;
 static int json_rows;
+static char section[64]; /* the current section's name, for the JSON rows */
 
 static double now_s(void) {
     struct timespec ts;
@@ -47,24 +53,39 @@ static double median(double *v, int n) {
 
 static double copy_probe(void);
 
-/* median ms per call; with `probe`, a copy probe after each repetition, whose median
- * goes to BENCH.row_copy_gbs */
+int bench_use_isa(int i) {
+    int more = i < BENCH.nisa;
+    lk_set_isa(BENCH.isa[more ? i : 0]);
+    return more;
+}
+
+/* median ms per call on each listed ISA (BENCH.row_ms; returns the first's); with
+ * `probe`, a copy probe after each round, whose median goes to BENCH.row_copy_gbs */
 static double time_reps(bench_fn fn, void *ctx, int probe) {
-    fn(ctx); /* warm-up */
-    double t0 = now_s();
-    fn(ctx);
-    double one = now_s() - t0;
-    int inner = one > 2e-3 ? 1 : (int)(2e-3 / (one > 1e-8 ? one : 1e-8)) + 1;
-    double samples[64], probes[64];
+    int inner[BENCH_MAX_ISA], k = BENCH.nisa;
+    for (int i = 0; bench_use_isa(i); i++) {
+        fn(ctx); /* warm-up */
+        double t0 = now_s();
+        fn(ctx);
+        double one = now_s() - t0;
+        inner[i] = one > 2e-3 ? 1 : (int)(2e-3 / (one > 1e-8 ? one : 1e-8)) + 1;
+    }
+    double samples[BENCH_MAX_ISA][64], probes[64];
     int reps = BENCH.reps > 64 ? 64 : BENCH.reps;
     for (int r = 0; r < reps; r++) {
-        t0 = now_s();
-        for (int i = 0; i < inner; i++) fn(ctx);
-        samples[r] = (now_s() - t0) / inner;
+        for (int j = 0; j < k; j++) {
+            int i = (j + r) % k; /* rotate the order: no ISA always runs first */
+            lk_set_isa(BENCH.isa[i]);
+            double t0 = now_s();
+            for (int n = 0; n < inner[i]; n++) fn(ctx);
+            samples[i][r] = (now_s() - t0) / inner[i];
+        }
         if (probe) probes[r] = copy_probe();
     }
+    bench_use_isa(k);
     if (probe) BENCH.row_copy_gbs = median(probes, reps);
-    return 1e3 * median(samples, reps);
+    for (int i = 0; i < k; i++) BENCH.row_ms[i] = 1e3 * median(samples[i], reps);
+    return BENCH.row_ms[0];
 }
 
 double bench_time(bench_fn fn, void *ctx) { return time_reps(fn, ctx, 0); }
@@ -100,6 +121,17 @@ double bench_max_err(const void *a, const void *b, lk_dtype dt, int64_t n) {
         if (e > m) m = e;
     }
     return m;
+}
+
+double bench_err_isas(bench_fn fn, void *ctx, const void *out, const void *ref, lk_dtype dt,
+                      int64_t n) {
+    double err = 0;
+    for (int i = 0; bench_use_isa(i); i++) {
+        fn(ctx);
+        double e = bench_max_err(out, ref, dt, n);
+        if (e > err) err = e;
+    }
+    return err;
 }
 
 /* ---- ceilings ---- */
@@ -221,8 +253,7 @@ __attribute__((target("avx512f"))) static double fma_avx512(long iters) {
 }
 
 /* median GFLOP/s of `reps` samples of `iters` iterations on every thread (0 on ref) */
-static double fma_median(long iters, int reps) {
-    lk_isa isa = lk_isa_current();
+static double fma_median(lk_isa isa, long iters, int reps) {
     if (isa == LK_ISA_REF) return 0;
     double flops_per_iter = isa == LK_ISA_AVX512 ? 12 * 16 * 2 : 10 * 8 * 2;
     double samples[5];
@@ -237,49 +268,122 @@ static double fma_median(long iters, int reps) {
     return median(samples, reps);
 }
 
-static void measure_fma(void) { BENCH.fma_gflops = fma_median(20000000, 5); }
+static void measure_fma(void) {
+    for (int i = 0; i < BENCH.nisa; i++) BENCH.isa_fma[i] = fma_median(BENCH.isa[i], 20000000, 5);
+    BENCH.fma_gflops = BENCH.isa_fma[0];
+}
 
-double bench_fma_now(void) { return fma_median(5000000, 3); }
+double bench_fma_now(lk_isa isa) { return fma_median(isa, 5000000, 3); }
 
 void bench_measure_machine(void) {
     measure_bandwidth();
     measure_fma();
+    char isas[64] = "", peaks[128] = "";
+    for (int i = 0; i < BENCH.nisa; i++) {
+        size_t a = strlen(isas), b = strlen(peaks);
+        snprintf(isas + a, sizeof isas - a, "%s%s", i ? "," : "", lk_isa_name(BENCH.isa[i]));
+        if (BENCH.nisa == 1) snprintf(peaks, sizeof peaks, "%.1f", BENCH.isa_fma[0]);
+        else snprintf(peaks + b, sizeof peaks - b, "%s%s %.1f", i ? ", " : "", lk_isa_name(BENCH.isa[i]),
+                      BENCH.isa_fma[i]);
+    }
     printf("machine: %d threads, isa %s | copy bandwidth %.1f GB/s (read+write) | read bandwidth "
-           "%.1f GB/s | f32 FMA peak %.1f GFLOP/s\n",
-           BENCH.threads, lk_isa_name(lk_isa_current()), BENCH.copy_gbs, BENCH.read_gbs,
-           BENCH.fma_gflops);
+           "%.1f GB/s | f32 FMA peak %s GFLOP/s\n",
+           BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks);
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
                "(2 x 64 MiB; it drifts on a shared machine)\n");
-    if (bench_json)
+    if (BENCH.nisa > 1)
+        printf("isas %s: each row's repetitions alternate between them; FLOPS rows set against each "
+               "ISA's own FMA peak\n", isas);
+    if (bench_json) {
         fprintf(bench_json,
                 "{\n\"machine\": {\"threads\": %d, \"isa\": \"%s\", \"copy_gbs\": %.3f, "
-                "\"read_gbs\": %.3f, \"fma_gflops\": %.3f},\n\"rows\": [\n",
-                BENCH.threads, lk_isa_name(lk_isa_current()), BENCH.copy_gbs, BENCH.read_gbs,
+                "\"read_gbs\": %.3f, \"fma_gflops\": %.3f, \"isas\": [",
+                BENCH.threads, lk_isa_name(BENCH.isa[0]), BENCH.copy_gbs, BENCH.read_gbs,
                 BENCH.fma_gflops);
+        for (int i = 0; i < BENCH.nisa; i++) fprintf(bench_json, "%s\"%s\"", i ? ", " : "", lk_isa_name(BENCH.isa[i]));
+        fprintf(bench_json, "], \"fma_gflops_isa\": {");
+        for (int i = 0; i < BENCH.nisa; i++)
+            fprintf(bench_json, "%s\"%s\": %.3f", i ? ", " : "", lk_isa_name(BENCH.isa[i]), BENCH.isa_fma[i]);
+        fprintf(bench_json, "}},\n\"rows\": [\n");
+    }
+}
+
+void bench_section_name(const char *title) {
+    size_t n = strcspn(title, "(");
+    while (n > 0 && title[n - 1] == ' ') n--;
+    snprintf(section, sizeof section, "%.*s", (int)n, title);
 }
 
 void bench_section(const char *title) {
-    printf("\n== %s\n%-22s %-26s %-6s %10s %10s %10s %7s %10s\n", title, "op", "shape", "dtype",
-           "median us", "achieved", "ceiling", "ratio", "max err");
+    bench_section_name(title);
+    printf("\n== %s\n", title);
+    if (BENCH.nisa == 1) {
+        printf("%-22s %-26s %-6s %10s %10s %10s %7s %10s\n", "op", "shape", "dtype", "median us",
+               "achieved", "ceiling", "ratio", "max err");
+    } else {
+        printf("%-22s %-26s %-6s %-7s", "op", "shape", "dtype", "unit");
+        for (int i = 0; i < BENCH.nisa; i++) {
+            char us[32];
+            snprintf(us, sizeof us, "%s us", lk_isa_name(BENCH.isa[i]));
+            printf(" | %10s %6s %6s %4s", us, "rate", "ceil", "%");
+        }
+        char r[32];
+        snprintf(r, sizeof r, "%s/%s", lk_isa_name(BENCH.isa[BENCH.nisa - 1]), lk_isa_name(BENCH.isa[0]));
+        printf(" | %11s %10s\n", r, "max err");
+    }
     fflush(stdout);
+}
+
+void bench_json_row(const char *op, const char *shape, const char *dtype, const char *unit,
+                    const double *ms, double units, const double *ceil, double max_err,
+                    const char *extra) {
+    if (!bench_json) return;
+    double rate[BENCH_MAX_ISA];
+    for (int i = 0; i < BENCH.nisa; i++) rate[i] = ms[i] > 0 ? units / (ms[i] * 1e-3) / 1e9 : 0;
+    fprintf(bench_json,
+            "%s  {\"op\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", \"section\": \"%s\", "
+            "\"median_ms\": %.6f, \"rate\": %.3f, \"unit\": \"%s\", \"ceiling\": %.3f, "
+            "\"ratio\": %.4f, \"max_err\": ",
+            json_rows++ ? ",\n" : "", op, shape, dtype, section, ms[0], rate[0], unit, ceil[0],
+            ceil[0] > 0 ? rate[0] / ceil[0] : 0);
+    if (max_err < 0) fprintf(bench_json, "null, \"isa\": {");
+    else if (!(max_err < INFINITY)) fprintf(bench_json, "1e999, \"isa\": {"); /* JSON has no inf; this reads as inf */
+    else fprintf(bench_json, "%.3e, \"isa\": {", max_err);
+    for (int i = 0; i < BENCH.nisa; i++)
+        fprintf(bench_json,
+                "%s\"%s\": {\"median_ms\": %.6f, \"rate\": %.3f, \"ceiling\": %.3f, \"ratio\": %.4f}",
+                i ? ", " : "", lk_isa_name(BENCH.isa[i]), ms[i], rate[i], ceil[i],
+                ceil[i] > 0 ? rate[i] / ceil[i] : 0);
+    fprintf(bench_json, "}");
+    if (BENCH.nisa > 1) fprintf(bench_json, ", \"time_ratio\": %.4f", ms[0] > 0 ? ms[BENCH.nisa - 1] / ms[0] : 0);
+    fprintf(bench_json, "%s}", extra ? extra : "");
 }
 
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err) {
-    double rate = units / (ms * 1e-3) / 1e9;
-    double ceil = kind == BENCH_BW ? (BENCH.row_copy_gbs > 0 ? BENCH.row_copy_gbs : BENCH.copy_gbs)
-                : kind == BENCH_READ_BW ? BENCH.read_gbs : BENCH.fma_gflops;
+    double bw = kind == BENCH_BW ? (BENCH.row_copy_gbs > 0 ? BENCH.row_copy_gbs : BENCH.copy_gbs)
+                                 : BENCH.read_gbs;
     BENCH.row_copy_gbs = 0;
+    double t[BENCH_MAX_ISA], ceil[BENCH_MAX_ISA];
+    for (int i = 0; i < BENCH.nisa; i++) {
+        t[i] = i ? BENCH.row_ms[i] : ms;
+        ceil[i] = kind == BENCH_FLOPS ? BENCH.isa_fma[i] : bw;
+    }
     const char *u = kind == BENCH_FLOPS ? "GFLOP/s" : "GB/s";
-    printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
-           ms * 1e3, rate, u, ceil, u, ceil > 0 ? 100 * rate / ceil : 0, max_err);
+    if (BENCH.nisa == 1) {
+        double rate = units / (ms * 1e-3) / 1e9;
+        printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
+               ms * 1e3, rate, u, ceil[0], u, ceil[0] > 0 ? 100 * rate / ceil[0] : 0, max_err);
+    } else {
+        printf("%-22s %-26s %-6s %-7s", op, shape, dtype, u);
+        for (int i = 0; i < BENCH.nisa; i++) {
+            double rate = units / (t[i] * 1e-3) / 1e9;
+            printf(" | %10.2f %6.1f %6.1f %3.0f%%", t[i] * 1e3, rate, ceil[i],
+                   ceil[i] > 0 ? 100 * rate / ceil[i] : 0);
+        }
+        printf(" | %11.2f %10.2e\n", t[BENCH.nisa - 1] / t[0], max_err);
+    }
     fflush(stdout);
-    if (bench_json)
-        fprintf(bench_json,
-                "%s  {\"op\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", \"median_ms\": %.6f, "
-                "\"rate\": %.3f, \"unit\": \"%s\", \"ceiling\": %.3f, \"ratio\": %.4f, "
-                "\"max_err\": %.3e}",
-                json_rows++ ? ",\n" : "", op, shape, dtype, ms, rate, u, ceil,
-                ceil > 0 ? rate / ceil : 0, max_err);
+    bench_json_row(op, shape, dtype, u, t, units, ceil, max_err, NULL);
 }

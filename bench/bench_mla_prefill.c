@@ -4,12 +4,15 @@
  * every request on its own pages), plus H = 16 at (16, 100, 768), B = 32 alternating
  * prefixes 768 / 0, and B = 10 long mixed queries; then NZ / ND for split + merge.
  *
- * Per case every strategy runs in interleaved rounds (one call of each per round, so
- * machine noise hits all alike); the row gives each strategy's median ms, its ratio to
- * the best median, auto's choice (from the trace) with the ratio of the chosen
- * strategy's median to the best, auto's own median, and the best strategy's GFLOP/s
- * against the FMA peak measured in the same run: at start-up, and again around the case
- * (the shared machine's speed drifts by 2-3x over minutes).
+ * Per case every strategy runs on every listed ISA in interleaved rounds (one call of
+ * each (ISA, strategy) per round, so machine noise hits all alike); the row (one per ISA)
+ * gives each strategy's median ms, its ratio to the best median, auto's choice (from the
+ * trace) with the ratio of the chosen strategy's median to the best, auto's own median,
+ * and the best strategy's GFLOP/s against that ISA's FMA peak measured in the same run:
+ * at start-up, and again around the case (the shared machine's speed drifts by 2-3x over
+ * minutes); with several ISAs, the ISA's best median over the first ISA's.
+ * JSON: one row per case and strategy (auto too), per ISA, against the peak around the
+ * case; the NZ / ND table: one row per case and layout, against the start-up peak.
  * FLOPs counted: what the strategy performs, 2 per multiply-add, visible keys only:
  *   projecting strategies: 2 * rows * Dl * H (Dn + Dv)  (rows = prefix pages * 128)
  *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (P_b + (Q_b + 1) / 2)
@@ -145,7 +148,8 @@ static lk_mla_strategy auto_choice(mla_ctx *c) {
     return LK_MLA_AUTO;
 }
 
-/* max difference between strategies (or against the ref ISA when small) */
+/* max difference between strategies on every listed ISA (against the ref ISA when small,
+ * else against split + merge on the first ISA) */
 static double check(mla_ctx *c) {
     int64_t n = c->T * c->H * DV;
     double work = 0;
@@ -161,34 +165,41 @@ static double check(mla_ctx *c) {
     }
     memcpy(ref, c->out.data, (size_t)n * 2);
     double err = 0;
-    for (int s = 1; s < NS; s++) {
-        run(c, (lk_mla_strategy)s);
-        double e = bench_max_err(c->out.data, ref, LK_BF16, n);
-        if (e > err) err = e;
-    }
+    for (int i = 0; bench_use_isa(i); i++)
+        for (int s = 1; s < NS; s++) {
+            run(c, (lk_mla_strategy)s);
+            double e = bench_max_err(c->out.data, ref, LK_BF16, n);
+            if (e > err) err = e;
+        }
     bench_free(ref);
     return err;
 }
 
-/* interleaved rounds; med[s] = median seconds of strategy s (s = 0: auto) */
+/* interleaved rounds over (ISA, strategy) pairs u = i * NS + s; med[u] = median seconds
+ * of strategy s (s = 0: auto) on the i-th listed ISA */
 static void time_all(mla_ctx *c, double *med, int rounds) {
-    double t1[NS], *samp = malloc(sizeof(double) * NS * (size_t)rounds);
-    for (int s = 0; s < NS; s++) t1[s] = run(c, (lk_mla_strategy)s); /* warm-up */
-    double best1 = t1[1];
-    for (int s = 2; s < NS; s++)
-        if (t1[s] < best1) best1 = t1[s];
-    int n[NS] = {0};
+    int N = BENCH.nisa * NS;
+    double t1[BENCH_MAX_ISA * NS], best1[BENCH_MAX_ISA], *samp = malloc(sizeof(double) * (size_t)(N * rounds));
+    for (int i = 0; bench_use_isa(i); i++) {
+        for (int s = 0; s < NS; s++) t1[i * NS + s] = run(c, (lk_mla_strategy)s); /* warm-up */
+        best1[i] = t1[i * NS + 1];
+        for (int s = 2; s < NS; s++)
+            if (t1[i * NS + s] < best1[i]) best1[i] = t1[i * NS + s];
+    }
+    int n[BENCH_MAX_ISA * NS] = {0};
     for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < NS; i++) {
-            int s = (i + r) % NS; /* rotate the order: no strategy always runs first */
+        for (int j = 0; j < N; j++) {
+            int u = (j + r) % N, i = u / NS; /* rotate the order: no pair always runs first */
             /* strategies far off the best get 3 samples at most (they only set ratios) */
-            if (r >= 3 && t1[s] > 3 * best1) continue;
-            samp[s * rounds + n[s]++] = run(c, (lk_mla_strategy)s);
+            if (r >= 3 && t1[u] > 3 * best1[i]) continue;
+            lk_set_isa(BENCH.isa[i]);
+            samp[u * rounds + n[u]++] = run(c, (lk_mla_strategy)(u % NS));
         }
-    for (int s = 0; s < NS; s++) {
-        qsort(samp + s * rounds, (size_t)n[s], sizeof(double), cmpd);
-        const double *v = samp + s * rounds;
-        med[s] = n[s] % 2 ? v[n[s] / 2] : 0.5 * (v[n[s] / 2 - 1] + v[n[s] / 2]);
+    bench_use_isa(BENCH.nisa);
+    for (int u = 0; u < N; u++) {
+        qsort(samp + u * rounds, (size_t)n[u], sizeof(double), cmpd);
+        const double *v = samp + u * rounds;
+        med[u] = n[u] % 2 ? v[n[u] / 2] : 0.5 * (v[n[u] / 2 - 1] + v[n[u] / 2]);
     }
     free(samp);
 }
@@ -200,26 +211,54 @@ static int rounds_for(double t) {
     return r;
 }
 
+/* the label column, and the ISA column with several ISAs */
+static void print_label(const char *label, const char *isa) {
+    printf("%-18s", label);
+    if (BENCH.nisa > 1) printf(" %-6s", isa);
+}
+
 static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label) {
     mla_ctx c;
     setup(&c, B, ql, pl, H, LK_KV_ND);
     double err = check(&c);
-    double t = run(&c, LK_MLA_SPLIT_MERGE), med[NS];
-    double peak0 = bench_fma_now();
+    int K = BENCH.nisa, best0 = 1;
+    double t = run(&c, LK_MLA_SPLIT_MERGE), med[BENCH_MAX_ISA * NS], peak[BENCH_MAX_ISA], ms[BENCH_MAX_ISA];
+    lk_mla_strategy ch[BENCH_MAX_ISA];
+    for (int i = 0; i < K; i++) peak[i] = bench_fma_now(BENCH.isa[i]);
     time_all(&c, med, rounds_for(t));
-    double peak = 0.5 * (peak0 + bench_fma_now());
-    int best = 1;
-    for (int s = 2; s < NS; s++)
-        if (med[s] < med[best]) best = s;
-    lk_mla_strategy ch = auto_choice(&c);
-    double gf = flops_of(&c, (lk_mla_strategy)best) / med[best] / 1e9;
-    printf("%-18s %8.2f %8.2f %8.2f %8.2f | %4.2f %4.2f %4.2f %4.2f | %-8.8s %4.2f %8.2f %4.2f | %5.1f %3.0f%% %5.1f %3.0f%% "
-           "%8.2e\n",
-           label, 1e3 * med[1], 1e3 * med[2], 1e3 * med[3], 1e3 * med[4], med[1] / med[best], med[2] / med[best],
-           med[3] / med[best], med[4] / med[best], lk_mla_strategy_name(ch), med[ch] / med[best], 1e3 * med[0],
-           med[0] / med[best], gf, BENCH.fma_gflops > 0 ? 100 * gf / BENCH.fma_gflops : 0, peak,
-           peak > 0 ? 100 * gf / peak : 0, err);
+    for (int i = 0; i < K; i++) peak[i] = 0.5 * (peak[i] + bench_fma_now(BENCH.isa[i]));
+    for (int i = 0; bench_use_isa(i); i++) {
+        const double *m = med + i * NS;
+        int best = 1;
+        for (int s = 2; s < NS; s++)
+            if (m[s] < m[best]) best = s;
+        if (!i) best0 = best;
+        ch[i] = auto_choice(&c);
+        double gf = flops_of(&c, (lk_mla_strategy)best) / m[best] / 1e9, pk0 = BENCH.isa_fma[i];
+        print_label(label, lk_isa_name(BENCH.isa[i]));
+        printf(" %8.2f %8.2f %8.2f %8.2f | %4.2f %4.2f %4.2f %4.2f | %-8.8s %4.2f %8.2f %4.2f | %5.1f %3.0f%% %5.1f "
+               "%3.0f%% %8.2e",
+               1e3 * m[1], 1e3 * m[2], 1e3 * m[3], 1e3 * m[4], m[1] / m[best], m[2] / m[best], m[3] / m[best],
+               m[4] / m[best], lk_mla_strategy_name(ch[i]), m[ch[i]] / m[best], 1e3 * m[0], m[0] / m[best], gf,
+               pk0 > 0 ? 100 * gf / pk0 : 0, peak[i], peak[i] > 0 ? 100 * gf / peak[i] : 0, err);
+        if (K > 1) printf(" %7.2f", m[best] / med[best0]);
+        printf("\n");
+    }
     fflush(stdout);
+    for (int s = 0; s < NS; s++) { /* JSON: one row per strategy, auto (s = 0) last */
+        int st = (s + 1) % NS;
+        char shape[96], extra[160] = "";
+        snprintf(shape, sizeof shape, "%s %s", label, lk_mla_strategy_name((lk_mla_strategy)st));
+        for (int i = 0; i < K; i++) {
+            ms[i] = 1e3 * med[i * NS + st];
+            size_t n = strlen(extra);
+            if (!st) snprintf(extra + n, sizeof extra - n, "%s\"%s\": \"%s\"", i ? ", " : ", \"choice\": {",
+                              lk_isa_name(BENCH.isa[i]), lk_mla_strategy_name(ch[i]));
+        }
+        if (!st) strcat(extra, "}");
+        bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ms,
+                       flops_of(&c, st ? (lk_mla_strategy)st : ch[0]), peak, err, extra);
+    }
     if (getenv("LLMKERN_MLA_TRACE")) /* where the time goes: one traced call per strategy */
         for (int s = 1; s < NS; s++) {
             run(&c, (lk_mla_strategy)s);
@@ -235,16 +274,32 @@ static void nz_case(int64_t B, int32_t q, int32_t p) {
     setup(&nd, B, ql, pl, H_, LK_KV_ND);
     setup(&nz, B, ql, pl, H_, LK_KV_NZ);
     double t = run(&nd, LK_MLA_SPLIT_MERGE);
-    int rounds = rounds_for(t) + 2;
-    double *a = malloc(sizeof(double) * (size_t)rounds), *z = malloc(sizeof(double) * (size_t)rounds);
-    run(&nz, LK_MLA_SPLIT_MERGE);
-    for (int r = 0; r < rounds; r++) a[r] = run(&nd, LK_MLA_SPLIT_MERGE), z[r] = run(&nz, LK_MLA_SPLIT_MERGE);
-    qsort(a, (size_t)rounds, sizeof(double), cmpd), qsort(z, (size_t)rounds, sizeof(double), cmpd);
-    double ma = a[rounds / 2], mz = z[rounds / 2];
-    char label[64];
+    int rounds = rounds_for(t) + 2, K = BENCH.nisa;
+    double *a = malloc(sizeof(double) * (size_t)(K * rounds)), *z = malloc(sizeof(double) * (size_t)(K * rounds));
+    for (int i = 0; bench_use_isa(i); i++) run(&nd, LK_MLA_SPLIT_MERGE), run(&nz, LK_MLA_SPLIT_MERGE); /* warm-up */
+    for (int r = 0; r < rounds; r++)
+        for (int j = 0; j < K; j++) {
+            int i = (j + r) % K; /* rotate the order: no ISA always runs first */
+            lk_set_isa(BENCH.isa[i]);
+            a[i * rounds + r] = run(&nd, LK_MLA_SPLIT_MERGE), z[i * rounds + r] = run(&nz, LK_MLA_SPLIT_MERGE);
+        }
+    bench_use_isa(K);
+    char label[64], shape[96];
     snprintf(label, sizeof label, "(%lld,%d,%d)", (long long)B, q, p);
-    printf("%-18s %9.2f %9.2f %6.3f\n", label, 1e3 * ma, 1e3 * mz, mz / ma);
+    double ma[BENCH_MAX_ISA], mz[BENCH_MAX_ISA];
+    for (int i = 0; i < K; i++) {
+        double *ai = a + i * rounds, *zi = z + i * rounds;
+        qsort(ai, (size_t)rounds, sizeof(double), cmpd), qsort(zi, (size_t)rounds, sizeof(double), cmpd);
+        ma[i] = 1e3 * ai[rounds / 2], mz[i] = 1e3 * zi[rounds / 2];
+        print_label(label, lk_isa_name(BENCH.isa[i]));
+        printf(" %9.2f %9.2f %6.3f\n", ma[i], mz[i], mz[i] / ma[i]);
+    }
     fflush(stdout);
+    double f = flops_of(&nd, LK_MLA_SPLIT_MERGE);
+    snprintf(shape, sizeof shape, "%s split_merge ND", label);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ma, f, BENCH.isa_fma, -1, NULL);
+    snprintf(shape, sizeof shape, "%s split_merge NZ", label);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", mz, f, BENCH.isa_fma, -1, NULL);
     teardown(&nd), teardown(&nz);
     free(a), free(z), free(ql), free(pl);
 }
@@ -256,14 +311,22 @@ void bench_mla_prefill(void) {
                                        {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};
     static const int quick[] = {0, 3, 8};
     int n = BENCH.full ? (int)(sizeof sweep / sizeof sweep[0]) : (int)(sizeof quick / sizeof quick[0]);
+    int K = BENCH.nisa;
+    char first[16];
+    snprintf(first, sizeof first, "/%s", lk_isa_name(BENCH.isa[0]));
     printf("\n== mla_prefix_prefill sweep (H=4 per rank, QK 192, V 128, latent 512, page 128, bf16; median ms of "
            "interleaved rounds)\n");
-    printf("columns: median ms per strategy | each over the best | auto's choice, its median over the best, auto's "
+    printf("columns: %smedian ms per strategy | each over the best | auto's choice, its median over the best, auto's "
            "own median ms and over the best | the best's GFLOP/s, %% of the FMA peak measured at start-up, the peak "
-           "measured around this case and %% of it | max error\n");
-    printf("%-18s %8s %8s %8s %8s | %4s %4s %4s %4s | %-8s %4s %8s %4s | %5s %4s %5s %4s %8s\n", "case (B,Q,P)", "split",
-           "concat", "fused", "absorbed", "/bst", "/bst", "/bst", "/bst", "auto", "/bst", "auto ms", "/bst", "GF/s",
-           "pk0", "pk", "pk", "max err");
+           "measured around this case and %% of it | max error%s\n",
+           K > 1 ? "isa | " : "", K > 1 ? " | the best median over the first ISA's" : "");
+    bench_section_name("mla_prefix_prefill sweep");
+    print_label("case (B,Q,P)", "isa");
+    printf(" %8s %8s %8s %8s | %4s %4s %4s %4s | %-8s %4s %8s %4s | %5s %4s %5s %4s %8s", "split", "concat", "fused",
+           "absorbed", "/bst", "/bst", "/bst", "/bst", "auto", "/bst", "auto ms", "/bst", "GF/s", "pk0", "pk", "pk",
+           "max err");
+    if (K > 1) printf(" %7s", first);
+    printf("\n");
     int total = n + (BENCH.full ? 3 : 0);
     for (int i = 0; i < n; i++) {
         const int32_t *s = sweep[BENCH.full ? i : quick[i]];
@@ -288,8 +351,10 @@ void bench_mla_prefill(void) {
         static const int32_t p10[10] = {768, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         sweep_case(10, q10, p10, H_, "B10 mixed");
     }
-    printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n%-18s %9s %9s %6s\n",
-           "case (B,Q,P)", "ND", "NZ", "NZ/ND");
+    printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n");
+    bench_section_name("mla_prefix_prefill NZ / ND");
+    print_label("case (B,Q,P)", "isa");
+    printf(" %9s %9s %6s\n", "ND", "NZ", "NZ/ND");
     static const int32_t nzc[][3] = {{1, 100, 768}, {8, 100, 768}, {32, 100, 768},
                                      {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};
     int nn = BENCH.full ? 6 : 2;
