@@ -6,7 +6,9 @@ as its machine's one ISA).
 
     bench_compare.py A.json B.json [--tol 0.05]
         two builds (before / after a change): each row's median time B / A per ISA both
-        files ran, then the rows where B is slower than A by more than the tolerance
+        files ran, then the rows where B is slower than A by more than the tolerance.
+        A and B may each be a comma list of files (alternating runs of the two builds):
+        a row's time is then the median over its files
     bench_compare.py A.json --isa-pair avx2,avx512 [--tol 0.05]
         two ISAs of one run: each row's time avx512 / avx2, then the rows where the
         second ISA is slower than the first by more than the tolerance
@@ -16,6 +18,7 @@ either way as noise.
 """
 import argparse
 import json
+import statistics
 import sys
 
 
@@ -32,6 +35,16 @@ def load(path):
         if key not in rows:
             order.append(key)
         rows[key] = ms
+    return rows, order
+
+
+def load_median(paths):
+    """a comma list of files: per row and ISA the median of the files' times"""
+    runs = [load(p) for p in paths.split(",")]
+    rows, order = {}, runs[0][1]
+    for key in order:
+        isas = [i for i in runs[0][0][key] if all(key in r and i in r[key] for r, _ in runs)]
+        rows[key] = {i: statistics.median(r[key][i] for r, _ in runs) for i in isas}
     return rows, order
 
 
@@ -66,7 +79,7 @@ def main():
     ap.add_argument("--tol", type=float, default=0.05, help="relative tolerance (default 0.05)")
     ap.add_argument("--isa-pair", help="X,Y: compare ISA Y with ISA X within A.json")
     o = ap.parse_args()
-    ra, order = load(o.a)
+    ra, order = load_median(o.a)
     if o.isa_pair:
         if o.b:
             ap.error("--isa-pair takes one file")
@@ -81,7 +94,7 @@ def main():
         return
     if not o.b:
         ap.error("two files, or one with --isa-pair")
-    rb, order_b = load(o.b)
+    rb, order_b = load_median(o.b)
     pairs = []
     for k in order:
         if k in rb:

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "testutil.h"
 
 #define D 40
@@ -447,6 +448,65 @@ static void test_mla(void) {
     }
 }
 
+/* ---------------------------------------------------------------- across ISAs */
+
+/* "AVX2 vs AVX-512" in docs/numerics.md: the element-wise ops give the same bits on every
+ * SIMD ISA (one source, the same operations per element). Random values with specials
+ * sprinkled in, every dtype, a row long enough for full vectors and tails of both. */
+#define XN 331
+static void test_cross_isa(void) {
+    if (ni < 3) {
+        printf("  note: one SIMD ISA on this CPU: cross-ISA bitwise checks not run (not counted)\n");
+        return;
+    }
+    static const float sp[6] = {NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, -100.0f};
+    const lk_dtype dts[3] = {LK_F32, LK_F16, LK_BF16};
+    for (int di = 0; di < 3; di++) {
+        lk_dtype dt = dts[di];
+        int64_t es = lk_dtype_size(dt);
+        static unsigned char x[4 * 2 * XN * 4], out[3][2][4 * XN * 4], mo[3][4 * 3 * XN * 4];
+        static unsigned char sa[4 * 3 * XN * 4], sb[4 * 3 * XN * 4];
+        static float la[4 * 3], lb[4 * 3], mlse[3][4 * 3];
+        tu_seed(77 + (uint64_t)di);
+        for (int i = 0; i < 4 * 2 * XN; i++)
+            lk_store_f(x, dt, i, tu_rand() % 13 == 0 ? sp[tu_rand() % 6] : (float)tu_uniform(-12, 12));
+        for (int i = 0; i < 4 * 3 * XN; i++) {
+            lk_store_f(sa, dt, i, tu_rand() % 17 == 0 ? sp[tu_rand() % 6] : (float)tu_uniform(-3, 3));
+            lk_store_f(sb, dt, i, (float)tu_uniform(-3, 3));
+        }
+        for (int i = 0; i < 12; i++) la[i] = (float)tu_uniform(-5, 5), lb[i] = i == 5 ? -INFINITY : (float)tu_uniform(-5, 5);
+        for (int k = 1; k < ni; k++) {
+            lk_set_isa(isas[k]);
+            lk_tensor tx = t2(x, dt, 4, 2 * XN);
+            for (int op = 0; op < 2; op++) {
+                lk_tensor to = t2(out[k - 1][op], dt, 4, XN);
+                if (op == 0) lk_silu_and_mul(&to, &tx);
+                else lk_gelu_tanh_and_mul(&to, &tx);
+            }
+            lk_tensor ta = t3(sa, dt, 4, 3, XN), tb = t3(sb, dt, 4, 3, XN), tm = t3(mo[k - 1], dt, 4, 3, XN);
+            lk_tensor tla = t2(la, LK_F32, 4, 3), tlb = t2(lb, LK_F32, 4, 3), tml = t2(mlse[k - 1], LK_F32, 4, 3);
+            lk_merge_attn_states(&tm, &tml, &ta, &tla, &tb, &tlb);
+        }
+        for (int k = 2; k < ni; k++) {
+            const char *a = lk_isa_name(isas[1]), *b = lk_isa_name(isas[k]);
+            for (int op = 0; op < 2; op++) {
+                int64_t bad = -1;
+                for (int64_t i = 0; i < 4 * XN && bad < 0; i++)
+                    if (memcmp(out[0][op] + i * es, out[k - 1][op] + i * es, (size_t)es)) bad = i;
+                char why[128] = "";
+                if (bad >= 0)
+                    snprintf(why, sizeof why, " (element %lld: %g vs %g, gate %g)", (long long)bad,
+                             lk_load_f(out[0][op], dt, bad), lk_load_f(out[k - 1][op], dt, bad),
+                             lk_load_f(x, dt, bad / XN * 2 * XN + bad % XN));
+                tu_check(bad < 0, "%s: %s %s and %s give the same bits%s", lk_dtype_name(dt),
+                         op ? "gelu_tanh_and_mul" : "silu_and_mul", a, b, why);
+            }
+            tu_check(!memcmp(mo[0], mo[k - 1], (size_t)(4 * 3 * XN * es)) && !memcmp(mlse[0], mlse[k - 1], sizeof mlse[0]),
+                     "%s: merge_attn_states out and out_lse, %s and %s give the same bits", lk_dtype_name(dt), a, b);
+        }
+    }
+}
+
 int main(void) {
     tu_init();
     ni = tu_isas(isas);
@@ -460,6 +520,7 @@ int main(void) {
     test_attention();
     test_attention_page_tail();
     test_mla();
+    test_cross_isa();
     lk_set_isa(lk_isa_best());
     return tu_finish("test_numerics");
 }

@@ -1,7 +1,7 @@
 /*
  * The ISA-independent half of the SIMD concat_and_cache_mla and gather_cache kernels
- * (src/cpu/avx2/mla_cache.c, src/cpu/avx512/mla_cache.c supply the copy of one group
- * of tokens).
+ * (src/cpu/simd/mla_cache.c, compiled per vector ISA, supplies the copy of one group of
+ * tokens).
  *
  * Run table: the copy of one token's entry dims [c0, c0 + n) is the same for every
  * token relative to the entry's base, because lk_paged_off(p, s, h, d) ==

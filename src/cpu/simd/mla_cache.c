@@ -18,24 +18,26 @@
 #include "../kernels.h"
 #include "../vec/lkv.h"
 
-/* bit copy of `bytes` contiguous bytes; stream: non-temporal from the first
- * LKV_BYTES boundary of dst */
+/* bit copy of `bytes` contiguous bytes; stream: non-temporal from the first 32-byte
+ * boundary of dst. 32-byte moves on every ISA (see kv_cache.c's copy_bytes_stream):
+ * runs are often 32 bytes or a few times that (NZ chunks, k_pe), which wider vectors
+ * would leave to memcpy */
 static inline void copy_bytes(char *dst, const char *src, int64_t bytes, int stream) {
     int64_t i = 0;
     if (stream) {
-        int64_t head = (int64_t)((LKV_BYTES - ((uintptr_t)dst & (LKV_BYTES - 1))) & (LKV_BYTES - 1));
+        int64_t head = (int64_t)((32 - ((uintptr_t)dst & 31)) & 31);
         if (head < bytes) {
             memcpy(dst, src, (size_t)head);
-            for (i = head; i + LKV_BYTES <= bytes; i += LKV_BYTES) lkv_bits_stream(dst + i, lkv_bits_loadu(src + i));
+            for (i = head; i + 32 <= bytes; i += 32) lkv_c32_stream(dst + i, lkv_c32_loadu(src + i));
         }
     }
-    for (; i + 4 * LKV_BYTES <= bytes; i += 4 * LKV_BYTES) {
-        lkv_bits a = lkv_bits_loadu(src + i), b = lkv_bits_loadu(src + i + LKV_BYTES);
-        lkv_bits c = lkv_bits_loadu(src + i + 2 * LKV_BYTES), d = lkv_bits_loadu(src + i + 3 * LKV_BYTES);
-        lkv_bits_storeu(dst + i, a), lkv_bits_storeu(dst + i + LKV_BYTES, b);
-        lkv_bits_storeu(dst + i + 2 * LKV_BYTES, c), lkv_bits_storeu(dst + i + 3 * LKV_BYTES, d);
+    for (; i + 128 <= bytes; i += 128) {
+        lkv_c32 a = lkv_c32_loadu(src + i), b = lkv_c32_loadu(src + i + 32);
+        lkv_c32 c = lkv_c32_loadu(src + i + 64), d = lkv_c32_loadu(src + i + 96);
+        lkv_c32_storeu(dst + i, a), lkv_c32_storeu(dst + i + 32, b);
+        lkv_c32_storeu(dst + i + 64, c), lkv_c32_storeu(dst + i + 96, d);
     }
-    for (; i + LKV_BYTES <= bytes; i += LKV_BYTES) lkv_bits_storeu(dst + i, lkv_bits_loadu(src + i));
+    for (; i + 32 <= bytes; i += 32) lkv_c32_storeu(dst + i, lkv_c32_loadu(src + i));
     if (i < bytes) memcpy(dst + i, src + i, (size_t)(bytes - i));
 }
 
