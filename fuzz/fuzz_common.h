@@ -7,7 +7,9 @@
  * the bytes their views touch, so ASan reports any access outside a view) and views
  * (lk_tensor + role) placed in them, plus the op's scalar attributes. fz_run() then
  *   1. snapshots every arena and clones the world (same layouts, same aliasing),
- *   2. calls the op with the best ISA on the world and with LK_ISA_REF on the clone,
+ *   2. calls the op with one SIMD ISA on the world (the input picks one of those the CPU
+ *      runs: every ISA's build of the shared SIMD sources gets fuzzed) and with
+ *      LK_ISA_REF on the clone,
  *   3. checks: same status; on error every arena bit-identical to the snapshot and a
  *      non-empty lk_last_error(); on LK_OK every byte outside the written views
  *      unchanged and each written view equal to the ref result (bitwise or within the
@@ -121,6 +123,7 @@ typedef struct {
     const char *why_fail; /* first reason */
     int clean;            /* everything valid: the op must return LK_OK */
     int threads;
+    int isa_pick;         /* which of the CPU's SIMD ISAs runs the op */
     uint64_t rng;
     double special_rate;  /* fraction of special values in fills */
     const char *op;       /* for reports */
@@ -182,7 +185,9 @@ static void fz_init(fz_world *w, fz_in *in, const char *op) {
     w->rng = fz_u64(in);
     unsigned sp = fz_u8(in);
     w->special_rate = sp < 160 ? 0.0 : sp < 224 ? 0.02 : sp < 248 ? 0.2 : 1.0;
-    w->threads = 1 + (int)(fz_u8(in) % 3);
+    unsigned tb = fz_u8(in);
+    w->threads = 1 + (int)(tb % 3);
+    w->isa_pick = (int)(tb / 3);
 }
 
 static void fz_free(fz_world *w) {
@@ -599,10 +604,14 @@ static void fz_run(fz_world *w, fz_call_fn call, const void *attrs) {
         snap[i] = malloc(w->a[i].n ? w->a[i].n : 1);
         memcpy(snap[i], w->a[i].p, w->a[i].n);
     }
-    lk_isa best = lk_isa_best();
-    if (getenv("FZ_VERBOSE")) fz_dump(w);
+    lk_isa simd[8], best = LK_ISA_REF; /* best: the SIMD ISA this input runs */
+    int ns = 0;
+    for (int i = 1; i <= (int)lk_isa_best() && ns < 8; i++)
+        if (lk_set_isa((lk_isa)i) == LK_OK) simd[ns++] = (lk_isa)i;
+    if (ns) best = simd[w->isa_pick % ns];
     lk_set_num_threads(w->threads);
     lk_set_isa(best);
+    if (getenv("FZ_VERBOSE")) fz_dump(w);
     lk_status s1 = call(w, attrs);
     char err1[512];
     snprintf(err1, sizeof err1, "%s", lk_last_error());

@@ -370,7 +370,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 (int)a.p.strategy, (int)a.p.cache_layout, a.p.dedup, a.null_params, a.c1 >= 0);
     last_status = LK_ERR_VALUE;
     fz_run(&w, call, &a);
-    /* after fz_run: w holds the best ISA's results, last_status the ref call's (equal) */
+    /* after fz_run: w holds the SIMD ISA's results, last_status the ref call's (equal) */
     if (last_status == LK_OK && valid && fz_usable(&w, a.out)) {
         const lk_tensor *o = &w.v[a.out].t;
         int64_t per_row = o->shape[1] * o->shape[2], r0 = fz_idx_get(&w, a.cu, 0), r1 = fz_idx_get(&w, a.cu, cB);
