@@ -4,7 +4,7 @@
  * macro (-DLKV_AVX2, -DLKV_AVX512), which selects the primitives below; everything else
  * here is built on those primitives and is the same for every ISA.
  *
- * Per ISA (src/cpu/vec/<isa>.h): LKV_W f32 lanes of lkv_f32, int lanes lkv_i32, lane
+ * Per ISA (src/cpu/vec/<arch>.h; x86.h serves AVX2 and AVX-512): LKV_W f32 lanes of lkv_f32, int lanes lkv_i32, lane
  * masks lkv_m, LKV_BYTES raw bytes lkv_bits; LKV_MR (attention micro-kernel rows) and
  * LKV_FN(name) (the one generated name: a source's registration function).
  *   arithmetic  lkv_zero set1 loadu storeu add sub mul div fma (a b + c) fnma (c - a b)
@@ -39,10 +39,8 @@
 #ifndef LKV_H
 #define LKV_H
 
-#if defined(LKV_AVX2)
-#include "avx2.h"
-#elif defined(LKV_AVX512)
-#include "avx512.h"
+#if defined(LKV_AVX2) || defined(LKV_AVX512)
+#include "x86.h"
 #else
 #error "a SIMD source is compiled with one of -DLKV_AVX2, -DLKV_AVX512"
 #endif

@@ -1,0 +1,325 @@
+/*
+ * Vector layer, x86: AVX2 + FMA + F16C (-DLKV_AVX2: 8 f32 lanes, 16 ymm registers) and
+ * AVX-512 F/BW/DQ/VL (-DLKV_AVX512: 16 lanes, 32 zmm registers, opmask tails). The
+ * primitives that src/cpu/vec/lkv.h builds on (see there for the contract of each);
+ * included only through lkv.h, by the SIMD sources compiled with the ISA's flags.
+ *
+ * Most primitives are the same instruction at both widths: LKV_X(op) names it
+ * (_mm256_op / _mm512_op), LKV_SI(op) its integer form (_mm256_op_si256 /
+ * _mm512_op_si512). Lane masks, tails, conversions to 16 bits and the shuffles differ
+ * and are written per width. bf16 rounding is the integer round-to-nearest-even of
+ * src/core/half.h, NaNs quieted the same way (not VCVTNEPS2BF16, which flushes
+ * subnormal inputs to zero).
+ */
+#ifndef LKV_X86_H
+#define LKV_X86_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "../../core/half.h"
+
+#define LKV_X_(prefix, op) LKV_X__(prefix, op)
+#define LKV_X__(prefix, op) prefix##op
+#if defined(LKV_AVX512)
+#define LKV_W 16  /* f32 lanes */
+#define LKV_MR 12 /* attention micro-kernel rows, 2 vectors each: 24 of 32 zmm accumulate */
+#define LKV_FN(name) lk_avx512_##name
+#define LKV_X(op) LKV_X_(_mm512_, op)
+#define LKV_SI(op) _mm512_##op##_si512
+#define LKV_CASTSI_PS castsi512_ps
+#define LKV_CMP(a, b, pred) _mm512_cmp_ps_mask((a), (b), (pred))
+typedef __m512 lkv_f32;
+typedef __m512i lkv_i32;
+typedef __mmask16 lkv_m;  /* lane mask: one bit per lane */
+typedef __m256i lkv_half; /* W 16-bit values */
+#else
+#define LKV_W 8
+#define LKV_MR 6  /* 2 vectors each: 12 of 16 ymm accumulate */
+#define LKV_FN(name) lk_avx2_##name
+#define LKV_X(op) LKV_X_(_mm256_, op)
+#define LKV_SI(op) _mm256_##op##_si256
+#define LKV_CASTSI_PS castsi256_ps
+#define LKV_CMP(a, b, pred) _mm256_cmp_ps((a), (b), (pred))
+typedef __m256 lkv_f32;
+typedef __m256i lkv_i32;
+typedef __m256 lkv_m;     /* lane mask: all ones / all zeros per lane */
+typedef __m128i lkv_half;
+#endif
+#define LKV_BYTES (4 * LKV_W)
+typedef lkv_i32 lkv_bits; /* LKV_BYTES raw bytes */
+typedef __m256i lkv_c32;  /* 32 raw bytes (an NZ chunk of 16-bit values) */
+
+/* ---- f32 arithmetic ---- */
+static inline lkv_f32 lkv_zero(void) { return LKV_X(setzero_ps)(); }
+static inline lkv_f32 lkv_set1(float x) { return LKV_X(set1_ps)(x); }
+static inline lkv_f32 lkv_loadu(const float *p) { return LKV_X(loadu_ps)(p); }
+static inline void lkv_storeu(float *p, lkv_f32 v) { LKV_X(storeu_ps)(p, v); }
+static inline lkv_f32 lkv_add(lkv_f32 a, lkv_f32 b) { return LKV_X(add_ps)(a, b); }
+static inline lkv_f32 lkv_sub(lkv_f32 a, lkv_f32 b) { return LKV_X(sub_ps)(a, b); }
+static inline lkv_f32 lkv_mul(lkv_f32 a, lkv_f32 b) { return LKV_X(mul_ps)(a, b); }
+static inline lkv_f32 lkv_div(lkv_f32 a, lkv_f32 b) { return LKV_X(div_ps)(a, b); }
+static inline lkv_f32 lkv_fma(lkv_f32 a, lkv_f32 b, lkv_f32 c) { return LKV_X(fmadd_ps)(a, b, c); }
+static inline lkv_f32 lkv_fnma(lkv_f32 a, lkv_f32 b, lkv_f32 c) { return LKV_X(fnmadd_ps)(a, b, c); }
+static inline lkv_f32 lkv_max(lkv_f32 a, lkv_f32 b) { return LKV_X(max_ps)(a, b); }
+static inline lkv_f32 lkv_min(lkv_f32 a, lkv_f32 b) { return LKV_X(min_ps)(a, b); }
+static inline lkv_f32 lkv_and(lkv_f32 a, lkv_f32 b) { return LKV_X(and_ps)(a, b); }
+static inline lkv_f32 lkv_or(lkv_f32 a, lkv_f32 b) { return LKV_X(or_ps)(a, b); }
+static inline lkv_f32 lkv_andnot(lkv_f32 a, lkv_f32 b) { return LKV_X(andnot_ps)(a, b); }
+static inline lkv_m lkv_lt(lkv_f32 a, lkv_f32 b) { return LKV_CMP(a, b, _CMP_LT_OQ); }
+static inline lkv_m lkv_gt(lkv_f32 a, lkv_f32 b) { return LKV_CMP(a, b, _CMP_GT_OQ); }
+static inline lkv_m lkv_unord(lkv_f32 a, lkv_f32 b) { return LKV_CMP(a, b, _CMP_UNORD_Q); }
+
+/* ---- int32 lanes, raw bytes ---- */
+static inline lkv_i32 lkv_as_i32(lkv_f32 v) { return LKV_SI(castps)(v); }
+static inline lkv_f32 lkv_as_f32(lkv_i32 v) { return LKV_X(LKV_CASTSI_PS)(v); }
+static inline lkv_i32 lkv_cvt_i32(lkv_f32 v) { return LKV_X(cvtps_epi32)(v); }
+static inline lkv_i32 lkv_i32_set1(int x) { return LKV_X(set1_epi32)(x); }
+static inline lkv_i32 lkv_i32_add(lkv_i32 a, lkv_i32 b) { return LKV_X(add_epi32)(a, b); }
+static inline lkv_i32 lkv_i32_sub(lkv_i32 a, lkv_i32 b) { return LKV_X(sub_epi32)(a, b); }
+static inline lkv_i32 lkv_i32_and(lkv_i32 a, lkv_i32 b) { return LKV_SI(and)(a, b); }
+#define lkv_i32_slli(v, n) LKV_X(slli_epi32)((v), (n))
+#define lkv_i32_srli(v, n) LKV_X(srli_epi32)((v), (n))
+#define lkv_i32_srai(v, n) LKV_X(srai_epi32)((v), (n))
+static inline lkv_bits lkv_bits_loadu(const void *p) { return LKV_SI(loadu)((const void *)p); }
+static inline void lkv_bits_storeu(void *p, lkv_bits v) { LKV_SI(storeu)((void *)p, v); }
+static inline void lkv_bits_stream(void *p, lkv_bits v) { LKV_SI(stream)((void *)p, v); } /* LKV_BYTES aligned */
+static inline lkv_c32 lkv_c32_loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void lkv_c32_storeu(void *p, lkv_c32 v) { _mm256_storeu_si256((__m256i *)p, v); }
+static inline void lkv_c32_stream(void *p, lkv_c32 v) { _mm256_stream_si256((__m256i *)p, v); } /* 32-byte aligned */
+static inline void lkv_sfence(void) { _mm_sfence(); }
+#if defined(LKV_AVX512)
+static inline lkv_half lkv__load_half(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void lkv__store_half(void *p, lkv_half v) { _mm256_storeu_si256((__m256i *)p, v); }
+static inline void lkv__stream_half(void *p, lkv_half v) { _mm256_stream_si256((__m256i *)p, v); }
+#else
+static inline lkv_half lkv__load_half(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+static inline void lkv__store_half(void *p, lkv_half v) { _mm_storeu_si128((__m128i *)p, v); }
+static inline void lkv__stream_half(void *p, lkv_half v) { _mm_stream_si128((__m128i *)p, v); }
+#endif
+
+/* f32 -> bf16 round-to-nearest-even without the NaN rule, in the low 16 bits of each
+ * lane: exact for every non-NaN value and for NaNs whose low 16 bits are 0 */
+static inline lkv_i32 lkv_bf16_bits_nonan(lkv_f32 v) {
+    lkv_i32 u = lkv_as_i32(v), lsb = lkv_i32_and(lkv_i32_srli(u, 16), lkv_i32_set1(1));
+    return lkv_i32_srli(lkv_i32_add(lkv_i32_add(u, lkv_i32_set1(0x7fff)), lsb), 16);
+}
+
+/* the rounding of lkv_bf16_bits_nonan kept in the high half (low half garbage) */
+static inline lkv_i32 lkv__bf16_high_nonan(lkv_f32 v) {
+    lkv_i32 u = lkv_as_i32(v);
+    return lkv_i32_add(lkv_i32_add(u, lkv_i32_set1(0x7fff)), lkv_i32_and(lkv_i32_srli(u, 16), lkv_i32_set1(1)));
+}
+
+/* 2W bf16 values of one lkv_bits in even / odd order (element 2i is the low half of lane
+ * i, 2i + 1 the high half): the even ones shifted up, the odd ones masked */
+static inline void lkv_bf16_split(lkv_bits v, lkv_f32 *even, lkv_f32 *odd) {
+    *even = lkv_as_f32(lkv_i32_slli(v, 16));
+    *odd = lkv_as_f32(lkv_i32_and(v, lkv_i32_set1((int)0xffff0000u)));
+}
+
+static inline lkv_f32 lkv_load_f16(const void *p) { return LKV_X(cvtph_ps)(lkv__load_half(p)); }
+static inline lkv_f32 lkv_load_bf16(const void *p) {
+    return lkv_as_f32(lkv_i32_slli(LKV_X(cvtepu16_epi32)(lkv__load_half(p)), 16));
+}
+
+/* max of 8 lanes */
+static inline float lkv__hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+#if defined(LKV_AVX512) /* ------------------------------------------------ AVX-512 */
+
+static inline float lkv_hsum(lkv_f32 v) { return _mm512_reduce_add_ps(v); }
+static inline float lkv_hmax(lkv_f32 v) {
+    return lkv__hmax8(_mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+static inline lkv_f32 lkv_round(lkv_f32 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline lkv_m lkv_m_none(void) { return 0; }
+static inline lkv_m lkv_m_or(lkv_m a, lkv_m b) { return (lkv_m)(a | b); }
+static inline int lkv_m_any(lkv_m m) { return m != 0; }
+static inline lkv_m lkv_m_first(int64_t n) { return n >= 16 ? (lkv_m)0xffff : (lkv_m)((1u << n) - 1u); }
+static inline lkv_f32 lkv_blend(lkv_f32 a, lkv_f32 b, lkv_m m) { return _mm512_mask_blend_ps(m, a, b); }
+static inline lkv_f32 lkv_maskz(lkv_m m, lkv_f32 a) { return _mm512_maskz_mov_ps(m, a); }
+static inline lkv_f32 lkv_zero_where(lkv_m m, lkv_f32 a) { return _mm512_maskz_mov_ps((lkv_m)~m, a); }
+
+static inline lkv_i32 lkv_bf16_bits(lkv_f32 v) { /* NaNs quieted as lk_f32_to_bf16 */
+    __m512i nan = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_blend_epi32(lkv_unord(v, v), lkv_bf16_bits_nonan(v), nan);
+}
+static inline lkv_half lkv__half(lkv_f32 v, lk_dtype dt) {
+    if (dt == LK_F16) return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_cvtepi32_epi16(lkv_bf16_bits(v));
+}
+
+/* first n (0 <= n <= W) elements, masked; other lanes 0 / not written */
+static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+    __mmask16 m = lkv_m_first(n);
+    if (dt == LK_F32) return _mm512_maskz_loadu_ps(m, p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return dt == LK_F16 ? _mm512_cvtph_ps(h) : lkv_as_f32(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+    __mmask16 m = lkv_m_first(n);
+    if (dt == LK_F32) _mm512_mask_storeu_ps(p, m, v);
+    else _mm256_mask_storeu_epi16(p, m, lkv__half(v, dt));
+}
+
+static inline lkv_bits lkv__blend_odd16(lkv_i32 even_low, lkv_i32 odd_high) {
+    return _mm512_mask_blend_epi16((__mmask32)0xaaaaaaaau, even_low, odd_high);
+}
+
+/* GPT-J pairs: per 128-bit lane L, x and y hold pairs 2L, 2L+1, 8+2L, 9+2L;
+ * lkv_pair_order puts a plain vector's 64-bit units in the order 0 4 1 5 2 6 3 7 */
+static inline lkv_f32 lkv_pair_order(lkv_f32 v) {
+    return _mm512_castpd_ps(_mm512_permutexvar_pd(_mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7), _mm512_castps_pd(v)));
+}
+/* bf16 pack of a and b back in memory order: a to the low 32 bytes, b to the high */
+static inline lkv_bits lkv__pack2_bf16(lkv_f32 a, lkv_f32 b) {
+    __m512i ab = _mm512_packus_epi32(lkv_bf16_bits(a), lkv_bf16_bits(b)); /* per 128 bits: a 4, b 4 */
+    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), ab);
+}
+static inline lkv_half lkv__low_half(lkv_bits v) { return _mm512_castsi512_si256(v); }
+static inline lkv_half lkv__high_half(lkv_bits v) { return _mm512_extracti64x4_epi64(v, 1); }
+
+/* the transpose's last stage: u[4q + k] lane L holds element 4L + k of rows 4q .. 4q + 3;
+ * row i of the result gathers lane i / 4 of u[i % 4], u[4 + i % 4], u[8 + ..], u[12 + ..] */
+static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
+    for (int k = 0; k < 4; k++) {
+        __m512 v = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), w = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+        __m512 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_f32x4(v, v2, 0x88), r[8 + k] = _mm512_shuffle_f32x4(v, v2, 0xdd);
+        r[4 + k] = _mm512_shuffle_f32x4(w, w2, 0x88), r[12 + k] = _mm512_shuffle_f32x4(w, w2, 0xdd);
+    }
+}
+
+#else /* ------------------------------------------------------------------- AVX2 */
+
+static inline float lkv_hsum(lkv_f32 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float lkv_hmax(lkv_f32 v) { return lkv__hmax8(v); }
+static inline lkv_f32 lkv_round(lkv_f32 a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline lkv_m lkv_m_none(void) { return _mm256_setzero_ps(); }
+static inline lkv_m lkv_m_or(lkv_m a, lkv_m b) { return _mm256_or_ps(a, b); }
+static inline int lkv_m_any(lkv_m m) { return _mm256_movemask_ps(m) != 0; }
+static inline lkv_m lkv_m_first(int64_t n) { /* lanes [0, n) */
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), idx));
+}
+static inline lkv_f32 lkv_blend(lkv_f32 a, lkv_f32 b, lkv_m m) { return _mm256_blendv_ps(a, b, m); }
+static inline lkv_f32 lkv_maskz(lkv_m m, lkv_f32 a) { return _mm256_and_ps(m, a); }
+static inline lkv_f32 lkv_zero_where(lkv_m m, lkv_f32 a) { return _mm256_andnot_ps(m, a); }
+
+static inline lkv_i32 lkv_bf16_bits(lkv_f32 v) { /* NaNs quieted as lk_f32_to_bf16 */
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x40));
+    return _mm256_castps_si256(lkv_blend(lkv_as_f32(lkv_bf16_bits_nonan(v)), lkv_as_f32(nan), lkv_unord(v, v)));
+}
+static inline lkv_half lkv__half(lkv_f32 v, lk_dtype dt) {
+    if (dt == LK_F16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256i b = lkv_bf16_bits(v);
+    return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+/* first n (0 <= n <= W) elements through a small stack buffer; other lanes 0 / not written */
+static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+    if (dt == LK_F32) {
+        float buf[8] = {0};
+        memcpy(buf, p, (size_t)n * 4);
+        return _mm256_loadu_ps(buf);
+    }
+    uint16_t h[8] = {0};
+    memcpy(h, p, (size_t)n * 2);
+    return dt == LK_F16 ? lkv_load_f16(h) : lkv_load_bf16(h);
+}
+static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+    if (dt == LK_F32) {
+        float buf[8];
+        _mm256_storeu_ps(buf, v);
+        memcpy(p, buf, (size_t)n * 4);
+        return;
+    }
+    uint16_t h[8];
+    _mm_storeu_si128((__m128i *)h, lkv__half(v, dt));
+    memcpy(p, h, (size_t)n * 2);
+}
+
+static inline lkv_bits lkv__blend_odd16(lkv_i32 even_low, lkv_i32 odd_high) {
+    return _mm256_blend_epi16(even_low, odd_high, 0xaa);
+}
+
+/* GPT-J pairs: shufps leaves x and y in the pair order 0 1 4 5 2 3 6 7 */
+static inline lkv_f32 lkv_pair_order(lkv_f32 v) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+static inline lkv_bits lkv__pack2_bf16(lkv_f32 a, lkv_f32 b) {
+    __m256i ab = _mm256_packus_epi32(lkv_bf16_bits(a), lkv_bf16_bits(b)); /* a0-3 b0-3 | a4-7 b4-7 */
+    return _mm256_permute4x64_epi64(ab, _MM_SHUFFLE(3, 1, 2, 0));
+}
+static inline lkv_half lkv__low_half(lkv_bits v) { return _mm256_castsi256_si128(v); }
+static inline lkv_half lkv__high_half(lkv_bits v) { return _mm256_extracti128_si256(v, 1); }
+
+/* the transpose's last stage (see the AVX-512 one): lanes of u[k] and u[4 + k] */
+static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
+    for (int k = 0; k < 4; k++) r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20), r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+}
+
+#endif /* ---------------------------------------------------------------- both */
+
+static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_F16)); }
+static inline void lkv_store_bf16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_BF16)); }
+/* non-temporal W 16-bit values; p aligned to 2W bytes */
+static inline void lkv_stream_half(void *p, lk_dtype dt, lkv_f32 v) { lkv__stream_half(p, lkv__half(v, dt)); }
+static inline void lkv_stream_f32(float *p, lkv_f32 v) { LKV_X(stream_ps)(p, v); } /* p LKV_BYTES aligned */
+
+/* lkv_bf16_split's inverse, rounded as lkv_bf16_bits_nonan: the even results shifted
+ * down, blended with the odd ones' high halves */
+static inline lkv_bits lkv_bf16_join_nonan(lkv_f32 even, lkv_f32 odd) {
+    return lkv__blend_odd16(lkv_bf16_bits_nonan(even), lkv__bf16_high_nonan(odd));
+}
+/* the inverse for even / odd values that are bf16 already (low 16 bits 0), exact */
+static inline lkv_bits lkv_bf16_join_exact(lkv_f32 even, lkv_f32 odd) {
+    return lkv__blend_odd16(lkv_i32_srli(lkv_as_i32(even), 16), lkv_as_i32(odd));
+}
+
+/* W x W transpose of r[0..W) in place: 4 x 4 transposes within 128-bit lanes, then
+ * across lanes */
+static inline void lkv_transpose(lkv_f32 *r) {
+    lkv_f32 t[LKV_W], u[LKV_W];
+    for (int i = 0; i < LKV_W; i += 2) t[i] = LKV_X(unpacklo_ps)(r[i], r[i + 1]), t[i + 1] = LKV_X(unpackhi_ps)(r[i], r[i + 1]);
+    for (int i = 0; i < LKV_W; i += 4) {
+        u[i] = LKV_X(shuffle_ps)(t[i], t[i + 2], 0x44), u[i + 1] = LKV_X(shuffle_ps)(t[i], t[i + 2], 0xee);
+        u[i + 2] = LKV_X(shuffle_ps)(t[i + 1], t[i + 3], 0x44), u[i + 3] = LKV_X(shuffle_ps)(t[i + 1], t[i + 3], 0xee);
+    }
+    lkv__transpose_lanes(u, r);
+}
+
+/* GPT-J pairs: x = even, y = odd elements of the 2W values v0 | v1, in the lane order
+ * that lkv_pair_order gives a plain vector; lkv_interleave is the inverse */
+static inline void lkv_deinterleave(lkv_f32 v0, lkv_f32 v1, lkv_f32 *x, lkv_f32 *y) {
+    *x = LKV_X(shuffle_ps)(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+    *y = LKV_X(shuffle_ps)(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+}
+static inline void lkv_interleave(lkv_f32 x, lkv_f32 y, lkv_f32 *v0, lkv_f32 *v1) {
+    *v0 = LKV_X(unpacklo_ps)(x, y);
+    *v1 = LKV_X(unpackhi_ps)(x, y);
+}
+
+/* a to pa and b to pb, both of dtype dt: bf16 with one pack and one permute */
+static inline void lkv_store2(void *pa, void *pb, lk_dtype dt, lkv_f32 a, lkv_f32 b) {
+    if (dt == LK_F32) {
+        lkv_storeu(pa, a), lkv_storeu(pb, b);
+    } else if (dt == LK_F16) {
+        lkv_store_f16(pa, a), lkv_store_f16(pb, b);
+    } else {
+        lkv_bits ab = lkv__pack2_bf16(a, b);
+        lkv__store_half(pa, lkv__low_half(ab));
+        lkv__store_half(pb, lkv__high_half(ab));
+    }
+}
+
+#endif
