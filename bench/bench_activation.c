@@ -3,7 +3,7 @@
  * decode (T = 1, 16) and prefill (T = 4096), I = 14336 (Llama-3-8B; also Gemma-2-9B,
  * whose GeGLU is the gelu_tanh case) and I = 10944 (DeepSeek-V2-Lite dense MLP), bf16
  * and f32. Bytes: x read once + out written once (3 T I elements). The error column
- * compares the output of each ISA with the reference kernel on the same inputs, over the
+ * compares the output of each variant with the reference kernel on the same inputs, over the
  * first min(T, 256) rows (the scalar reference over all 4096 rows would take longer
  * than the timing itself).
  */
@@ -47,7 +47,7 @@ static void one_case(int64_t T, int64_t I, lk_dtype dt) {
         if (gelu) lk_gelu_tanh_and_mul(&tr, &xr);
         else lk_silu_and_mul(&tr, &xr);
         lk_set_isa(isa);
-        double err = bench_err_isas(run_act, &c, out, ref, dt, R * I);
+        double err = bench_err_variants(run_act, &c, out, ref, dt, R * I);
         char shape[64];
         snprintf(shape, sizeof shape, "%lld x %lld -> %lld", (long long)T, (long long)(2 * I),
                  (long long)I);

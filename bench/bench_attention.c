@@ -4,7 +4,7 @@
  * 4096 keys x 32 heads x 128, paged (page 16), batch 1 and 8.
  * Prefill rows: GFLOP/s of effective work 4 * Sq * Sk * D * H (causal-halved) against the
  * FMA peak of each ISA. Decode rows: GB/s of K/V read against the read bandwidth.
- * Max error: the reference on a sub-problem whose rows are rows of each ISA's output (the
+ * Max error: the reference on a sub-problem whose rows are rows of each variant's output (the
  * last 32 queries of the first KV head's query heads, over all keys: bottom-right causal
  * alignment makes them identical rows).
  */
@@ -26,7 +26,7 @@ static void run_attn(void *vc) {
                          c->paged ? &c->used : NULL, c->paged ? &c->table : NULL, &c->p);
 }
 
-/* max error over the listed ISAs of the output's last `rows` queries of request 0 (heads
+/* max error over the variants of the output's last `rows` queries of request 0 (heads
  * of KV head 0) against the reference on that sub-problem */
 static double check_tail(attn_ctx *c, int64_t q_len, int64_t k_len, int64_t Hq, int64_t Hk,
                          int64_t Dv, int64_t rows) {
@@ -57,9 +57,9 @@ static double check_tail(attn_ctx *c, int64_t q_len, int64_t k_len, int64_t Hq, 
         fprintf(stderr, "reference failed: %s\n", lk_last_error());
         err = INFINITY;
     }
-    /* the whole problem once per listed ISA, compared row by row: the timed rows are
+    /* the whole problem once per variant, compared row by row: the timed rows are
      * strided by the full head count */
-    for (int i = 0; s == LK_OK && bench_use_isa(i); i++) {
+    for (int i = 0; s == LK_OK && bench_use_variant(i); i++) {
         run_attn(c);
         for (int64_t r = 0; r < rows; r++) {
             const char *tr = (const char *)out.data + r * out.stride[0] * (int64_t)lk_dtype_size(out.dtype);

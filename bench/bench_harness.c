@@ -12,10 +12,11 @@
  *  - FMA peak, per listed ISA: independent FMA chains in registers (AVX2 or AVX-512
  *    FMAs for those ISAs; none for ref), 2 flops per lane per FMA.
  *
- * With several ISAs (--isa) a timing interleaves them: each round takes one sample on
- * every ISA, in an order rotated from round to round, so that a shared machine's drift
- * hits them alike; rows print one column group per ISA and the last ISA's time over
- * the first's.
+ * With several variants (--isa, --lib) a timing interleaves them: each round takes one
+ * sample on every variant, in an order rotated from round to round, so that a shared
+ * machine's drift hits them alike; rows print one column group per variant and the time
+ * ratios (bench.h). The FMA peaks are measured once per ISA, not per library: they are
+ * the machine's.
  */
 #include "bench.h"
 
@@ -27,7 +28,6 @@
 #include <time.h>
 #include <immintrin.h>
 
-#include "core/core.h"
 #include "core/half.h"
 
 bench_env BENCH = {.threads = 1, .reps = 7};
@@ -53,36 +53,40 @@ static double median(double *v, int n) {
 
 static double copy_probe(void);
 
-int bench_use_isa(int i) {
-    int more = i < BENCH.nisa;
-    lk_set_isa(BENCH.isa[more ? i : 0]);
+int bench_use_variant(int i) {
+    int more = i < BENCH.nvar;
+    const bench_variant *v = &BENCH.var[more ? i : 0];
+    bench_api = BENCH.lib[v->lib].api;
+    lk_set_isa(BENCH.isa[v->isa]);
     return more;
 }
 
-/* median ms per call on each listed ISA (BENCH.row_ms; returns the first's); with
+int bench_base_variant(int i) { return BENCH.nlib > 1 ? i - BENCH.var[i].lib : 0; }
+
+/* median ms per call on each variant (BENCH.row_ms; returns the first's); with
  * `probe`, a copy probe after each round, whose median goes to BENCH.row_copy_gbs */
 static double time_reps(bench_fn fn, void *ctx, int probe) {
-    int inner[BENCH_MAX_ISA], k = BENCH.nisa;
-    for (int i = 0; bench_use_isa(i); i++) {
+    int inner[BENCH_MAX_VAR], k = BENCH.nvar;
+    for (int i = 0; bench_use_variant(i); i++) {
         fn(ctx); /* warm-up */
         double t0 = now_s();
         fn(ctx);
         double one = now_s() - t0;
         inner[i] = one > 2e-3 ? 1 : (int)(2e-3 / (one > 1e-8 ? one : 1e-8)) + 1;
     }
-    double samples[BENCH_MAX_ISA][64], probes[64];
+    double samples[BENCH_MAX_VAR][64], probes[64];
     int reps = BENCH.reps > 64 ? 64 : BENCH.reps;
     for (int r = 0; r < reps; r++) {
         for (int j = 0; j < k; j++) {
-            int i = (j + r) % k; /* rotate the order: no ISA always runs first */
-            lk_set_isa(BENCH.isa[i]);
+            int i = (j + r) % k; /* rotate the order: no variant always runs first */
+            bench_use_variant(i);
             double t0 = now_s();
             for (int n = 0; n < inner[i]; n++) fn(ctx);
             samples[i][r] = (now_s() - t0) / inner[i];
         }
         if (probe) probes[r] = copy_probe();
     }
-    bench_use_isa(k);
+    bench_use_variant(k);
     if (probe) BENCH.row_copy_gbs = median(probes, reps);
     for (int i = 0; i < k; i++) BENCH.row_ms[i] = 1e3 * median(samples[i], reps);
     return BENCH.row_ms[0];
@@ -123,10 +127,10 @@ double bench_max_err(const void *a, const void *b, lk_dtype dt, int64_t n) {
     return m;
 }
 
-double bench_err_isas(bench_fn fn, void *ctx, const void *out, const void *ref, lk_dtype dt,
-                      int64_t n) {
+double bench_err_variants(bench_fn fn, void *ctx, const void *out, const void *ref, lk_dtype dt,
+                          int64_t n) {
     double err = 0;
-    for (int i = 0; bench_use_isa(i); i++) {
+    for (int i = 0; bench_use_variant(i); i++) {
         fn(ctx);
         double e = bench_max_err(out, ref, dt, n);
         if (e > err) err = e;
@@ -185,7 +189,7 @@ static int probe_nt;
 /* Copy ceiling = the better of plain and non-temporal stores (plain stores also pay a
  * read-for-ownership that is not counted), both counted as 1 read + 1 write. */
 static void measure_bandwidth(void) {
-    if (!lk_cpu_has_avx2()) return; /* ref-only CPU: no ceiling printed */
+    if (lk_isa_best() < LK_ISA_AVX2) return; /* ref-only CPU: no ceiling printed */
     size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB per array */
     float *a = NULL, *b = NULL;
     if (posix_memalign((void **)&a, 64, n * 4) || posix_memalign((void **)&b, 64, n * 4)) exit(1);
@@ -270,15 +274,27 @@ static double fma_median(lk_isa isa, long iters, int reps) {
 
 static void measure_fma(void) {
     for (int i = 0; i < BENCH.nisa; i++) BENCH.isa_fma[i] = fma_median(BENCH.isa[i], 20000000, 5);
+    for (int v = 0; v < BENCH.nvar; v++) BENCH.var_fma[v] = BENCH.isa_fma[BENCH.var[v].isa];
     BENCH.fma_gflops = BENCH.isa_fma[0];
 }
 
 double bench_fma_now(lk_isa isa) { return fma_median(isa, 5000000, 3); }
 
+/* s as a JSON string */
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
 void bench_measure_machine(void) {
     measure_bandwidth();
     measure_fma();
-    char isas[64] = "", peaks[128] = "";
+    char isas[64] = "", peaks[128] = "", vars[BENCH_MAX_VAR * 33] = "";
     for (int i = 0; i < BENCH.nisa; i++) {
         size_t a = strlen(isas), b = strlen(peaks);
         snprintf(isas + a, sizeof isas - a, "%s%s", i ? "," : "", lk_isa_name(BENCH.isa[i]));
@@ -286,13 +302,27 @@ void bench_measure_machine(void) {
         else snprintf(peaks + b, sizeof peaks - b, "%s%s %.1f", i ? ", " : "", lk_isa_name(BENCH.isa[i]),
                       BENCH.isa_fma[i]);
     }
+    for (int i = 0; i < BENCH.nvar; i++) {
+        size_t a = strlen(vars);
+        snprintf(vars + a, sizeof vars - a, "%s%s", i ? "," : "", BENCH.var[i].name);
+    }
     printf("machine: %d threads, isa %s | copy bandwidth %.1f GB/s (read+write) | read bandwidth "
            "%.1f GB/s | f32 FMA peak %s GFLOP/s\n",
            BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks);
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
                "(2 x 64 MiB; it drifts on a shared machine)\n");
-    if (BENCH.nisa > 1)
+    const char *version[BENCH_MAX_LIB];
+    for (int k = 0; k < BENCH.nlib; k++) {
+        bench_api = BENCH.lib[k].api;
+        version[k] = lk_version();
+        if (BENCH.lib[k].path) printf("library %s: %s (llmkern %s)\n", BENCH.lib[k].name, BENCH.lib[k].path, version[k]);
+    }
+    bench_use_variant(0);
+    if (BENCH.nlib > 1)
+        printf("variants %s: each row's repetitions alternate between them; errors against the first library's ref "
+               "kernel; FLOPS rows set against each ISA's own FMA peak\n", vars);
+    else if (BENCH.nisa > 1)
         printf("isas %s: each row's repetitions alternate between them; FLOPS rows set against each "
                "ISA's own FMA peak\n", isas);
     if (bench_json) {
@@ -301,11 +331,25 @@ void bench_measure_machine(void) {
                 "\"read_gbs\": %.3f, \"fma_gflops\": %.3f, \"isas\": [",
                 BENCH.threads, lk_isa_name(BENCH.isa[0]), BENCH.copy_gbs, BENCH.read_gbs,
                 BENCH.fma_gflops);
-        for (int i = 0; i < BENCH.nisa; i++) fprintf(bench_json, "%s\"%s\"", i ? ", " : "", lk_isa_name(BENCH.isa[i]));
+        for (int i = 0; i < BENCH.nvar; i++) fprintf(bench_json, "%s\"%s\"", i ? ", " : "", BENCH.var[i].name);
         fprintf(bench_json, "], \"fma_gflops_isa\": {");
         for (int i = 0; i < BENCH.nisa; i++)
             fprintf(bench_json, "%s\"%s\": %.3f", i ? ", " : "", lk_isa_name(BENCH.isa[i]), BENCH.isa_fma[i]);
-        fprintf(bench_json, "}},\n\"rows\": [\n");
+        fprintf(bench_json, "}");
+        if (BENCH.lib[0].path) { /* --lib */
+            fprintf(bench_json, ", \"libs\": [");
+            for (int k = 0; k < BENCH.nlib; k++) {
+                fprintf(bench_json, "%s{\"name\": ", k ? ", " : "");
+                json_str(bench_json, BENCH.lib[k].name);
+                fprintf(bench_json, ", \"path\": ");
+                json_str(bench_json, BENCH.lib[k].path);
+                fprintf(bench_json, ", \"version\": ");
+                json_str(bench_json, version[k]);
+                fprintf(bench_json, "}");
+            }
+            fprintf(bench_json, "]");
+        }
+        fprintf(bench_json, "},\n\"rows\": [\n");
     }
 }
 
@@ -315,22 +359,45 @@ void bench_section_name(const char *title) {
     snprintf(section, sizeof section, "%.*s", (int)n, title);
 }
 
+/* the width of variant i's time column (its head: "NAME us") */
+static int time_width(int i) {
+    int n = (int)strlen(BENCH.var[i].name) + 3;
+    return n > 10 ? n : 10;
+}
+
+/* the ratio columns: their heads (t NULL) or the ratios of the variants' times t. One
+ * library: the last variant over the first; several: each variant of a library after the
+ * first over the first library's on the same ISA */
+static void print_ratios(const double *t) {
+    printf(" |");
+    for (int i = 1; i < BENCH.nvar; i++) {
+        const bench_variant *v = &BENCH.var[i];
+        if (BENCH.nlib == 1 ? i < BENCH.nvar - 1 : !v->lib) continue;
+        char head[48];
+        if (BENCH.nlib == 1) snprintf(head, sizeof head, "%s/%s", v->name, BENCH.var[0].name);
+        else snprintf(head, sizeof head, "%s/%s:%s", BENCH.lib[v->lib].name, BENCH.lib[0].name,
+                      lk_isa_name(BENCH.isa[v->isa]));
+        int w = (int)strlen(head) > 11 ? (int)strlen(head) : 11;
+        if (t) printf(" %*.2f", w, t[i] / t[bench_base_variant(i)]);
+        else printf(" %*s", w, head);
+    }
+}
+
 void bench_section(const char *title) {
     bench_section_name(title);
     printf("\n== %s\n", title);
-    if (BENCH.nisa == 1) {
+    if (BENCH.nvar == 1) {
         printf("%-22s %-26s %-6s %10s %10s %10s %7s %10s\n", "op", "shape", "dtype", "median us",
                "achieved", "ceiling", "ratio", "max err");
     } else {
         printf("%-22s %-26s %-6s %-7s", "op", "shape", "dtype", "unit");
-        for (int i = 0; i < BENCH.nisa; i++) {
-            char us[32];
-            snprintf(us, sizeof us, "%s us", lk_isa_name(BENCH.isa[i]));
-            printf(" | %10s %6s %6s %4s", us, "rate", "ceil", "%");
+        for (int i = 0; i < BENCH.nvar; i++) {
+            char us[40];
+            snprintf(us, sizeof us, "%s us", BENCH.var[i].name);
+            printf(" | %*s %6s %6s %4s", time_width(i), us, "rate", "ceil", "%");
         }
-        char r[32];
-        snprintf(r, sizeof r, "%s/%s", lk_isa_name(BENCH.isa[BENCH.nisa - 1]), lk_isa_name(BENCH.isa[0]));
-        printf(" | %11s %10s\n", r, "max err");
+        print_ratios(NULL);
+        printf(" %10s\n", "max err");
     }
     fflush(stdout);
 }
@@ -339,8 +406,8 @@ void bench_json_row(const char *op, const char *shape, const char *dtype, const 
                     const double *ms, double units, const double *ceil, double max_err,
                     const char *extra) {
     if (!bench_json) return;
-    double rate[BENCH_MAX_ISA];
-    for (int i = 0; i < BENCH.nisa; i++) rate[i] = ms[i] > 0 ? units / (ms[i] * 1e-3) / 1e9 : 0;
+    double rate[BENCH_MAX_VAR];
+    for (int i = 0; i < BENCH.nvar; i++) rate[i] = ms[i] > 0 ? units / (ms[i] * 1e-3) / 1e9 : 0;
     fprintf(bench_json,
             "%s  {\"op\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", \"section\": \"%s\", "
             "\"median_ms\": %.6f, \"rate\": %.3f, \"unit\": \"%s\", \"ceiling\": %.3f, "
@@ -350,13 +417,23 @@ void bench_json_row(const char *op, const char *shape, const char *dtype, const 
     if (max_err < 0) fprintf(bench_json, "null, \"isa\": {");
     else if (!(max_err < INFINITY)) fprintf(bench_json, "1e999, \"isa\": {"); /* JSON has no inf; this reads as inf */
     else fprintf(bench_json, "%.3e, \"isa\": {", max_err);
-    for (int i = 0; i < BENCH.nisa; i++)
+    for (int i = 0; i < BENCH.nvar; i++)
         fprintf(bench_json,
                 "%s\"%s\": {\"median_ms\": %.6f, \"rate\": %.3f, \"ceiling\": %.3f, \"ratio\": %.4f}",
-                i ? ", " : "", lk_isa_name(BENCH.isa[i]), ms[i], rate[i], ceil[i],
+                i ? ", " : "", BENCH.var[i].name, ms[i], rate[i], ceil[i],
                 ceil[i] > 0 ? rate[i] / ceil[i] : 0);
     fprintf(bench_json, "}");
-    if (BENCH.nisa > 1) fprintf(bench_json, ", \"time_ratio\": %.4f", ms[0] > 0 ? ms[BENCH.nisa - 1] / ms[0] : 0);
+    if (BENCH.nlib > 1) { /* each later library's variant over the first library's, same ISA */
+        fprintf(bench_json, ", \"lib_ratio\": {");
+        for (int i = 0, n = 0; i < BENCH.nvar; i++) {
+            double base = ms[bench_base_variant(i)];
+            if (BENCH.var[i].lib)
+                fprintf(bench_json, "%s\"%s\": %.4f", n++ ? ", " : "", BENCH.var[i].name, base > 0 ? ms[i] / base : 0);
+        }
+        fprintf(bench_json, "}");
+    } else if (BENCH.nvar > 1) {
+        fprintf(bench_json, ", \"time_ratio\": %.4f", ms[0] > 0 ? ms[BENCH.nvar - 1] / ms[0] : 0);
+    }
     fprintf(bench_json, "%s}", extra ? extra : "");
 }
 
@@ -365,24 +442,25 @@ void bench_row(const char *op, const char *shape, const char *dtype, double ms, 
     double bw = kind == BENCH_BW ? (BENCH.row_copy_gbs > 0 ? BENCH.row_copy_gbs : BENCH.copy_gbs)
                                  : BENCH.read_gbs;
     BENCH.row_copy_gbs = 0;
-    double t[BENCH_MAX_ISA], ceil[BENCH_MAX_ISA];
-    for (int i = 0; i < BENCH.nisa; i++) {
+    double t[BENCH_MAX_VAR], ceil[BENCH_MAX_VAR];
+    for (int i = 0; i < BENCH.nvar; i++) {
         t[i] = i ? BENCH.row_ms[i] : ms;
-        ceil[i] = kind == BENCH_FLOPS ? BENCH.isa_fma[i] : bw;
+        ceil[i] = kind == BENCH_FLOPS ? BENCH.var_fma[i] : bw;
     }
     const char *u = kind == BENCH_FLOPS ? "GFLOP/s" : "GB/s";
-    if (BENCH.nisa == 1) {
+    if (BENCH.nvar == 1) {
         double rate = units / (ms * 1e-3) / 1e9;
         printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,
                ms * 1e3, rate, u, ceil[0], u, ceil[0] > 0 ? 100 * rate / ceil[0] : 0, max_err);
     } else {
         printf("%-22s %-26s %-6s %-7s", op, shape, dtype, u);
-        for (int i = 0; i < BENCH.nisa; i++) {
+        for (int i = 0; i < BENCH.nvar; i++) {
             double rate = units / (t[i] * 1e-3) / 1e9;
-            printf(" | %10.2f %6.1f %6.1f %3.0f%%", t[i] * 1e3, rate, ceil[i],
+            printf(" | %*.2f %6.1f %6.1f %3.0f%%", time_width(i), t[i] * 1e3, rate, ceil[i],
                    ceil[i] > 0 ? 100 * rate / ceil[i] : 0);
         }
-        printf(" | %11.2f %10.2e\n", t[BENCH.nisa - 1] / t[0], max_err);
+        print_ratios(t);
+        printf(" %10.2e\n", max_err);
     }
     fflush(stdout);
     bench_json_row(op, shape, dtype, u, t, units, ceil, max_err, NULL);

@@ -5,7 +5,7 @@
  * (16384 only with --full).
  * Slots are random and distinct in a cache holding 2x the blocks the tokens need.
  * Bytes: k + v read (their dtype) + the cache rows written (the cache's dtype).
- * Error: max over both whole caches (and the ISAs) against the reference kernel on the
+ * Error: max over both whole caches (and the variants) against the reference kernel on the
  * same inputs.
  */
 #include <stdio.h>
@@ -50,7 +50,7 @@ static void one_case(int64_t T, lk_dtype kt, lk_dtype ct) {
     run_cache(&r);
     lk_set_isa(isa);
     double err = 0;
-    for (int i = 0; bench_use_isa(i); i++) {
+    for (int i = 0; bench_use_variant(i); i++) {
         run_cache(&c);
         double e = bench_max_err(kc, rk, ct, cn), e2 = bench_max_err(vc, rv, ct, cn);
         if (e2 > e) e = e2;

@@ -47,7 +47,7 @@ static void one_case(int64_t T, int64_t H, int64_t D, lk_dtype dt, const char *m
     lk_set_isa(LK_ISA_REF);
     lk_merge_attn_states(&tr, NULL, &c.a, &c.lse_a, &c.b, &c.lse_b);
     lk_set_isa(isa);
-    double err = bench_err_isas(run_merge, &c, out, ref, dt, n);
+    double err = bench_err_variants(run_merge, &c, out, ref, dt, n);
     char sh[64];
     snprintf(sh, sizeof sh, "%s T=%lld %lldx%lld", model, (long long)T, (long long)H, (long long)D);
     double bytes = (double)n * 3 * (double)lk_dtype_size(dt) + (double)T * H * 3 * 4;

@@ -73,7 +73,7 @@ static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
     lk_set_isa(LK_ISA_REF);
     run_concat(&r);
     lk_set_isa(isa);
-    double err = bench_err_isas(run_concat, &c, cache, ref, dt, nb * bs * DC);
+    double err = bench_err_variants(run_concat, &c, cache, ref, dt, nb * bs * DC);
     char shape[64];
     snprintf(shape, sizeof shape, "T=%lld %d+%d p%lld %s", (long long)T, DL, DR, (long long)bs,
              L == LK_KV_NZ ? "NZ" : "ND");
@@ -112,7 +112,7 @@ static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_l
     lk_set_isa(LK_ISA_REF);
     run_gather(&r);
     lk_set_isa(isa);
-    double err = bench_err_isas(run_gather, &c, out, ref, dt, S * DC);
+    double err = bench_err_variants(run_gather, &c, out, ref, dt, S * DC);
     char shape[64];
     snprintf(shape, sizeof shape, "%dx%lld %d+%d p%lld %s", B, (long long)per_req, DL, DR, (long long)bs,
              L == LK_KV_NZ ? "NZ" : "ND");

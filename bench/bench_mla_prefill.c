@@ -4,15 +4,17 @@
  * every request on its own pages), plus H = 16 at (16, 100, 768), B = 32 alternating
  * prefixes 768 / 0, and B = 10 long mixed queries; then NZ / ND for split + merge.
  *
- * Per case every strategy runs on every listed ISA in interleaved rounds (one call of
- * each (ISA, strategy) per round, so machine noise hits all alike); the row (one per ISA)
- * gives each strategy's median ms, its ratio to the best median, auto's choice (from the
- * trace) with the ratio of the chosen strategy's median to the best, auto's own median,
- * and the best strategy's GFLOP/s against that ISA's FMA peak measured in the same run:
- * at start-up, and again around the case (the shared machine's speed drifts by 2-3x over
- * minutes); with several ISAs, the ISA's best median over the first ISA's.
- * JSON: one row per case and strategy (auto too), per ISA, against the peak around the
- * case; the NZ / ND table: one row per case and layout, against the start-up peak.
+ * Per case every strategy runs on every variant (library, ISA) in interleaved rounds (one
+ * call of each (variant, strategy) per round, so machine noise hits all alike); the row
+ * (one per variant) gives each strategy's median ms, its ratio to the best median, auto's
+ * choice (from the trace) with the ratio of the chosen strategy's median to the best,
+ * auto's own median, and the best strategy's GFLOP/s against the FMA peak of the
+ * variant's ISA measured in the same run: at start-up, and again around the case (the
+ * shared machine's speed drifts by 2-3x over minutes); with several variants, the best
+ * median over the first variant's (several libraries: over the first library's on the
+ * same ISA).
+ * JSON: one row per case and strategy (auto too), per variant, against the peak around
+ * the case; the NZ / ND table: one row per case and layout, against the start-up peak.
  * FLOPs counted: what the strategy performs, 2 per multiply-add, visible keys only:
  *   projecting strategies: 2 * rows * Dl * H (Dn + Dv)  (rows = prefix pages * 128)
  *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (P_b + (Q_b + 1) / 2)
@@ -148,8 +150,8 @@ static lk_mla_strategy auto_choice(mla_ctx *c) {
     return LK_MLA_AUTO;
 }
 
-/* max difference between strategies on every listed ISA (against the ref ISA when small,
- * else against split + merge on the first ISA) */
+/* max difference between strategies on every variant (against the ref ISA of the first
+ * library when small, else against split + merge on the first variant) */
 static double check(mla_ctx *c) {
     int64_t n = c->T * c->H * DV;
     double work = 0;
@@ -165,7 +167,7 @@ static double check(mla_ctx *c) {
     }
     memcpy(ref, c->out.data, (size_t)n * 2);
     double err = 0;
-    for (int i = 0; bench_use_isa(i); i++)
+    for (int i = 0; bench_use_variant(i); i++)
         for (int s = 1; s < NS; s++) {
             run(c, (lk_mla_strategy)s);
             double e = bench_max_err(c->out.data, ref, LK_BF16, n);
@@ -175,27 +177,27 @@ static double check(mla_ctx *c) {
     return err;
 }
 
-/* interleaved rounds over (ISA, strategy) pairs u = i * NS + s; med[u] = median seconds
- * of strategy s (s = 0: auto) on the i-th listed ISA */
+/* interleaved rounds over (variant, strategy) pairs u = i * NS + s; med[u] = median
+ * seconds of strategy s (s = 0: auto) on variant i */
 static void time_all(mla_ctx *c, double *med, int rounds) {
-    int N = BENCH.nisa * NS;
-    double t1[BENCH_MAX_ISA * NS], best1[BENCH_MAX_ISA], *samp = malloc(sizeof(double) * (size_t)(N * rounds));
-    for (int i = 0; bench_use_isa(i); i++) {
+    int N = BENCH.nvar * NS;
+    double t1[BENCH_MAX_VAR * NS], best1[BENCH_MAX_VAR], *samp = malloc(sizeof(double) * (size_t)(N * rounds));
+    for (int i = 0; bench_use_variant(i); i++) {
         for (int s = 0; s < NS; s++) t1[i * NS + s] = run(c, (lk_mla_strategy)s); /* warm-up */
         best1[i] = t1[i * NS + 1];
         for (int s = 2; s < NS; s++)
             if (t1[i * NS + s] < best1[i]) best1[i] = t1[i * NS + s];
     }
-    int n[BENCH_MAX_ISA * NS] = {0};
+    int n[BENCH_MAX_VAR * NS] = {0};
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < N; j++) {
             int u = (j + r) % N, i = u / NS; /* rotate the order: no pair always runs first */
             /* strategies far off the best get 3 samples at most (they only set ratios) */
             if (r >= 3 && t1[u] > 3 * best1[i]) continue;
-            lk_set_isa(BENCH.isa[i]);
+            bench_use_variant(i);
             samp[u * rounds + n[u]++] = run(c, (lk_mla_strategy)(u % NS));
         }
-    bench_use_isa(BENCH.nisa);
+    bench_use_variant(BENCH.nvar);
     for (int u = 0; u < N; u++) {
         qsort(samp + u * rounds, (size_t)n[u], sizeof(double), cmpd);
         const double *v = samp + u * rounds;
@@ -211,49 +213,54 @@ static int rounds_for(double t) {
     return r;
 }
 
-/* the label column, and the ISA column with several ISAs */
-static void print_label(const char *label, const char *isa) {
+/* the label column, and the variant column with several variants */
+static void print_label(const char *label, const char *var) {
+    int w = 6;
+    for (int i = 0; i < BENCH.nvar; i++)
+        if ((int)strlen(BENCH.var[i].name) > w) w = (int)strlen(BENCH.var[i].name);
     printf("%-18s", label);
-    if (BENCH.nisa > 1) printf(" %-6s", isa);
+    if (BENCH.nvar > 1) printf(" %-*s", w, var);
 }
 
 static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label) {
     mla_ctx c;
     setup(&c, B, ql, pl, H, LK_KV_ND);
     double err = check(&c);
-    int K = BENCH.nisa, best0 = 1;
-    double t = run(&c, LK_MLA_SPLIT_MERGE), med[BENCH_MAX_ISA * NS], peak[BENCH_MAX_ISA], ms[BENCH_MAX_ISA];
-    lk_mla_strategy ch[BENCH_MAX_ISA];
-    for (int i = 0; i < K; i++) peak[i] = bench_fma_now(BENCH.isa[i]);
+    int K = BENCH.nvar, best[BENCH_MAX_VAR];
+    double t = run(&c, LK_MLA_SPLIT_MERGE), med[BENCH_MAX_VAR * NS], pk[BENCH_MAX_ISA], peak[BENCH_MAX_VAR],
+           ms[BENCH_MAX_VAR];
+    lk_mla_strategy ch[BENCH_MAX_VAR];
+    for (int i = 0; i < BENCH.nisa; i++) pk[i] = bench_fma_now(BENCH.isa[i]); /* per ISA: the machine's */
     time_all(&c, med, rounds_for(t));
-    for (int i = 0; i < K; i++) peak[i] = 0.5 * (peak[i] + bench_fma_now(BENCH.isa[i]));
-    for (int i = 0; bench_use_isa(i); i++) {
+    for (int i = 0; i < BENCH.nisa; i++) pk[i] = 0.5 * (pk[i] + bench_fma_now(BENCH.isa[i]));
+    for (int i = 0; i < K; i++) peak[i] = pk[BENCH.var[i].isa];
+    for (int i = 0; bench_use_variant(i); i++) {
         const double *m = med + i * NS;
-        int best = 1;
+        int b = 1, base = bench_base_variant(i); /* base <= i: its best is known */
         for (int s = 2; s < NS; s++)
-            if (m[s] < m[best]) best = s;
-        if (!i) best0 = best;
+            if (m[s] < m[b]) b = s;
+        best[i] = b;
         ch[i] = auto_choice(&c);
-        double gf = flops_of(&c, (lk_mla_strategy)best) / m[best] / 1e9, pk0 = BENCH.isa_fma[i];
-        print_label(label, lk_isa_name(BENCH.isa[i]));
+        double gf = flops_of(&c, (lk_mla_strategy)b) / m[b] / 1e9, pk0 = BENCH.var_fma[i];
+        print_label(label, BENCH.var[i].name);
         printf(" %8.2f %8.2f %8.2f %8.2f | %4.2f %4.2f %4.2f %4.2f | %-8.8s %4.2f %8.2f %4.2f | %5.1f %3.0f%% %5.1f "
                "%3.0f%% %8.2e",
-               1e3 * m[1], 1e3 * m[2], 1e3 * m[3], 1e3 * m[4], m[1] / m[best], m[2] / m[best], m[3] / m[best],
-               m[4] / m[best], lk_mla_strategy_name(ch[i]), m[ch[i]] / m[best], 1e3 * m[0], m[0] / m[best], gf,
+               1e3 * m[1], 1e3 * m[2], 1e3 * m[3], 1e3 * m[4], m[1] / m[b], m[2] / m[b], m[3] / m[b],
+               m[4] / m[b], lk_mla_strategy_name(ch[i]), m[ch[i]] / m[b], 1e3 * m[0], m[0] / m[b], gf,
                pk0 > 0 ? 100 * gf / pk0 : 0, peak[i], peak[i] > 0 ? 100 * gf / peak[i] : 0, err);
-        if (K > 1) printf(" %7.2f", m[best] / med[best0]);
+        if (K > 1) printf(" %7.2f", m[b] / med[base * NS + best[base]]);
         printf("\n");
     }
     fflush(stdout);
     for (int s = 0; s < NS; s++) { /* JSON: one row per strategy, auto (s = 0) last */
         int st = (s + 1) % NS;
-        char shape[96], extra[160] = "";
+        char shape[96], extra[BENCH_MAX_VAR * 48 + 16] = "";
         snprintf(shape, sizeof shape, "%s %s", label, lk_mla_strategy_name((lk_mla_strategy)st));
         for (int i = 0; i < K; i++) {
             ms[i] = 1e3 * med[i * NS + st];
             size_t n = strlen(extra);
             if (!st) snprintf(extra + n, sizeof extra - n, "%s\"%s\": \"%s\"", i ? ", " : ", \"choice\": {",
-                              lk_isa_name(BENCH.isa[i]), lk_mla_strategy_name(ch[i]));
+                              BENCH.var[i].name, lk_mla_strategy_name(ch[i]));
         }
         if (!st) strcat(extra, "}");
         bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ms,
@@ -274,32 +281,32 @@ static void nz_case(int64_t B, int32_t q, int32_t p) {
     setup(&nd, B, ql, pl, H_, LK_KV_ND);
     setup(&nz, B, ql, pl, H_, LK_KV_NZ);
     double t = run(&nd, LK_MLA_SPLIT_MERGE);
-    int rounds = rounds_for(t) + 2, K = BENCH.nisa;
+    int rounds = rounds_for(t) + 2, K = BENCH.nvar;
     double *a = malloc(sizeof(double) * (size_t)(K * rounds)), *z = malloc(sizeof(double) * (size_t)(K * rounds));
-    for (int i = 0; bench_use_isa(i); i++) run(&nd, LK_MLA_SPLIT_MERGE), run(&nz, LK_MLA_SPLIT_MERGE); /* warm-up */
+    for (int i = 0; bench_use_variant(i); i++) run(&nd, LK_MLA_SPLIT_MERGE), run(&nz, LK_MLA_SPLIT_MERGE); /* warm-up */
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < K; j++) {
-            int i = (j + r) % K; /* rotate the order: no ISA always runs first */
-            lk_set_isa(BENCH.isa[i]);
+            int i = (j + r) % K; /* rotate the order: no variant always runs first */
+            bench_use_variant(i);
             a[i * rounds + r] = run(&nd, LK_MLA_SPLIT_MERGE), z[i * rounds + r] = run(&nz, LK_MLA_SPLIT_MERGE);
         }
-    bench_use_isa(K);
+    bench_use_variant(K);
     char label[64], shape[96];
     snprintf(label, sizeof label, "(%lld,%d,%d)", (long long)B, q, p);
-    double ma[BENCH_MAX_ISA], mz[BENCH_MAX_ISA];
+    double ma[BENCH_MAX_VAR], mz[BENCH_MAX_VAR];
     for (int i = 0; i < K; i++) {
         double *ai = a + i * rounds, *zi = z + i * rounds;
         qsort(ai, (size_t)rounds, sizeof(double), cmpd), qsort(zi, (size_t)rounds, sizeof(double), cmpd);
         ma[i] = 1e3 * ai[rounds / 2], mz[i] = 1e3 * zi[rounds / 2];
-        print_label(label, lk_isa_name(BENCH.isa[i]));
+        print_label(label, BENCH.var[i].name);
         printf(" %9.2f %9.2f %6.3f\n", ma[i], mz[i], mz[i] / ma[i]);
     }
     fflush(stdout);
     double f = flops_of(&nd, LK_MLA_SPLIT_MERGE);
     snprintf(shape, sizeof shape, "%s split_merge ND", label);
-    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ma, f, BENCH.isa_fma, -1, NULL);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ma, f, BENCH.var_fma, -1, NULL);
     snprintf(shape, sizeof shape, "%s split_merge NZ", label);
-    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", mz, f, BENCH.isa_fma, -1, NULL);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", mz, f, BENCH.var_fma, -1, NULL);
     teardown(&nd), teardown(&nz);
     free(a), free(z), free(ql), free(pl);
 }
@@ -311,17 +318,19 @@ void bench_mla_prefill(void) {
                                        {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};
     static const int quick[] = {0, 3, 8};
     int n = BENCH.full ? (int)(sizeof sweep / sizeof sweep[0]) : (int)(sizeof quick / sizeof quick[0]);
-    int K = BENCH.nisa;
-    char first[16];
-    snprintf(first, sizeof first, "/%s", lk_isa_name(BENCH.isa[0]));
+    int K = BENCH.nvar;
+    char first[40];
+    snprintf(first, sizeof first, "/%s", BENCH.nlib > 1 ? BENCH.lib[0].name : BENCH.var[0].name);
     printf("\n== mla_prefix_prefill sweep (H=4 per rank, QK 192, V 128, latent 512, page 128, bf16; median ms of "
            "interleaved rounds)\n");
     printf("columns: %smedian ms per strategy | each over the best | auto's choice, its median over the best, auto's "
            "own median ms and over the best | the best's GFLOP/s, %% of the FMA peak measured at start-up, the peak "
            "measured around this case and %% of it | max error%s\n",
-           K > 1 ? "isa | " : "", K > 1 ? " | the best median over the first ISA's" : "");
+           K > 1 ? (BENCH.nlib > 1 ? "variant | " : "isa | ") : "",
+           K == 1 ? "" : BENCH.nlib > 1 ? " | the best median over the first library's on the same ISA"
+                                         : " | the best median over the first ISA's");
     bench_section_name("mla_prefix_prefill sweep");
-    print_label("case (B,Q,P)", "isa");
+    print_label("case (B,Q,P)", BENCH.nlib > 1 ? "variant" : "isa");
     printf(" %8s %8s %8s %8s | %4s %4s %4s %4s | %-8s %4s %8s %4s | %5s %4s %5s %4s %8s", "split", "concat", "fused",
            "absorbed", "/bst", "/bst", "/bst", "/bst", "auto", "/bst", "auto ms", "/bst", "GF/s", "pk0", "pk", "pk",
            "max err");
@@ -353,7 +362,7 @@ void bench_mla_prefill(void) {
     }
     printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n");
     bench_section_name("mla_prefix_prefill NZ / ND");
-    print_label("case (B,Q,P)", "isa");
+    print_label("case (B,Q,P)", BENCH.nlib > 1 ? "variant" : "isa");
     printf(" %9s %9s %6s\n", "ND", "NZ", "NZ/ND");
     static const int32_t nzc[][3] = {{1, 100, 768}, {8, 100, 768}, {32, 100, 768},
                                      {1, 1024, 8192}, {4, 1024, 8192}, {8, 1024, 8192}};

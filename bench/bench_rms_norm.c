@@ -38,7 +38,7 @@ static void one_case(int64_t T, int64_t D, lk_dtype dt, int fused) {
         lk_set_isa(LK_ISA_REF);
         lk_rms_norm(&tr, &c.x, &c.w, 1e-6f, 0);
         lk_set_isa(isa);
-        err = bench_err_isas(run_rms, &c, out, ref, dt, n);
+        err = bench_err_variants(run_rms, &c, out, ref, dt, n);
         bench_free(ref);
         char shape[64];
         snprintf(shape, sizeof shape, "%lld x %lld", (long long)T, (long long)D);
@@ -46,7 +46,7 @@ static void one_case(int64_t T, int64_t D, lk_dtype dt, int fused) {
                   (double)n * 2 * (double)lk_dtype_size(dt), BENCH_BW, err);
     } else {
         /* repeated in-place calls keep values bounded (residual grows by x each call,
-         * x is renormalised): time first, then check one call per ISA from fresh inputs */
+         * x is renormalised): time first, then check one call per variant from fresh inputs */
         double ms = bench_time_bw(run_rms, &c);
         void *x2 = bench_alloc(dt, n, -2, 2), *r2 = bench_alloc(dt, n, -2, 2);
         void *x3 = bench_alloc(dt, n, -2, 2), *r3 = bench_alloc(dt, n, -2, 2);
@@ -57,7 +57,7 @@ static void one_case(int64_t T, int64_t D, lk_dtype dt, int fused) {
         lk_fused_add_rms_norm(&tx3, &tr3, &c.w, 1e-6f, 0);
         lk_set_isa(isa);
         err = 0;
-        for (int i = 0; bench_use_isa(i); i++) {
+        for (int i = 0; bench_use_variant(i); i++) {
             if (i) { /* fresh inputs again */
                 bench_free(x2), bench_free(r2);
                 tx2.data = x2 = bench_alloc(dt, n, -2, 2), tr2.data = r2 = bench_alloc(dt, n, -2, 2);
@@ -107,7 +107,7 @@ static void qk_case(int64_t S, int strided_out) {
         c.qo = lk_tensor_make(qo, LK_F16, 3, (int64_t[]){S, 16, 128});
         c.ko = lk_tensor_make(ko, LK_F16, 3, (int64_t[]){S, 8, 128});
     }
-    /* error: one contiguous-output call per ISA against ref before timing (in place changes q) */
+    /* error: one contiguous-output call per variant against ref before timing (in place changes q) */
     void *rq = bench_alloc(LK_F16, S * 2048, 0, 0), *tq = bench_alloc(LK_F16, S * 2048, 0, 0);
     lk_tensor trq = lk_tensor_make(rq, LK_F16, 3, (int64_t[]){S, 16, 128});
     lk_tensor ttq = lk_tensor_make(tq, LK_F16, 3, (int64_t[]){S, 16, 128});
@@ -117,7 +117,7 @@ static void qk_case(int64_t S, int strided_out) {
     lk_set_isa(isa);
     qk_ctx cq = c;
     cq.qo = ttq;
-    double err = bench_err_isas(run_q, &cq, tq, rq, LK_F16, S * 2048);
+    double err = bench_err_variants(run_q, &cq, tq, rq, LK_F16, S * 2048);
     double ms = bench_time_bw(run_qk, &c);
     char shape[64];
     snprintf(shape, sizeof shape, "S=%lld q16+k8 x128 %s", (long long)S, strided_out ? "strd" : "cont");

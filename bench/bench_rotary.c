@@ -9,7 +9,7 @@
  *    (T = 4096).
  * Bytes: the rotated elements of q and k read + written, the cache rows read (T x rot).
  * The cache holds true cos/sin values so repeated in-place timing calls stay bounded.
- * Max error: one call from the same inputs on each listed ISA and on ref.
+ * Max error: one call from the same inputs on each variant and on ref.
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ static void one_case(const char *label, void *buf, int64_t n, lk_tensor q, lk_te
     void *cache = make_cache(dt, rot), *pos = bench_alloc(LK_I64, T, 0, MAX_POS);
     rope_ctx c = {lk_tensor_make(pos, LK_I64, 1, &T), q, k,
                   lk_tensor_make(cache, dt, 2, (int64_t[]){MAX_POS, rot}), neox};
-    /* error: one call on copies of buf, each listed ISA vs ref */
+    /* error: one call on copies of buf, each variant vs ref */
     void *b1 = bench_alloc(dt, n, 0, 0), *b2 = bench_alloc(dt, n, 0, 0);
     memcpy(b2, buf, (size_t)n * es);
     rope_ctx c1 = c, c2 = c;
@@ -63,7 +63,7 @@ static void one_case(const char *label, void *buf, int64_t n, lk_tensor q, lk_te
     run_rope(&c2);
     lk_set_isa(isa);
     double err = 0;
-    for (int i = 0; bench_use_isa(i); i++) {
+    for (int i = 0; bench_use_variant(i); i++) {
         memcpy(b1, buf, (size_t)n * es);
         run_rope(&c1);
         double e = bench_max_err(b1, b2, dt, n);

@@ -29,7 +29,7 @@ static void one_case(int64_t H, int64_t Q, int64_t K, lk_dtype dt) {
     lk_set_isa(LK_ISA_REF);
     lk_causal_softmax(&tr, &c.x);
     lk_set_isa(isa);
-    double err = bench_err_isas(run_softmax, &c, out, ref, dt, n);
+    double err = bench_err_variants(run_softmax, &c, out, ref, dt, n);
     double visible = 0; /* query i sees min(K, i + K - Q + 1) keys (at least 0) */
     for (int64_t i = 0; i < Q; i++) {
         int64_t nv = i + K - Q + 1;

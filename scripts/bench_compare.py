@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """
 Compares benchmark summaries (llmkern_bench --json) row by row; rows match on op +
-shape + dtype, and per ISA where a row has per-ISA figures (a file without them counts
-as its machine's one ISA).
+shape + dtype, and per variant where a row has per-variant figures (a file without them
+counts as its machine's one ISA). A variant is an ISA ("avx2"), or with llmkern_bench
+--lib a library and an ISA ("after:avx2").
 
     bench_compare.py A.json B.json [--tol 0.05]
         two builds (before / after a change): each row's median time B / A per ISA both
@@ -12,6 +13,11 @@ as its machine's one ISA).
     bench_compare.py A.json --isa-pair avx2,avx512 [--tol 0.05]
         two ISAs of one run: each row's time avx512 / avx2, then the rows where the
         second ISA is slower than the first by more than the tolerance
+    bench_compare.py A.json --lib-pair before,after [--tol 0.05]
+        two libraries of one run (llmkern_bench --lib ... --lib-names before,after): per
+        ISA each row's time after / before, then the rows where after is slower than
+        before by more than the tolerance; the A/B of two builds timed in one process,
+        their repetitions interleaved (steadier than two runs on a shared machine)
 
 Ends with a count line. Timings of a shared machine are noisy: read a few percent
 either way as noise.
@@ -74,26 +80,33 @@ def report(pairs, what, tol):
 
 def main():
     ap = argparse.ArgumentParser(description="compare llmkern_bench JSON summaries row by row")
-    ap.add_argument("a", help="A.json (before, or the file of --isa-pair)")
+    ap.add_argument("a", help="A.json (before, or the file of --isa-pair / --lib-pair)")
     ap.add_argument("b", nargs="?", help="B.json (after)")
     ap.add_argument("--tol", type=float, default=0.05, help="relative tolerance (default 0.05)")
     ap.add_argument("--isa-pair", help="X,Y: compare ISA Y with ISA X within A.json")
+    ap.add_argument("--lib-pair", help="X,Y: compare library Y with library X within A.json, per ISA")
     o = ap.parse_args()
     ra, order = load_median(o.a)
-    if o.isa_pair:
-        if o.b:
-            ap.error("--isa-pair takes one file")
-        x, _, y = o.isa_pair.partition(",")
-        pairs = [(name(k), "%s/%s" % (y, x), ra[k][x], ra[k][y]) for k in order if x in ra[k] and y in ra[k]]
+    if o.isa_pair or o.lib_pair:
+        if o.b or (o.isa_pair and o.lib_pair):
+            ap.error("--isa-pair and --lib-pair take one file, and one of them")
+        x, _, y = (o.isa_pair or o.lib_pair).partition(",")
+        if o.isa_pair:  # (column, key of A, key of B) per row
+            cols = lambda ms: [("%s/%s" % (y, x), x, y)]
+        else:
+            cols = lambda ms: [(v[len(x) + 1:], v, y + v[len(x):]) for v in ms if v.startswith(x + ":")]
+        pairs = [(name(k), c, ra[k][a], ra[k][b]) for k in order for c, a, b in cols(ra[k])
+                 if a in ra[k] and b in ra[k]]
         if not pairs:
             sys.exit("bench_compare: no row of %s has both %s and %s" % (o.a, x, y))
         print("A = %s, B = %s (%s)" % (x, y, o.a))
         n_slow, n_fast = report(pairs, "rows where %s is slower than %s" % (y, x), o.tol)
-        print("\n%d rows: %s slower than %s in %d, faster in %d, within %.0f%% in %d"
-              % (len(pairs), y, x, n_slow, n_fast, 100 * o.tol, len(pairs) - n_slow - n_fast))
+        print("\n%d %s: %s slower than %s in %d, faster in %d, within %.0f%% in %d"
+              % (len(pairs), "rows" if o.isa_pair else "row x ISA pairs", y, x, n_slow, n_fast, 100 * o.tol,
+                 len(pairs) - n_slow - n_fast))
         return
     if not o.b:
-        ap.error("two files, or one with --isa-pair")
+        ap.error("two files, or one with --isa-pair or --lib-pair")
     rb, order_b = load_median(o.b)
     pairs = []
     for k in order:
