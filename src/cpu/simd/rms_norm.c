@@ -118,28 +118,39 @@ LK_ALWAYS_INLINE void scale_row_any(char *o, lk_dtype ot, const char *x, lk_dtyp
  * x and weights every NaN carries a bf16 payload or is the default NaN; the f32 copy
  * (from f32 or f16 weights, any payload) is only used when it holds no NaN or inf and
  * inv is finite and > 0. Returns the number of values done (a multiple of 2W). */
+/* one step of scale_row_bf16: the 2W results of x's values a, b (even / odd) at i */
+LK_ALWAYS_INLINE void scale_step_bf16(lkv_f32 *ra, lkv_f32 *rb, lkv_f32 a, lkv_f32 b, const char *w, int wbf16,
+                                      lkv_f32 vone, lkv_f32 vinv, int64_t i) {
+    lkv_f32 ga, gb;
+    if (wbf16) {
+        lkv_bf16_load_eo(w + i * 2, &ga, &gb);
+        ga = lkv_add(ga, vone), gb = lkv_add(gb, vone);
+    } else {
+        ga = lkv_loadu((const float *)w + i);
+        gb = lkv_loadu((const float *)w + i + LKV_W);
+    }
+    *ra = lkv_mul(lkv_mul(a, vinv), ga);
+    *rb = lkv_mul(lkv_mul(b, vinv), gb);
+}
+
 LK_ALWAYS_INLINE int64_t scale_row_bf16(char *o, const char *x, const char *w, int wbf16, float one, int64_t D,
                                         float inv, int stream, const char *const *pf, int npf) {
     const int64_t V = 2 * LKV_W; /* values per step */
-    lkv_f32 vinv = lkv_set1(inv), vone = lkv_set1(one), a, b, ga, gb;
+    lkv_f32 vinv = lkv_set1(inv), vone = lkv_set1(one), a, b, ra, rb;
     if (D < V) return 0;
     /* software-pipelined as scale_vecs: the next step's loads before this step's store */
-    for (int64_t i = 0;; i += V) {
-        if (i == 0) lkv_bf16_load_eo(x, &a, &b);
+    lkv_bf16_load_eo(x, &a, &b);
+    int64_t i = 0;
+    for (; i + 2 * V <= D; i += V) {
         if (npf) prefetch_next(pf, npf, i * 2);
-        if (wbf16) {
-            lkv_bf16_load_eo(w + i * 2, &ga, &gb);
-            ga = lkv_add(ga, vone), gb = lkv_add(gb, vone);
-        } else {
-            ga = lkv_loadu((const float *)w + i);
-            gb = lkv_loadu((const float *)w + i + LKV_W);
-        }
-        lkv_f32 ra = lkv_mul(lkv_mul(a, vinv), ga), rb = lkv_mul(lkv_mul(b, vinv), gb);
-        int more = i + 2 * V <= D;
-        if (more) lkv_bf16_load_eo(x + (i + V) * 2, &a, &b);
+        scale_step_bf16(&ra, &rb, a, b, w, wbf16, vone, vinv, i);
+        lkv_bf16_load_eo(x + (i + V) * 2, &a, &b);
         lkv_bf16_store_eo_nonan(o + i * 2, ra, rb, stream);
-        if (!more) return i + V;
     }
+    if (npf) prefetch_next(pf, npf, i * 2);
+    scale_step_bf16(&ra, &rb, a, b, w, wbf16, vone, vinv, i);
+    lkv_bf16_store_eo_nonan(o + i * 2, ra, rb, stream);
+    return i + V;
 }
 
 /* the loop specialised for the common all-same-dtype cases (constant dtypes let the
@@ -259,8 +270,10 @@ static inline float add_store(char *res, lk_dtype rt, const char *x, lk_dtype xt
             lkv_f32 xa, xb, ra, rb;
             lkv_bf16_load_eo(x + i * 2, &xa, &xb);
             lkv_bf16_load_eo(res + i * 2, &ra, &rb);
-            lkv_f32 a = lkv_bf16_round_nonan(lkv_add(xa, ra)), b = lkv_bf16_round_nonan(lkv_add(xb, rb));
-            lkv_bits_storeu(res + i * 2, lkv_bf16_join_exact(a, b));
+            lkv_bits r = lkv_bf16_join_nonan(lkv_add(xa, ra), lkv_add(xb, rb));
+            lkv_f32 a, b;
+            lkv_bits_storeu(res + i * 2, r);
+            lkv_bf16_split(r, &a, &b); /* the rounded values */
             s0 = lkv_fma(a, a, s0), s1 = lkv_fma(b, b, s1);
         }
     for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {

@@ -25,8 +25,7 @@
  *               lkv_bits_stream / lkv_c32_stream (aligned to their size), lkv_sfence
  *   even / odd  lkv_bf16_split: 2W bf16 values of one lkv_bits as f32 in two vectors,
  *               elements 2i and 2i + 1 of the memory order in lane i (no shuffles);
- *               lkv_bf16_join_nonan: the inverse, rounded as lkv_bf16_bits_nonan;
- *               lkv_bf16_join_exact: the inverse for values that are bf16 already
+ *               lkv_bf16_join_nonan: the inverse, rounded as lkv_bf16_bits_nonan
  *   shuffles    lkv_deinterleave / lkv_interleave (even and odd elements of 2W values,
  *               in the lane order lkv_pair_order gives a plain vector), lkv_store2 (two
  *               vectors of one dtype to two addresses), lkv_transpose (W x W)
@@ -77,11 +76,6 @@ static inline void lkv_bf16_store_eo_nonan(void *p, lkv_f32 even, lkv_f32 odd, i
     lkv_bits r = lkv_bf16_join_nonan(even, odd);
     if (stream) lkv_bits_stream(p, r);
     else lkv_bits_storeu(p, r);
-}
-
-/* v rounded to bf16 precision (still f32), without the NaN rule */
-static inline lkv_f32 lkv_bf16_round_nonan(lkv_f32 v) {
-    return lkv_as_f32(lkv_i32_slli(lkv_bf16_bits_nonan(v), 16));
 }
 
 /* prefetch into L1 / L2 (a hint: any address is safe) */

@@ -281,11 +281,6 @@ static inline void lkv_stream_f32(float *p, lkv_f32 v) { LKV_X(stream_ps)(p, v);
 static inline lkv_bits lkv_bf16_join_nonan(lkv_f32 even, lkv_f32 odd) {
     return lkv__blend_odd16(lkv_bf16_bits_nonan(even), lkv__bf16_high_nonan(odd));
 }
-/* the inverse for even / odd values that are bf16 already (low 16 bits 0), exact */
-static inline lkv_bits lkv_bf16_join_exact(lkv_f32 even, lkv_f32 odd) {
-    return lkv__blend_odd16(lkv_i32_srli(lkv_as_i32(even), 16), lkv_as_i32(odd));
-}
-
 /* W x W transpose of r[0..W) in place: 4 x 4 transposes within 128-bit lanes, then
  * across lanes */
 static inline void lkv_transpose(lkv_f32 *r) {
