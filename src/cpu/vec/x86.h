@@ -274,7 +274,16 @@ static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__h
 static inline void lkv_store_bf16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_BF16)); }
 /* non-temporal W 16-bit values; p aligned to 2W bytes */
 static inline void lkv_stream_half(void *p, lk_dtype dt, lkv_f32 v) { lkv__stream_half(p, lkv__half(v, dt)); }
+#if defined(LKV_AVX512) /* two 32-byte halves: ~5% faster than one 64-byte store on Zen 4
+                         * (merge 4096 x 16 x 512 f32, in-process A/B; bf16 rows, which
+                         * stream lkv_bits, measured the other way) */
+static inline void lkv_stream_f32(float *p, lkv_f32 v) {
+    _mm256_stream_ps(p, _mm512_castps512_ps256(v));
+    _mm256_stream_ps(p + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#else
 static inline void lkv_stream_f32(float *p, lkv_f32 v) { LKV_X(stream_ps)(p, v); } /* p LKV_BYTES aligned */
+#endif
 
 /* lkv_bf16_split's inverse, rounded as lkv_bf16_bits_nonan: the even results shifted
  * down, blended with the odd ones' high halves */
