@@ -17,10 +17,12 @@
  * every head of q and k is rotated from it (rot/2 > CHUNK is done in CHUNK pieces).
  * Rows whose rotated parts are short scattered runs (DeepSeek's q_pe = q[..., 128:192],
  * k_pe inside kv_a) are software-prefetched one token ahead: measured 2-3x on bf16.
- * Other inputs of LK_STREAM_MIN_BYTES or more prefetch, with each row, the row about
- * PF_AHEAD bytes of work later (into L1): the loop reads and writes in place, and
+ * Other 16-bit inputs of LK_STREAM_MIN_BYTES or more prefetch, with each row, the row
+ * about PF_AHEAD bytes of work later (into L1): the loop reads and writes in place, and
  * without it the loads of the next rows wait on memory while the core computes
- * (Llama-3-8B T = 4096 bf16 at 2 threads: 16 -> 21 GB/s, medians of alternating runs).
+ * (Llama-3-8B T = 4096 bf16 at 2 threads on Zen 3: 16 -> 21 GB/s, medians of
+ * alternating runs). f32 rows go without it: there it cost ~10% on Zen 4 (AVX2 and
+ * AVX-512, in-process A/B) and was never measured to help.
  *
  * Variants:
  *  - NeoX: x and y are two contiguous half-rows; W pairs per step, plain vector maths.
@@ -251,9 +253,10 @@ static lk_status rotary_embedding(const lk_rotary_args *a) {
     int64_t bytes = cbytes + 2 * rot * a->q.shape[1] * lk_esize(a->q.dtype);
     if (a->has_k) bytes += 2 * rot * a->k.shape[1] * lk_esize(a->k.dtype);
     int bf16 = a->q.dtype == LK_BF16 && (!a->has_k || a->k.dtype == LK_BF16);
+    int f32 = a->q.dtype == LK_F32 && (!a->has_k || a->k.dtype == LK_F32);
     rotary_ctx rc = {a, wants_prefetch(&a->q, rot), a->has_k && wants_prefetch(&a->k, rot),
                      a->is_neox && bf16 && rot / 2 >= 2 * LKV_W, !a->is_neox && bf16,
-                     a->positions.shape[0] * (bytes - cbytes) >= LK_STREAM_MIN_BYTES};
+                     a->positions.shape[0] * (bytes - cbytes) >= LK_STREAM_MIN_BYTES && !f32};
     lk_parallel_for(a->positions.shape[0], bytes, rotary_tokens, &rc);
     return LK_OK;
 }
