@@ -179,6 +179,23 @@ static inline lkv_f32 softcap_v(lkv_f32 x, float cap) {
     return lkv_mul(lkv_or(t, sign), lkv_set1(cap));
 }
 
+/* the online-softmax step of one block of n scores (a multiple of W) of one row:
+ * block max, st rescaled to it, s = exp(s - shift) in place, l += their sum; returns
+ * alpha = exp(m_old - m_new), by which the caller rescales its accumulator */
+static float online_block(float *s, int64_t n, lk_online_state *st) {
+    lkv_f32 mx = lkv_set1(-INFINITY), sum = lkv_zero();
+    for (int64_t j = 0; j < n; j += LKV_W) mx = lkv_max(mx, lkv_loadu(s + j));
+    float alpha = lk_online_rescale(st, lkv_hmax(mx));
+    lkv_f32 vm = lkv_set1(lk_online_shift(st->m));
+    for (int64_t j = 0; j < n; j += LKV_W) {
+        lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(s + j), vm));
+        lkv_storeu(s + j, e);
+        sum = lkv_add(sum, e);
+    }
+    lk_online_add(st, lkv_hsum(sum));
+    return alpha;
+}
+
 /* ------------------------------------------------------------------ prefill path
  * Requests are processed in groups whose packed K/V fit PACK_BUDGET bytes: phase 1
  * converts each (request, KV head) "slab" of the group once into f32 panels
@@ -304,16 +321,7 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
             if (lo[r] > j0 || hi[r] < j0 + KB - 1)
                 for (int64_t jj = 0; jj < KB; jj++)
                     if (j0 + jj < lo[r] || j0 + jj > hi[r]) s[jj] = -INFINITY;
-            lkv_f32 mx = lkv_set1(-INFINITY);
-            for (int jj = 0; jj < KB; jj += LKV_W) mx = lkv_max(mx, lkv_loadu(s + jj));
-            float alpha = lk_online_rescale(&st[r], lkv_hmax(mx));
-            lkv_f32 vm = lkv_set1(lk_online_shift(st[r].m)), sum = lkv_zero();
-            for (int jj = 0; jj < KB; jj += LKV_W) {
-                lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(s + jj), vm));
-                lkv_storeu(s + jj, e);
-                sum = lkv_add(sum, e);
-            }
-            lk_online_add(&st[r], lkv_hsum(sum));
+            float alpha = online_block(s, KB, &st[r]);
             if (alpha != 1.0f) {
                 lkv_f32 va = lkv_set1(alpha);
                 float *o = O + r * Dvp;
@@ -555,19 +563,9 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                     }
                 }
             for (int64_t h = 0; h < Hq; h++) {
-                float *sh = sc + h * DB, bmax = -INFINITY;
+                float *sh = sc + h * DB;
                 for (int64_t jj = nb; jj < DB; jj++) sh[jj] = -INFINITY;
-                lkv_f32 mx = lkv_loadu(sh);
-                for (int jj = LKV_W; jj < DB; jj += LKV_W) mx = lkv_max(mx, lkv_loadu(sh + jj));
-                bmax = lkv_hmax(mx);
-                float alpha = lk_online_rescale(&st[h], bmax);
-                lkv_f32 shift = lkv_set1(lk_online_shift(st[h].m)), sum = lkv_zero();
-                for (int jj = 0; jj < DB; jj += LKV_W) {
-                    lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(sh + jj), shift));
-                    lkv_storeu(sh + jj, e);
-                    sum = lkv_add(sum, e);
-                }
-                lk_online_add(&st[h], lkv_hsum(sum));
+                float alpha = online_block(sh, DB, &st[h]);
                 if (alpha != 1.0f) scale_row(o + h * Dv, Dv, alpha);
             }
             for (int64_t jj = 0; jj < nb; jj += 4)

@@ -33,28 +33,10 @@ typedef struct {
     int stream; /* same-dtype rows with streaming stores */
 } cache_ctx;
 
-/* d[0, n) = s[0, n): streaming stores for the 32-byte aligned body. 32-byte moves on
- * every ISA: as fast as the wider ones for copies here (Zen 4: 64-byte ones measured
- * ~10% slower on T = 4096 f32), and a tail below 64 bytes is not left to memcpy */
-static inline void copy_bytes_stream(char *d, const char *s, size_t n) {
-    size_t head = (size_t)(-(uintptr_t)d & 31), i = 0;
-    if (head > n) head = n;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; i + 128 <= n; i += 128) {
-        lkv_c32 x0 = lkv_c32_loadu(s + i), x1 = lkv_c32_loadu(s + i + 32);
-        lkv_c32 x2 = lkv_c32_loadu(s + i + 64), x3 = lkv_c32_loadu(s + i + 96);
-        lkv_c32_stream(d + i, x0), lkv_c32_stream(d + i + 32, x1);
-        lkv_c32_stream(d + i + 64, x2), lkv_c32_stream(d + i + 96, x3);
-    }
-    for (; i + 32 <= n; i += 32) lkv_c32_stream(d + i, lkv_c32_loadu(s + i));
-    memcpy(d + i, s + i, n - i);
-}
-
 /* d[0, n) = round(s[0, n)) */
 static inline void copy_row(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, int stream) {
     if (dt == st) {
-        if (stream) copy_bytes_stream(d, s, (size_t)(n * lk_esize(dt)));
+        if (stream) lkv_copy_bytes(d, s, (size_t)(n * lk_esize(dt)), 1);
         else memcpy(d, s, (size_t)(n * lk_esize(dt)));
         return;
     }

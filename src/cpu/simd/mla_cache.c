@@ -18,29 +18,6 @@
 #include "../kernels.h"
 #include "../vec/lkv.h"
 
-/* bit copy of `bytes` contiguous bytes; stream: non-temporal from the first 32-byte
- * boundary of dst. 32-byte moves on every ISA (see kv_cache.c's copy_bytes_stream):
- * runs are often 32 bytes or a few times that (NZ chunks, k_pe), which wider vectors
- * would leave to memcpy */
-static inline void copy_bytes(char *dst, const char *src, int64_t bytes, int stream) {
-    int64_t i = 0;
-    if (stream) {
-        int64_t head = (int64_t)((32 - ((uintptr_t)dst & 31)) & 31);
-        if (head < bytes) {
-            memcpy(dst, src, (size_t)head);
-            for (i = head; i + 32 <= bytes; i += 32) lkv_c32_stream(dst + i, lkv_c32_loadu(src + i));
-        }
-    }
-    for (; i + 128 <= bytes; i += 128) {
-        lkv_c32 a = lkv_c32_loadu(src + i), b = lkv_c32_loadu(src + i + 32);
-        lkv_c32 c = lkv_c32_loadu(src + i + 64), d = lkv_c32_loadu(src + i + 96);
-        lkv_c32_storeu(dst + i, a), lkv_c32_storeu(dst + i + 32, b);
-        lkv_c32_storeu(dst + i + 64, c), lkv_c32_storeu(dst + i + 96, d);
-    }
-    for (; i + 32 <= bytes; i += 32) lkv_c32_storeu(dst + i, lkv_c32_loadu(src + i));
-    if (i < bytes) memcpy(dst + i, src + i, (size_t)(bytes - i));
-}
-
 /* dst[i] = round(src[i]), i < n, contiguous; stream: non-temporal when dst is aligned */
 static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st, int64_t n, int stream) {
     int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
@@ -114,7 +91,7 @@ static inline void copy_4x16(const lk_copy_group *g, const lk_copy_part *q, cons
 
 /* one run of n elements of one token */
 static inline void copy_run(char *cp, lk_dtype ct, char *rp, lk_dtype rt, int64_t n, int to_cache, int stream) {
-    if (ct == rt) copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, n * lk_esize(ct), stream);
+    if (ct == rt) lkv_copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, (size_t)(n * lk_esize(ct)), stream);
     else if (to_cache) convert(cp, ct, rp, rt, n, stream);
     else convert(rp, rt, cp, ct, n, stream);
 }

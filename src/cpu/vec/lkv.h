@@ -26,6 +26,8 @@
  *   even / odd  lkv_bf16_split: 2W bf16 values of one lkv_bits as f32 in two vectors,
  *               elements 2i and 2i + 1 of the memory order in lane i (no shuffles);
  *               lkv_bf16_join_nonan: the inverse, rounded as lkv_bf16_bits_nonan
+ *   built here  lkv_load / lkv_store / lkv_stream (any float dtype), lkv_bf16_load_eo /
+ *               lkv_bf16_store_eo_nonan, lkv_copy_bytes, lkv_exp / _nonan / _nonpos
  *   shuffles    lkv_deinterleave / lkv_interleave (even and odd elements of 2W values,
  *               in the lane order lkv_pair_order gives a plain vector), lkv_store2 (two
  *               vectors of one dtype to two addresses), lkv_transpose (W x W)
@@ -43,6 +45,8 @@
 #else
 #error "a SIMD source is compiled with one of -DLKV_AVX2, -DLKV_AVX512"
 #endif
+
+#include <string.h>
 
 #include "../../core/core.h"
 
@@ -76,6 +80,40 @@ static inline void lkv_bf16_store_eo_nonan(void *p, lkv_f32 even, lkv_f32 odd, i
     lkv_bits r = lkv_bf16_join_nonan(even, odd);
     if (stream) lkv_bits_stream(p, r);
     else lkv_bits_storeu(p, r);
+}
+
+/* d[0, n) = s[0, n) bit for bit in 32-byte moves, 4 per step (the same on every ISA:
+ * as fast as wider moves for copies, and runs of 32 bytes or a few times that, NZ chunks
+ * and k_pe rows, are not left to memcpy); stream: non-temporal stores from the first
+ * 32-byte boundary of d (lkv_sfence before the results are read elsewhere) */
+LK_ALWAYS_INLINE void lkv__copy32(char *d, const char *s, size_t n, int stream) {
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        lkv_c32 a = lkv_c32_loadu(s + i), b = lkv_c32_loadu(s + i + 32);
+        lkv_c32 c = lkv_c32_loadu(s + i + 64), e = lkv_c32_loadu(s + i + 96);
+        if (stream) {
+            lkv_c32_stream(d + i, a), lkv_c32_stream(d + i + 32, b);
+            lkv_c32_stream(d + i + 64, c), lkv_c32_stream(d + i + 96, e);
+        } else {
+            lkv_c32_storeu(d + i, a), lkv_c32_storeu(d + i + 32, b);
+            lkv_c32_storeu(d + i + 64, c), lkv_c32_storeu(d + i + 96, e);
+        }
+    }
+    for (; i + 32 <= n; i += 32)
+        if (stream) lkv_c32_stream(d + i, lkv_c32_loadu(s + i));
+        else lkv_c32_storeu(d + i, lkv_c32_loadu(s + i));
+    memcpy(d + i, s + i, n - i);
+}
+
+static inline void lkv_copy_bytes(char *d, const char *s, size_t n, int stream) {
+    if (!stream) {
+        lkv__copy32(d, s, n, 0);
+        return;
+    }
+    size_t head = (size_t)(-(uintptr_t)d & 31);
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    lkv__copy32(d + head, s + head, n - head, 1);
 }
 
 /* prefetch into L1 / L2 (a hint: any address is safe) */
