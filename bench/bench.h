@@ -15,7 +15,8 @@
  *   4. prints a row with bench_row: per variant the median time, achieved GB/s (or
  *      GFLOP/s), the ceiling (bandwidth rows timed with bench_time_bw: the copy
  *      bandwidth probed between their repetitions; read-bandwidth rows: measured at
- *      start-up; FLOPS rows: the FMA peak of the variant's ISA, measured at start-up)
+ *      start-up; FLOPS rows: the FMA peak of the variant's ISA, or the bf16 dot-product
+ *      peak for rows on the bf16 dot path (bench_flops_kind), measured at start-up)
  *      and their ratio; then time ratios: with one library and several ISAs, the last
  *      ISA's time over the first's; with several libraries, per ISA each library's time
  *      over the first library's (an A/B of two builds: after / before); then the max
@@ -29,8 +30,10 @@
  * at start-up, the ISA in the variant's library before each sample. With one library
  * the variants are named by their ISA ("avx2"), with several "LIB:ISA" ("after:avx2").
  * JSON: a row's per-variant figures under "isa", keyed by those names (machine.isas
- * lists them, machine.libs the libraries); with several libraries "lib_ratio" (each
- * later library's variant over the first library's on its ISA) replaces "time_ratio".
+ * lists them, machine.libs the libraries; machine.bf16_dot_gflops is the bf16 dot peak,
+ * 0 without AVX512_BF16, machine.bf16_dot_rows whether bf16 FLOPS rows were set
+ * against it); with several libraries "lib_ratio" (each later library's variant over
+ * the first library's on its ISA) replaces "time_ratio".
  */
 #ifndef LK_BENCH_H
 #define LK_BENCH_H
@@ -61,6 +64,7 @@ typedef struct {
     double row_copy_gbs; /* the same, probed between the current row's repetitions (0: none) */
     double read_gbs;     /* DRAM read-only bandwidth */
     double fma_gflops;   /* f32 FMA peak of the first listed ISA (all threads; 0 on ref) */
+    double bf16_gflops;  /* bf16 dot-product peak, VDPBF16PS (all threads; 0 without AVX512_BF16) */
     int nisa;            /* the ISAs every row runs on (--isa; default: the one in use) */
     lk_isa isa[BENCH_MAX_ISA];
     double isa_fma[BENCH_MAX_ISA]; /* f32 FMA peak per listed ISA (0 on ref) */
@@ -68,7 +72,6 @@ typedef struct {
     bench_lib lib[BENCH_MAX_LIB];
     int nvar;            /* the variants: every ISA on every library, ISA by ISA */
     bench_variant var[BENCH_MAX_VAR];
-    double var_fma[BENCH_MAX_VAR]; /* the FMA peak of each variant's ISA */
     double row_ms[BENCH_MAX_VAR];  /* per-variant medians of the last bench_time(_bw) */
     int threads;
     int full;            /* --full: every case */
@@ -79,9 +82,6 @@ extern bench_env BENCH;
 
 /* measured once at start-up */
 void bench_measure_machine(void);
-/* the FMA peak of `isa` again, now (a quarter-length probe): for long runs on a shared
- * machine whose speed drifts, to set a row against the speed it ran at */
-double bench_fma_now(lk_isa isa);
 
 /* i < BENCH.nvar: makes variant i current (its library's table, and its ISA in that
  * library) and returns 1; otherwise makes the first current again and returns 0:
@@ -99,11 +99,22 @@ double bench_time(bench_fn fn, void *ctx);
  * next bench_row of kind BENCH_BW uses the probes' median as its ceiling */
 double bench_time_bw(bench_fn fn, void *ctx);
 
-typedef enum { BENCH_BW, BENCH_FLOPS, BENCH_READ_BW } bench_kind;
+typedef enum { BENCH_BW, BENCH_FLOPS, BENCH_READ_BW, BENCH_FLOPS_BF16 } bench_kind;
+/* the kind of a FLOPS row whose inputs are of dtype dt: BENCH_FLOPS_BF16 where the row
+ * counts as done on the bf16 dot-product path, else BENCH_FLOPS (the choice and its
+ * rule: bench_harness.c) */
+bench_kind bench_flops_kind(lk_dtype dt);
+/* the start-up peak a FLOPS row of `kind` is set against on variant i: the f32 FMA
+ * peak of its ISA; BENCH_FLOPS_BF16 on an AVX-512 variant: the bf16 dot-product peak */
+double bench_peak(bench_kind kind, int i);
+/* that peak of `isa` again, now (a quarter-length probe): for long runs on a shared
+ * machine whose speed drifts, to set a row against the speed it ran at */
+double bench_peak_now(bench_kind kind, lk_isa isa);
 /* units: bytes for BENCH_BW (ratio vs copy bandwidth) and BENCH_READ_BW (vs read
- * bandwidth), flops for BENCH_FLOPS (vs the FMA peak of each variant's ISA). ms: the
- * first variant's median (bench_time's result); the others' come from BENCH.row_ms.
- * max_err: max |out - ref| / (1 + |ref|) over the output, the max over the variants. */
+ * bandwidth), flops for BENCH_FLOPS and BENCH_FLOPS_BF16 (vs bench_peak of each
+ * variant). ms: the first variant's median (bench_time's result); the others' come from
+ * BENCH.row_ms. max_err: max |out - ref| / (1 + |ref|) over the output, the max over
+ * the variants. */
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err);
 /* prints a section's title and column heads; its name (the title up to " (") goes with

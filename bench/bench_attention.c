@@ -3,7 +3,8 @@
  * the MLA shape (192/128, 16 heads, 2048 prefix + 512 new tokens), and decode 1 query x
  * 4096 keys x 32 heads x 128, paged (page 16), batch 1 and 8.
  * Prefill rows: GFLOP/s of effective work 4 * Sq * Sk * D * H (causal-halved) against the
- * FMA peak of each ISA. Decode rows: GB/s of K/V read against the read bandwidth.
+ * FMA peak of each ISA, or for all-bf16 inputs the bf16 dot peak where bench_flops_kind
+ * says so. Decode rows: GB/s of K/V read against the read bandwidth.
  * Max error: the reference on a sub-problem whose rows are rows of each variant's output (the
  * last 32 queries of the first KV head's query heads, over all keys: bottom-right causal
  * alignment makes them identical rows).
@@ -96,7 +97,8 @@ static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t D
     double flops = 2.0 * pairs * (double)(Dqk + Dv) * (double)Hq;
     char shape[64];
     snprintf(shape, sizeof shape, "%s", label);
-    bench_row("flash_attn prefill", shape, lk_dtype_name(kvt), ms, flops, BENCH_FLOPS, err);
+    /* q is bf16: the kind follows K / V's dtype */
+    bench_row("flash_attn prefill", shape, lk_dtype_name(kvt), ms, flops, bench_flops_kind(kvt), err);
     bench_free(q), bench_free(out), bench_free(k), bench_free(v);
 }
 
@@ -133,7 +135,10 @@ static void decode_case(int64_t B, int64_t K, int64_t H, int64_t D, int64_t bs) 
 }
 
 void bench_attention(void) {
-    bench_section("flash_attn_varlen (prefill: ceiling = f32 FMA peak; decode: ceiling = read bandwidth)");
+    bench_section(bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16
+                      ? "flash_attn_varlen (prefill: ceiling = bf16 dot peak for bf16 K/V on avx512, else f32 "
+                        "FMA peak; decode: ceiling = read bandwidth)"
+                      : "flash_attn_varlen (prefill: ceiling = f32 FMA peak; decode: ceiling = read bandwidth)");
     prefill_case(2048, 0, 16, 16, 128, 128, LK_BF16, "1x2048^2 c 16h x128");
     prefill_case(2048, 0, 16, 16, 128, 128, LK_F16, "1x2048^2 c 16h x128");
     prefill_case(2048, 0, 32, 8, 128, 128, LK_BF16, "1x2048^2 c 32/8h x128");

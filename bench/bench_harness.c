@@ -10,7 +10,12 @@
  *    compared with what the memory gave while it ran;
  *  - read bandwidth: a vectorised sum over 256 MiB;
  *  - FMA peak, per listed ISA: independent FMA chains in registers (AVX2 or AVX-512
- *    FMAs for those ISAs; none for ref), 2 flops per lane per FMA.
+ *    FMAs for those ISAs; none for ref), 2 flops per lane per FMA;
+ *  - bf16 dot-product peak, where the CPU has AVX512_BF16 (the bench's own cpuid check:
+ *    it reaches the library through its public API only): independent VDPBF16PS chains
+ *    on zmm registers, 2 flops per bf16 product (32 multiply-adds, 64 flops, per
+ *    instruction). FLOPS rows are set against one of the two peaks: bench_flops_kind
+ *    and bench_peak below are where that is chosen.
  *
  * With several variants (--isa, --lib) a timing interleaves them: each round takes one
  * sample on every variant, in an order rotated from round to round, so that a shared
@@ -27,6 +32,9 @@
 #include <string.h>
 #include <time.h>
 #include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "core/half.h"
 
@@ -256,29 +264,100 @@ __attribute__((target("avx512f"))) static double fma_avx512(long iters) {
     return (double)s;
 }
 
-/* median GFLOP/s of `reps` samples of `iters` iterations on every thread (0 on ref) */
-static double fma_median(lk_isa isa, long iters, int reps) {
-    if (isa == LK_ISA_REF) return 0;
-    double flops_per_iter = isa == LK_ISA_AVX512 ? 12 * 16 * 2 : 10 * 8 * 2;
+/* bf16 dot-product peak: 12 independent VDPBF16PS accumulators per thread, as many as
+ * the AVX-512 FMA probe's chains; the products are small, the sums stay finite */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512bf16,avx512f"))) static double dot_bf16(long iters) {
+    __m512 acc[12];
+    __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.0009765625f), _mm512_set1_ps(0.0009765625f));
+    __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.001f), _mm512_set1_ps(0.001f));
+    for (int k = 0; k < 12; k++) acc[k] = _mm512_set1_ps(1e-7f * (float)k);
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
+    __m512 s = acc[0];
+    for (int k = 1; k < 12; k++) s = _mm512_add_ps(s, acc[k]);
+    return (double)_mm512_reduce_add_ps(s);
+}
+
+/* AVX-512F and AVX512_BF16 (cpuid leaf 7 subleaf 1, EAX bit 5) with the OS saving the
+ * ZMM and opmask state (XCR0, read once OSXSAVE says xgetbv is there) */
+__attribute__((target("xsave"))) static int cpu_has_avx512bf16(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    if ((_xgetbv(0) & 0xe6) != 0xe6) return 0; /* XMM, YMM, opmask, ZMM hi256, hi16 ZMM */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1) || a < 1) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 5) & 1;
+}
+#else
+static double dot_bf16(long iters) { return (double)iters; }
+static int cpu_has_avx512bf16(void) { return 0; }
+#endif
+
+/* median GFLOP/s of `reps` (<= 5) samples of `iters` iterations of fn on every thread,
+ * fn doing flops_per_iter per iteration */
+static double chains_median(double (*fn)(long), double flops_per_iter, long iters, int reps) {
     double samples[5];
     for (int r = 0; r < reps; r++) {
         double sink = 0, t0 = now_s();
         int nt = BENCH.threads;
 #pragma omp parallel num_threads(nt) reduction(+ : sink)
-        sink += isa == LK_ISA_AVX512 ? fma_avx512(iters) : fma_avx2(iters);
+        sink += fn(iters);
         double t = now_s() - t0;
         samples[r] = flops_per_iter * (double)iters * nt / t / 1e9 + (sink == 42.0 ? 1e-9 : 0);
     }
     return median(samples, reps);
 }
 
-static void measure_fma(void) {
-    for (int i = 0; i < BENCH.nisa; i++) BENCH.isa_fma[i] = fma_median(BENCH.isa[i], 20000000, 5);
-    for (int v = 0; v < BENCH.nvar; v++) BENCH.var_fma[v] = BENCH.isa_fma[BENCH.var[v].isa];
-    BENCH.fma_gflops = BENCH.isa_fma[0];
+/* the f32 FMA peak of isa (0 on ref) */
+static double fma_median(lk_isa isa, long iters, int reps) {
+    if (isa == LK_ISA_REF) return 0;
+    if (isa == LK_ISA_AVX512) return chains_median(fma_avx512, 12 * 16 * 2, iters, reps);
+    return chains_median(fma_avx2, 10 * 8 * 2, iters, reps);
 }
 
-double bench_fma_now(lk_isa isa) { return fma_median(isa, 5000000, 3); }
+/* the bf16 dot-product peak (0 without AVX512_BF16) */
+static double bf16_median(long iters, int reps) {
+    return cpu_has_avx512bf16() ? chains_median(dot_bf16, 12 * 32 * 2, iters, reps) : 0;
+}
+
+static void measure_fma(void) {
+    for (int i = 0; i < BENCH.nisa; i++) BENCH.isa_fma[i] = fma_median(BENCH.isa[i], 20000000, 5);
+    BENCH.fma_gflops = BENCH.isa_fma[0];
+    BENCH.bf16_gflops = bf16_median(20000000, 5);
+}
+
+/*
+ * The one place that chooses a FLOPS row's peak. A row whose inputs are all bf16 is set
+ * against the bf16 dot-product peak when its call took the library's AVX512_BF16 kernel
+ * path, else against the f32 FMA peak of its ISA. The library does not yet say which
+ * path a call took, so for now the bf16 peak applies only on request: the CPU has
+ * AVX512_BF16 and LLMKERN_BENCH_BF16_PEAK=1 (default off: the ratios stay as they were).
+ * This becomes automatic, per call, once the library exposes the path it used.
+ */
+bench_kind bench_flops_kind(lk_dtype dt) {
+    static int asked = -1;
+    if (asked < 0) {
+        const char *e = getenv("LLMKERN_BENCH_BF16_PEAK");
+        asked = e && !strcmp(e, "1");
+    }
+    return dt == LK_BF16 && asked && BENCH.bf16_gflops > 0 ? BENCH_FLOPS_BF16 : BENCH_FLOPS;
+}
+
+/* the bf16 dot-product path exists on the AVX-512 kernels only: other ISAs keep the FMA
+ * peak on BENCH_FLOPS_BF16 rows */
+static int bf16_peak_on(bench_kind kind, lk_isa isa) {
+    return kind == BENCH_FLOPS_BF16 && isa == LK_ISA_AVX512 && BENCH.bf16_gflops > 0;
+}
+
+double bench_peak(bench_kind kind, int var) {
+    int i = BENCH.var[var].isa;
+    return bf16_peak_on(kind, BENCH.isa[i]) ? BENCH.bf16_gflops : BENCH.isa_fma[i];
+}
+
+double bench_peak_now(bench_kind kind, lk_isa isa) {
+    return bf16_peak_on(kind, isa) ? bf16_median(5000000, 3) : fma_median(isa, 5000000, 3);
+}
 
 /* s as a JSON string */
 static void json_str(FILE *f, const char *s) {
@@ -306,9 +385,13 @@ void bench_measure_machine(void) {
         size_t a = strlen(vars);
         snprintf(vars + a, sizeof vars - a, "%s%s", i ? "," : "", BENCH.var[i].name);
     }
+    char bf16[64] = "- (no AVX512_BF16)";
+    if (BENCH.bf16_gflops > 0) snprintf(bf16, sizeof bf16, "%.1f GFLOP/s", BENCH.bf16_gflops);
     printf("machine: %d threads, isa %s | copy bandwidth %.1f GB/s (read+write) | read bandwidth "
-           "%.1f GB/s | f32 FMA peak %s GFLOP/s\n",
-           BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks);
+           "%.1f GB/s | f32 FMA peak %s GFLOP/s | bf16 dot peak %s\n",
+           BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks, bf16);
+    if (bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16)
+        printf("LLMKERN_BENCH_BF16_PEAK=1: bf16-input FLOPS rows on avx512 set against the bf16 dot peak\n");
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
                "(2 x 64 MiB; it drifts on a shared machine)\n");
@@ -321,10 +404,10 @@ void bench_measure_machine(void) {
     bench_use_variant(0);
     if (BENCH.nlib > 1)
         printf("variants %s: each row's repetitions alternate between them; errors against the first library's ref "
-               "kernel; FLOPS rows set against each ISA's own FMA peak\n", vars);
+               "kernel; FLOPS rows set against each ISA's own peak\n", vars);
     else if (BENCH.nisa > 1)
         printf("isas %s: each row's repetitions alternate between them; FLOPS rows set against each "
-               "ISA's own FMA peak\n", isas);
+               "ISA's own peak\n", isas);
     if (bench_json) {
         fprintf(bench_json,
                 "{\n\"machine\": {\"threads\": %d, \"isa\": \"%s\", \"copy_gbs\": %.3f, "
@@ -335,7 +418,8 @@ void bench_measure_machine(void) {
         fprintf(bench_json, "], \"fma_gflops_isa\": {");
         for (int i = 0; i < BENCH.nisa; i++)
             fprintf(bench_json, "%s\"%s\": %.3f", i ? ", " : "", lk_isa_name(BENCH.isa[i]), BENCH.isa_fma[i]);
-        fprintf(bench_json, "}");
+        fprintf(bench_json, "}, \"bf16_dot_gflops\": %.3f, \"bf16_dot_rows\": %s", BENCH.bf16_gflops,
+                bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "true" : "false");
         if (BENCH.lib[0].path) { /* --lib */
             fprintf(bench_json, ", \"libs\": [");
             for (int k = 0; k < BENCH.nlib; k++) {
@@ -439,15 +523,16 @@ void bench_json_row(const char *op, const char *shape, const char *dtype, const 
 
 void bench_row(const char *op, const char *shape, const char *dtype, double ms, double units,
                bench_kind kind, double max_err) {
+    int flops = kind == BENCH_FLOPS || kind == BENCH_FLOPS_BF16;
     double bw = kind == BENCH_BW ? (BENCH.row_copy_gbs > 0 ? BENCH.row_copy_gbs : BENCH.copy_gbs)
                                  : BENCH.read_gbs;
     BENCH.row_copy_gbs = 0;
     double t[BENCH_MAX_VAR], ceil[BENCH_MAX_VAR];
     for (int i = 0; i < BENCH.nvar; i++) {
         t[i] = i ? BENCH.row_ms[i] : ms;
-        ceil[i] = kind == BENCH_FLOPS ? BENCH.var_fma[i] : bw;
+        ceil[i] = flops ? bench_peak(kind, i) : bw;
     }
-    const char *u = kind == BENCH_FLOPS ? "GFLOP/s" : "GB/s";
+    const char *u = flops ? "GFLOP/s" : "GB/s";
     if (BENCH.nvar == 1) {
         double rate = units / (ms * 1e-3) / 1e9;
         printf("%-22s %-26s %-6s %10.2f %5.1f %-4s %5.1f %-4s %6.0f%% %10.2e\n", op, shape, dtype,

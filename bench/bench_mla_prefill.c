@@ -8,8 +8,9 @@
  * call of each (variant, strategy) per round, so machine noise hits all alike); the row
  * (one per variant) gives each strategy's median ms, its ratio to the best median, auto's
  * choice (from the trace) with the ratio of the chosen strategy's median to the best,
- * auto's own median, and the best strategy's GFLOP/s against the FMA peak of the
- * variant's ISA measured in the same run: at start-up, and again around the case (the
+ * auto's own median, and the best strategy's GFLOP/s against the peak of the variant
+ * (bench_peak: the FMA peak of its ISA, or the bf16 dot peak where bench_flops_kind
+ * says so) measured in the same run: at start-up, and again around the case (the
  * shared machine's speed drifts by 2-3x over minutes); with several variants, the best
  * median over the first variant's (several libraries: over the first library's on the
  * same ISA).
@@ -230,9 +231,10 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
     double t = run(&c, LK_MLA_SPLIT_MERGE), med[BENCH_MAX_VAR * NS], pk[BENCH_MAX_ISA], peak[BENCH_MAX_VAR],
            ms[BENCH_MAX_VAR];
     lk_mla_strategy ch[BENCH_MAX_VAR];
-    for (int i = 0; i < BENCH.nisa; i++) pk[i] = bench_fma_now(BENCH.isa[i]); /* per ISA: the machine's */
+    bench_kind kind = bench_flops_kind(LK_BF16);
+    for (int i = 0; i < BENCH.nisa; i++) pk[i] = bench_peak_now(kind, BENCH.isa[i]); /* per ISA: the machine's */
     time_all(&c, med, rounds_for(t));
-    for (int i = 0; i < BENCH.nisa; i++) pk[i] = 0.5 * (pk[i] + bench_fma_now(BENCH.isa[i]));
+    for (int i = 0; i < BENCH.nisa; i++) pk[i] = 0.5 * (pk[i] + bench_peak_now(kind, BENCH.isa[i]));
     for (int i = 0; i < K; i++) peak[i] = pk[BENCH.var[i].isa];
     for (int i = 0; bench_use_variant(i); i++) {
         const double *m = med + i * NS;
@@ -241,7 +243,7 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
             if (m[s] < m[b]) b = s;
         best[i] = b;
         ch[i] = auto_choice(&c);
-        double gf = flops_of(&c, (lk_mla_strategy)b) / m[b] / 1e9, pk0 = BENCH.var_fma[i];
+        double gf = flops_of(&c, (lk_mla_strategy)b) / m[b] / 1e9, pk0 = bench_peak(kind, i);
         print_label(label, BENCH.var[i].name);
         printf(" %8.2f %8.2f %8.2f %8.2f | %4.2f %4.2f %4.2f %4.2f | %-8.8s %4.2f %8.2f %4.2f | %5.1f %3.0f%% %5.1f "
                "%3.0f%% %8.2e",
@@ -302,11 +304,12 @@ static void nz_case(int64_t B, int32_t q, int32_t p) {
         printf(" %9.2f %9.2f %6.3f\n", ma[i], mz[i], mz[i] / ma[i]);
     }
     fflush(stdout);
-    double f = flops_of(&nd, LK_MLA_SPLIT_MERGE);
+    double f = flops_of(&nd, LK_MLA_SPLIT_MERGE), peak[BENCH_MAX_VAR];
+    for (int i = 0; i < K; i++) peak[i] = bench_peak(bench_flops_kind(LK_BF16), i);
     snprintf(shape, sizeof shape, "%s split_merge ND", label);
-    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ma, f, BENCH.var_fma, -1, NULL);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ma, f, peak, -1, NULL);
     snprintf(shape, sizeof shape, "%s split_merge NZ", label);
-    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", mz, f, BENCH.var_fma, -1, NULL);
+    bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", mz, f, peak, -1, NULL);
     teardown(&nd), teardown(&nz);
     free(a), free(z), free(ql), free(pl);
 }
@@ -324,9 +327,10 @@ void bench_mla_prefill(void) {
     printf("\n== mla_prefix_prefill sweep (H=4 per rank, QK 192, V 128, latent 512, page 128, bf16; median ms of "
            "interleaved rounds)\n");
     printf("columns: %smedian ms per strategy | each over the best | auto's choice, its median over the best, auto's "
-           "own median ms and over the best | the best's GFLOP/s, %% of the FMA peak measured at start-up, the peak "
+           "own median ms and over the best | the best's GFLOP/s, %% of the %s peak measured at start-up, the peak "
            "measured around this case and %% of it | max error%s\n",
            K > 1 ? (BENCH.nlib > 1 ? "variant | " : "isa | ") : "",
+           bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "bf16 dot (avx512; other ISAs: FMA)" : "FMA",
            K == 1 ? "" : BENCH.nlib > 1 ? " | the best median over the first library's on the same ISA"
                                          : " | the best median over the first ISA's");
     bench_section_name("mla_prefix_prefill sweep");
