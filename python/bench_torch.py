@@ -1,15 +1,21 @@
 """llmkern vs PyTorch CPU, side by side on the same tensors, both at the same thread count
 (default 2): RMSNorm (F.rms_norm), SwiGLU (F.silu(x1) * x2), attention
 (F.scaled_dot_product_attention, GQA through repeated K/V, against
-flash_attn_varlen_func), RoPE and the LSE merge written in torch (vLLM's native forms).
-Prints both medians, torch / llmkern, the largest difference of the outputs and whether
-they agree within the dtype's tolerance; exits 1 when one does not.
+flash_attn_varlen_func), RoPE and the LSE merge written in torch (vLLM's native forms),
+and MLA prefix prefill (per request: gather the latent pages, F.linear through kv_b_proj,
+SDPA over [prefix | current] with a bottom-right causal mask, against
+mla_prefix_prefill). Prints both medians, torch / llmkern, the largest difference of the
+outputs (MLA: the largest difference over the largest output magnitude) and whether they
+agree within the dtype's tolerance; exits 1 when one does not.
 
 Usage: python python/bench_torch.py [--threads N] [--quick]   (`make bench-torch`)
 Notes on fairness: llmkern writes into preallocated outputs (that is its API) while the
 torch expressions allocate theirs; torch's SDPA gets K/V already repeated to the query
 heads and laid out contiguously as [B, H, L, D] (neither is timed); the RoPE and merge
-baselines are the plain torch code vLLM falls back to on CPU, not fused kernels.
+baselines are the plain torch code vLLM falls back to on CPU, not fused kernels. The MLA
+composition builds the gather indices, the projection, the key / value concatenation and
+the SDPA layout inside the timed call; only the boolean masks (they depend on the lengths
+alone) are built once beforehand; its repetitions are interleaved with llmkern's.
 On a machine shared with other busy processes the 2-thread figures are unreliable: a
 parallel region waits for a descheduled thread (multiples of ~4-12 ms scheduler slices
 appear); the load average is printed for that reason.
@@ -30,16 +36,27 @@ BF16, F32 = torch.bfloat16, torch.float32
 TOL = {BF16: 2e-2, F32: 1e-4}  # rtol = atol on outputs of magnitude ~1
 
 
-def median_s(fn, min_time, max_reps=50, min_reps=5):
-    fn()
-    fn()  # warm-up: first-touch of outputs, thread pools spinning up
-    times = []
-    t_end = time.perf_counter() + min_time
-    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < t_end):
-        t0 = time.perf_counter()
+def medians_s(fns, min_time, max_reps=50, min_reps=5):
+    """Median seconds per call of each of fns, their repetitions interleaved (one call of
+    each per round, the order rotated from round to round) when there are several."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        fn()  # warm-up: first-touch of outputs, thread pools spinning up
+    times = [[] for _ in fns]
+    t_end = time.perf_counter() + min_time * len(fns)
+    r = 0
+    while r < min_reps or (r < max_reps and time.perf_counter() < t_end):
+        for j in range(len(fns)):
+            i = (j + r) % len(fns)
+            t0 = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - t0)
+        r += 1
+    return [statistics.median(t) for t in times]
+
+
+def median_s(fn, min_time):
+    return medians_s([fn], min_time)[0]
 
 
 ROWS = []
@@ -169,6 +186,68 @@ def bench_merge(T, H, D, dt, mt):
         lambda: merge_torch(a, la, b, lb)[0], TOL[dt], mt)
 
 
+def mla_torch(q, k, v, cu, prefix_lens, block_table, cache, w, scale, masks, dl, dv, page):
+    """MLA prefix prefill composed of torch ops, request by request: the latent pages of
+    the prefix gathered from the cache (kv_c [P, Dl], k_pe [P, Dr]), projected by
+    F.linear through kv_b_proj into k_nope and v per head, the prefix keys
+    [k_nope | k_pe broadcast over the heads] and values concatenated with the request's
+    current k / v, one SDPA over [prefix | current] under masks[b] (query i sees every
+    prefix key and current keys j <= i) with the explicit scale."""
+    H = v.shape[1]
+    dn = w.shape[0] // H - dv
+    flat = cache.view(-1, cache.shape[-1])  # [blocks * page, Dl + Dr]
+    outs = []
+    for b in range(len(prefix_lens)):
+        s, e, P = int(cu[b]), int(cu[b + 1]), int(prefix_lens[b])
+        t = torch.arange(P)
+        lat = flat.index_select(0, block_table[b, t // page].long() * page + t % page)
+        kv_c, k_pe = lat[:, :dl], lat[:, dl:]
+        kv = F.linear(kv_c, w).view(P, H, dn + dv)
+        k_nope, v_pre = kv[..., :dn], kv[..., dn:]
+        k_pre = torch.cat((k_nope, k_pe[:, None, :].expand(P, H, k_pe.shape[1])), dim=-1)
+        keys = torch.cat((k_pre, k[s:e])).transpose(0, 1).contiguous()  # [H, P + Q, Dqk]
+        vals = torch.cat((v_pre, v[s:e])).transpose(0, 1).contiguous()
+        o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).contiguous(), keys, vals,
+                                           attn_mask=masks[b], scale=scale)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+def bench_mla_prefill(B, Q, P, mt, H=4, dn=128, dr=64, dv=128, dl=512, page=128):
+    """B requests of Q new tokens over P cached prefix tokens each, every request on its
+    own pages scattered over a one-buffer ND latent cache [blocks, page, Dl + Dr] (block
+    0 unused), bf16 throughout; llmkern's auto strategy. The outputs are compared before
+    the timing."""
+    T, pages = B * Q, B * ((P + page - 1) // page)
+    q, k, v = rnd((T, H, dn + dr), BF16), rnd((T, H, dn + dr), BF16), rnd((T, H, dv), BF16)
+    k[:, :, dn:] = k[:, :1, dn:]  # k_rope is shared by the heads
+    cache = rnd((pages + 1, page, dl + dr), BF16)
+    w = rnd((H * (dn + dv), dl), BF16, 1.0 / math.sqrt(dl))
+    cu = torch.arange(0, T + 1, Q, dtype=torch.int32)
+    plens = torch.full((B,), P, dtype=torch.int32)
+    table = (torch.randperm(pages, dtype=torch.int32) + 1).view(B, -1)
+    out = torch.empty((T, H, dv), dtype=BF16)
+    scale = 1.0 / math.sqrt(dn + dr)
+    j, i = torch.arange(P + Q)[None, :], torch.arange(Q)[:, None]
+    masks = [j <= P + i] * B  # [Q, P + Q]: every prefix key, current keys up to the query's
+
+    def lk_call():
+        return lk.mla_prefix_prefill(q, k, v, cu, plens, table, cache, w, scale, out=out)
+
+    def th():
+        return mla_torch(q, k, v, cu, plens, table, cache, w, scale, masks, dl, dv, page)
+
+    a, ref = lk_call().float(), th().float()
+    choice = lk.mla_last_trace().split()[0].replace("strategy=", "")
+    rel = float((a - ref).abs().max() / ref.abs().max())
+    ok = bool(torch.isfinite(a).all() and torch.isfinite(ref).all()) and rel <= TOL[BF16]
+    ROWS.append(ok)
+    t_lk, t_th = medians_s([lk_call, th], mt)
+    print("%-44s %10.3f %10.3f %8.2fx %10.2e  %s" % (
+        "mla prefill (%d,%d,%d) %dh bf16 [%s]" % (B, Q, P, H, choice), t_lk * 1e3, t_th * 1e3,
+        t_th / t_lk, rel, "ok" if ok else "MISMATCH"))
+
+
 def _n(dt):
     return str(dt).replace("torch.", "")
 
@@ -200,6 +279,10 @@ def main():
     bench_merge(16, 16, 128, BF16, mt)
     bench_merge(4096, 16, 128, BF16, mt)
     bench_merge(4096, 16, 128, F32, mt)
+    print("mla_prefix_prefill vs the torch composition (repetitions interleaved; last column: "
+          "max|diff| / max|torch|)")
+    for B, Q, P in ((1, 100, 768), (8, 100, 768), (32, 100, 768), (1, 1024, 8192)):
+        bench_mla_prefill(B, Q, P, mt)
     bad = ROWS.count(False)
     print("%d cases, %d agree, %d mismatch" % (len(ROWS), len(ROWS) - bad, bad))
     return 1 if bad else 0
