@@ -44,7 +44,7 @@
 #include "llmkern.h"
 #include "bench_api.h"
 
-#define BENCH_MAX_ISA 3
+#define BENCH_MAX_ISA 4
 #define BENCH_MAX_LIB 4
 #define BENCH_MAX_VAR (BENCH_MAX_ISA * BENCH_MAX_LIB)
 

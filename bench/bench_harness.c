@@ -234,34 +234,29 @@ static double copy_probe(void) {
     return 2.0 * (double)PROBE_N * 4 / (now_s() - t0) / 1e9;
 }
 
-/* FMA peak: 8 independent accumulators per thread, vectorised by the compiler for the
- * widest ISA in use through a target-specific clone */
+/* FMA peak: independent FMA chains per thread (10 ymm / 12 zmm accumulators: more than
+ * latency x throughput on current cores), written with the FMA intrinsics (the ISO C
+ * build mode does not contract a * b + c into an FMA) */
 __attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
-    typedef float v8 __attribute__((vector_size(32)));
-    v8 acc[10];
-    v8 m = {1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f, 1.0000001f};
-    v8 c = {1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f, 1e-7f};
-    for (int k = 0; k < 10; k++) acc[k] = c * (float)k;
+    __m256 acc[10], m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < 10; k++) acc[k] = _mm256_set1_ps(1e-7f * (float)k);
     for (long i = 0; i < iters; i++)
-        for (int k = 0; k < 10; k++) acc[k] = acc[k] * m + c;
-    float s = 0;
-    for (int k = 0; k < 10; k++)
-        for (int j = 0; j < 8; j++) s += acc[k][j];
-    return (double)s;
+        for (int k = 0; k < 10; k++) acc[k] = _mm256_fmadd_ps(acc[k], m, c);
+    __m256 s = acc[0];
+    for (int k = 1; k < 10; k++) s = _mm256_add_ps(s, acc[k]);
+    float v[8];
+    _mm256_storeu_ps(v, s);
+    return (double)(v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]);
 }
 
 __attribute__((target("avx512f"))) static double fma_avx512(long iters) {
-    typedef float v16 __attribute__((vector_size(64)));
-    v16 acc[12];
-    v16 m, c;
-    for (int j = 0; j < 16; j++) m[j] = 1.0000001f, c[j] = 1e-7f;
-    for (int k = 0; k < 12; k++) acc[k] = c * (float)k;
+    __m512 acc[12], m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+    for (int k = 0; k < 12; k++) acc[k] = _mm512_set1_ps(1e-7f * (float)k);
     for (long i = 0; i < iters; i++)
-        for (int k = 0; k < 12; k++) acc[k] = acc[k] * m + c;
-    float s = 0;
-    for (int k = 0; k < 12; k++)
-        for (int j = 0; j < 16; j++) s += acc[k][j];
-    return (double)s;
+        for (int k = 0; k < 12; k++) acc[k] = _mm512_fmadd_ps(acc[k], m, c);
+    __m512 s = acc[0];
+    for (int k = 1; k < 12; k++) s = _mm512_add_ps(s, acc[k]);
+    return (double)_mm512_reduce_add_ps(s);
 }
 
 /* bf16 dot-product peak: 12 independent VDPBF16PS accumulators per thread, as many as
@@ -312,7 +307,7 @@ static double chains_median(double (*fn)(long), double flops_per_iter, long iter
 /* the f32 FMA peak of isa (0 on ref) */
 static double fma_median(lk_isa isa, long iters, int reps) {
     if (isa == LK_ISA_REF) return 0;
-    if (isa == LK_ISA_AVX512) return chains_median(fma_avx512, 12 * 16 * 2, iters, reps);
+    if (isa >= LK_ISA_AVX512) return chains_median(fma_avx512, 12 * 16 * 2, iters, reps);
     return chains_median(fma_avx2, 10 * 8 * 2, iters, reps);
 }
 
@@ -328,26 +323,14 @@ static void measure_fma(void) {
 }
 
 /*
- * The one place that chooses a FLOPS row's peak. A row whose inputs are all bf16 is set
- * against the bf16 dot-product peak when its call took the library's AVX512_BF16 kernel
- * path, else against the f32 FMA peak of its ISA. The library does not yet say which
- * path a call took, so for now the bf16 peak applies only on request: the CPU has
- * AVX512_BF16 and LLMKERN_BENCH_BF16_PEAK=1 (default off: the ratios stay as they were).
- * This becomes automatic, per call, once the library exposes the path it used.
+ * The one place that chooses a FLOPS row's peak. A row whose inputs are bf16 is set
+ * against the bf16 dot-product peak on the ISA whose attention kernels use the bf16 dot
+ * products (avx512bf16), else against the f32 FMA peak of its ISA.
  */
-bench_kind bench_flops_kind(lk_dtype dt) {
-    static int asked = -1;
-    if (asked < 0) {
-        const char *e = getenv("LLMKERN_BENCH_BF16_PEAK");
-        asked = e && !strcmp(e, "1");
-    }
-    return dt == LK_BF16 && asked && BENCH.bf16_gflops > 0 ? BENCH_FLOPS_BF16 : BENCH_FLOPS;
-}
+bench_kind bench_flops_kind(lk_dtype dt) { return dt == LK_BF16 && BENCH.bf16_gflops > 0 ? BENCH_FLOPS_BF16 : BENCH_FLOPS; }
 
-/* the bf16 dot-product path exists on the AVX-512 kernels only: other ISAs keep the FMA
- * peak on BENCH_FLOPS_BF16 rows */
 static int bf16_peak_on(bench_kind kind, lk_isa isa) {
-    return kind == BENCH_FLOPS_BF16 && isa == LK_ISA_AVX512 && BENCH.bf16_gflops > 0;
+    return kind == BENCH_FLOPS_BF16 && isa == LK_ISA_AVX512BF16 && BENCH.bf16_gflops > 0;
 }
 
 double bench_peak(bench_kind kind, int var) {
@@ -391,7 +374,7 @@ void bench_measure_machine(void) {
            "%.1f GB/s | f32 FMA peak %s GFLOP/s | bf16 dot peak %s\n",
            BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks, bf16);
     if (bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16)
-        printf("LLMKERN_BENCH_BF16_PEAK=1: bf16-input FLOPS rows on avx512 set against the bf16 dot peak\n");
+        printf("bf16-input FLOPS rows on avx512bf16 are set against the bf16 dot peak\n");
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
                "(2 x 64 MiB; it drifts on a shared machine)\n");

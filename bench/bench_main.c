@@ -59,9 +59,11 @@ static const struct {
 static int parse_isas(const char *list) {
     lk_isa best = lk_isa_best();
     BENCH.nisa = 0;
-    if (!strcmp(list, "all")) {
-        if (best == LK_ISA_REF) BENCH.isa[BENCH.nisa++] = LK_ISA_REF;
-        for (int a = LK_ISA_AVX2; a <= (int)best; a++) BENCH.isa[BENCH.nisa++] = (lk_isa)a;
+    if (!strcmp(list, "all")) { /* every SIMD ISA this CPU and build run, else ref */
+        for (int a = LK_ISA_AVX2; a <= LK_ISA_AVX512BF16; a++)
+            if (lk_set_isa((lk_isa)a) == LK_OK) BENCH.isa[BENCH.nisa++] = (lk_isa)a;
+        if (!BENCH.nisa) BENCH.isa[BENCH.nisa++] = LK_ISA_REF;
+        lk_set_isa(best);
         return 0;
     }
     for (const char *p = list; *p;) {
@@ -69,13 +71,15 @@ static int parse_isas(const char *list) {
         char name[16];
         snprintf(name, sizeof name, "%.*s", (int)(n < 15 ? n : 15), p);
         int a = LK_ISA_REF, seen = 0;
-        while (a <= LK_ISA_AVX512 && strcmp(name, lk_isa_name((lk_isa)a))) a++;
-        if (a > LK_ISA_AVX512) {
-            fprintf(stderr, "bench: --isa: unknown ISA '%.*s' (ref, avx2, avx512 or all)\n", (int)n, p);
+        while (a <= LK_ISA_AVX512BF16 && strcmp(name, lk_isa_name((lk_isa)a))) a++;
+        if (a > LK_ISA_AVX512BF16) {
+            fprintf(stderr, "bench: --isa: unknown ISA '%.*s' (ref, avx2, avx512, avx512bf16 or all)\n", (int)n, p);
             return 2;
         }
         for (int i = 0; i < BENCH.nisa; i++) seen |= BENCH.isa[i] == (lk_isa)a;
-        if (a > (int)best)
+        int ok = lk_set_isa((lk_isa)a) == LK_OK;
+        lk_set_isa(best);
+        if (!ok)
             fprintf(stderr, "bench: --isa: %s is not supported by this CPU (best: %s), skipped\n",
                     lk_isa_name((lk_isa)a), lk_isa_name(best));
         else if (!seen) BENCH.isa[BENCH.nisa++] = (lk_isa)a;
@@ -176,7 +180,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--reps N] [--full] [--json FILE] [--only NAME] "
-                    "[--isa all|ref,avx2,avx512] [--lib A.so[,B.so...]] [--lib-names A,B] [--plot FILE.png]\n",
+                    "[--isa all|ref,avx2,avx512,avx512bf16] [--lib A.so[,B.so...]] [--lib-names A,B] [--plot FILE.png]\n",
                     argv[0]);
             return 2;
         }

@@ -92,7 +92,8 @@ LK_API lk_tensor lk_tensor_make(void *data, lk_dtype dtype, int32_t ndim, const 
 typedef enum lk_isa {
     LK_ISA_REF = 0,    /* portable scalar reference                      */
     LK_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C                              */
-    LK_ISA_AVX512 = 2  /* AVX-512 F/BW/DQ/VL                              */
+    LK_ISA_AVX512 = 2, /* AVX-512 F/BW/DQ/VL                              */
+    LK_ISA_AVX512BF16 = 3 /* AVX-512 + AVX512_BF16: bf16 attention on dot products */
 } lk_isa;
 
 /* Best ISA the CPU and OS support. */

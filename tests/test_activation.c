@@ -55,7 +55,7 @@ typedef tu_buf (*mk_out_fn)(lk_dtype dt, const int64_t *shape, void *arg);
 static void run_all_isas(const char *what, int gelu, const tu_buf *x, lk_dtype ot,
                          const int64_t *oshape, mk_out_fn mk, void *arg, const double *want,
                          int64_t n) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     double *first = NULL;
     for (int ii = 0; ii < nisa; ii++) {
@@ -239,7 +239,7 @@ static void test_special_values(void) {
     const double ups[] = {1.0, -1.0, 0.0, -0.0, INFINITY, -INFINITY, NAN};
     enum { ng = 14, nu = 7 };
     int64_t d = ng * nu, xshape[2] = {1, 2 * d}, oshape[2] = {1, d};
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int gelu = 0; gelu <= 1; gelu++)
         for (int di = 0; di < 3; di++) {
@@ -290,7 +290,7 @@ static void test_special_values(void) {
 static void test_accuracy(void) {
     enum { N = 4000 };
     const double ulp = 1.0 / 8388608.0; /* 2^-23 */
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int gelu = 0; gelu <= 1; gelu++)
         for (int range = 0; range <= 1; range++) {
@@ -354,7 +354,7 @@ static void test_every_bf16_gate(void) {
     lk_tensor xt = lk_tensor_make(x, LK_BF16, 2, (int64_t[]){R, 2 * N});
     lk_tensor wt = lk_tensor_make(want, LK_BF16, 2, (int64_t[]){R, N});
     lk_tensor gt = lk_tensor_make(got, LK_BF16, 2, (int64_t[]){R, N});
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int gelu = 0; gelu <= 1; gelu++) {
         lk_set_isa(LK_ISA_REF);

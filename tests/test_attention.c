@@ -211,7 +211,7 @@ static tu_tolerance attn_tol(lk_dtype ot) {
 static double *run_case(const acase *c) {
     abufs z;
     build(c, &z);
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t n = z.Tq * c->Hq * c->Dv;
     double *first = NULL, *last = NULL;
@@ -482,7 +482,7 @@ static void test_regress_masked_inf_value(void) {
     lk_tensor tc = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2});
     lk_attn_params p = lk_attn_params_default(0.25f);
     p.causal = 1;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
@@ -514,7 +514,7 @@ static void test_regress_visible_inf_value(void) {
     lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2});
     lk_tensor tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
     lk_attn_params p = lk_attn_params_default(0.25f);
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
@@ -549,7 +549,7 @@ static void test_regress_nz_unit_dim_strides(void) {
     hk.stride[1] = hv.stride[1] = -INT64_MAX;
     lk_attn_params p = lk_attn_params_default(0.25f);
     p.kv_layout = LK_KV_NZ;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
@@ -573,7 +573,7 @@ static void test_regress_all_neg_inf_scores(void) {
         for (int d = 0; d < D; d++) k[j][0][d] = 0.5f, v[j][0][d] = j == 2 ? INFINITY : 0.25f;
     for (int t = 0; t < T; t++)
         for (int d = 0; d < D; d++) q[t][0][d] = d == 0 ? -INFINITY : 0.1f;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int prefill = 0; prefill <= 1; prefill++) {
         int tq = prefill ? T : 1;
@@ -626,7 +626,7 @@ static void test_regress_negative_key_offsets(void) {
     lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2}), tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
     lk_attn_params p = lk_attn_params_default(0.5f);
     p.causal = 1;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
@@ -655,7 +655,7 @@ static void test_regress_empty_cache_block_size_0(void) {
     lk_tensor tq = lk_tensor_make(q, LK_F32, 3, (int64_t[]){T, 1, D}), to = lk_tensor_make(out, LK_F32, 3, (int64_t[]){T, 1, D});
     lk_tensor tl = lk_tensor_make(lse, LK_F32, 2, (int64_t[]){T, 1}), tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){3});
     lk_tensor tu = lk_tensor_make(used, LK_I32, 1, (int64_t[]){2}), tb = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){2, 1});
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int nz = 0; nz <= 1; nz++) {
         lk_tensor tk = nz ? lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 1, 0, 16}) : lk_tensor_make(kv, LK_F32, 4, (int64_t[]){0, 0, 1, D});

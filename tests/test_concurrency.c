@@ -99,7 +99,7 @@ int main(void) {
     const char *small = getenv("LLMKERN_TEST_SMALL");
     if (small && *small && *small != '0') rounds = 1, size = OC_SMALL;
     pthread_barrier_init(&bar, NULL, NTHREADS);
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);

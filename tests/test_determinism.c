@@ -15,7 +15,7 @@ int main(void) {
     tu_init();
     const char *small = getenv("LLMKERN_TEST_SMALL");
     oc_size size = small && *small && *small != '0' ? OC_MEDIUM : OC_LARGE;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);

@@ -188,7 +188,7 @@ typedef struct {
 } kv_case;
 
 static void run_case(const kv_case *cs) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t NB = (2 * cs->N + cs->bs - 1) / cs->bs + 1, nslots = NB * cs->bs;
     int perm_src[3] = {2, 0, 1};
@@ -573,7 +573,7 @@ static void test_bad_inputs(void) {
  * head offsets from the unvalidated strides (signed overflow, UBSan). Every ISA: LK_OK,
  * k copied to its slots, nothing else written. */
 static void test_regress_empty_v_huge_stride(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     float kb[4] = {1, 2, 3, 4};
     uint16_t vb[1] = {0};

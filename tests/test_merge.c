@@ -113,7 +113,7 @@ static tu_tolerance vs_ref_tol(lk_dtype dt) {
 }
 
 static void run_case(const mcase *c, const char *what) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int n = c->n;
     int64_t T = c->T, H = c->H, D = c->D, R = T * H, shape[3] = {T, H, D};

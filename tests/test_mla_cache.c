@@ -166,7 +166,7 @@ static void mla_expect(tcache *e1, tcache *e2, const tu_buf *kv, const tu_buf *p
 }
 
 static void run_mla_case(const mla_case *m) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t nb = 2 * ((m->T + m->bs - 1) / m->bs) + 2;
     tu_buf kv = tu_alloc(m->kt, 2, (int64_t[]){m->T, m->Dl}, m->pad);
@@ -326,7 +326,7 @@ static int has_nan(const tu_buf *o) {
 }
 
 static void run_gather_case(const gather_case *g) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t nb, S = 0, C = g->H * g->D;
     for (int b = 0; b < g->B; b++) S += g->lens[b];
@@ -444,7 +444,7 @@ static void test_nz_equals_nd(void) {
     for (int64_t p = 0; p < nb; p++) tu_set(&bt, p, (double)((p * 4) % nb)); /* a permutation (gcd 1) */
     tu_buf sl = tu_alloc(LK_I32, 1, (int64_t[]){1}, 0);
     tu_set(&sl, 0, (double)lens[0]);
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
@@ -463,7 +463,7 @@ static void test_nz_equals_nd(void) {
 
 /* same dtype is a bit copy: signalling NaN payloads and -0 survive both ops on every ISA */
 static void test_bit_copy(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const lk_dtype dts[3] = {LK_F32, LK_F16, LK_BF16};
     const uint32_t pat[3][4] = {{0x7f800001u, 0xffa00000u, 0x80000000u, 0x3f800001u},
@@ -533,7 +533,7 @@ static void tight_free(tight_buf *g) {
  * it faults. Gather: one request whose last page is the last block and is partial;
  * concat: the highest slot written is the last slot allocated. */
 static void test_tight_allocation(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int L = 0; L <= 1; L++)
         for (int ii = 0; ii < nisa; ii++) {
@@ -592,7 +592,7 @@ static unsigned char *zalloc64(size_t bytes) {
 }
 
 static void test_streaming(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t T = 16384, C = 576, bs = 128, nb = T / bs + 1;
     float *kv = malloc(sizeof(float) * (size_t)(T * C));
@@ -931,7 +931,7 @@ static void test_regress_single_token_huge_stride(void) {
     lk_tensor to2 = lk_tensor_make(o2, LK_F32, 2, (int64_t[]){1, 32});
     lk_tensor hkv = tkv, ho2 = to2;
     hkv.stride[0] = ho2.stride[0] = ((int64_t)1 << 62) - 1;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
@@ -1004,7 +1004,7 @@ static void test_regress_empty_cache_huge_stride(void) {
     lk_tensor tc2 = lk_tensor_make(c2, LK_F16, 4, (int64_t[]){3, 1, 3, 16});
     lk_tensor tpc = lk_tensor_make(pc, LK_F32, 4, (int64_t[]){3, 0, 3, 16}), hpc = tpc;
     hpc.stride[2] = (int64_t)1 << 61;
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);

@@ -249,7 +249,7 @@ static int padding_zero(const mcase *c, const mbufs *z, const double *got) {
 static void run_case(const mcase *c) {
     mbufs z;
     build(c, &z);
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t n = z.T * c->H * c->Dv;
     double *first[5] = {0};

@@ -35,7 +35,7 @@ static void round_to(double *v, int64_t n, lk_dtype dt) {
 }
 
 static void test_rms_norm_cases(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const lk_dtype combos[][3] = {/* x, w, out */
                                   {LK_F32, LK_F32, LK_F32},   {LK_F16, LK_F16, LK_F16},
@@ -161,7 +161,7 @@ static void test_transposed(void) {
 }
 
 static void test_fused(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const lk_dtype combos[][3] = {/* x, residual, w */
                                   {LK_F32, LK_F32, LK_F32}, {LK_F16, LK_F16, LK_F16},
@@ -450,7 +450,7 @@ static int64_t first_special_mismatch(const double *got, const double *ref, int6
  * holding inf / NaN, must give the reference's NaN and inf positions on every ISA, the
  * finite values within one bf16 ulp. */
 static void test_special_values(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const int64_t R = 20, D = 40, shape[2] = {R, D};
     for (int wcase = 0; wcase < 3; wcase++) /* finite weights, an inf weight, an f16 NaN weight */
@@ -502,7 +502,7 @@ static void test_special_values(void) {
  * bf16 weights holding a NaN with every payload bit set and an inf, gemma or not,
  * eps 0 or not: NaN and inf positions as ref's, finite values within one bf16 ulp. */
 static void test_special_values_few_rows(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const int64_t R = 4, D = 40, shape[2] = {R, D};
     for (int gemma = 0; gemma <= 1; gemma++)
@@ -547,7 +547,7 @@ static void test_special_values_few_rows(void) {
 /* The same through the fused bf16 path (16-wide add with rounding from registers): the
  * stored residual is bit-identical to ref's on every ISA, inf + -inf and NaN included. */
 static void test_special_values_fused(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const int64_t R = 20, D = 40, shape[2] = {R, D};
     tu_buf x0 = tu_alloc(LK_BF16, 2, shape, 0), r0 = tu_alloc(LK_BF16, 2, shape, 0), w = tu_alloc(LK_BF16, 1, &D, 0);

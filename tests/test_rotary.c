@@ -171,7 +171,7 @@ static double rot_err(const lk_tensor *x, const double *want, int64_t rot) {
 static int nrun;
 
 static void run_case(const rcase *c) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int has_k = c->Hk >= 0;
     int64_t max_pos = 97;
@@ -324,7 +324,7 @@ static void test_large_inputs(void) {
 }
 
 static void test_negative_stride(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int64_t T = 9, H = 3, D = 48;
     tu_buf cache = make_cache(LK_F32, 64, 32, 0);
@@ -489,7 +489,7 @@ static void test_bad_inputs(void) {
                                    LK_ERR_ALIAS, pos.t, q.t, k.t,
                                    (lk_tensor){q.t.data, LK_F32, 2, {2, rot}, {rot, 1}}, 0};
 #undef CASE
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
@@ -530,7 +530,7 @@ static void test_bad_inputs(void) {
  * payload bit set (f32 0x7fffffff, f16 0x7fff: rounding it to bf16 without the NaN rule
  * would carry into the sign), NaN and inf in q and k; every ISA bit-identical to ref. */
 static void test_special_values(void) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     const int64_t T = 5, Hq = 3, Hk = 2, D = 128, P = 8;
     for (int neox = 0; neox <= 1; neox++)

@@ -101,7 +101,7 @@ typedef struct {
 } scase;
 
 static void run_case(const scase *c, const char *what) {
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
     int nd = c->ndim;
     int64_t q_len = c->shape[nd - 2], k_len = c->shape[nd - 1];
@@ -319,7 +319,7 @@ static void test_bad_inputs(void) {
  * call with an ordinary stride. */
 static void test_regress_huge_stride_size1(void) {
     int64_t shape[3] = {2, 1, 40};
-    lk_isa isas[3];
+    lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     tu_buf x = tu_alloc(LK_F32, 3, shape, 0);
     tu_fill_uniform(&x, -4, 4);

@@ -76,7 +76,8 @@ double tu_err(const double *got, const double *want, int64_t n, tu_tolerance tol
 int tu_same_bits(const tu_buf *a, const tu_buf *b);
 
 /* ---- isa ---- */
-/* ISAs this CPU runs, in order (ref first); returns count */
+#define TU_MAX_ISAS 8
+/* ISAs this CPU and build run, in order (ref first; at most TU_MAX_ISAS); returns count */
 int tu_isas(lk_isa *out);
 
 static const lk_dtype TU_FLOAT_DTYPES[3] = {LK_F32, LK_F16, LK_BF16};

@@ -10,6 +10,8 @@
  *    exp_nonpos bit-identical to exp for x <= 0
  *  - bf16 even / odd split and join, the _nonan rounding
  *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
+ *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
+ *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
  */
 #include <math.h>
 #include <stdint.h>
@@ -212,6 +214,59 @@ static void lanes(void) {
     tu_check(mm[W - 1] == -1.0f && mm[0] == 1.0f, "lkv_max(a, b) returns b where a is NaN");
 }
 
+#if defined(LKV_BF16DOT)
+/* a random normal bf16 value (no denormals: the dot-product instructions read them as 0) */
+static uint16_t rand_bf16(void) {
+    uint16_t h;
+    do h = (uint16_t)tu_rand();
+    while (((h >> 7) & 0xff) == 0 || ((h >> 7) & 0xff) > 0x8f || ((h >> 7) & 0xff) < 0x70);
+    return h;
+}
+
+static void bf16_dot(void) {
+    int ok_dot = 1, ok_pack = 1, ok_zip = 1, ok_part = 1;
+    for (int rep = 0; rep < 4000; rep++) {
+        uint16_t a[2 * W], b[2 * W];
+        float acc[W], got[W];
+        for (int j = 0; j < 2 * W; j++) a[j] = rand_bf16(), b[j] = rand_bf16();
+        for (int j = 0; j < W; j++) acc[j] = (float)tu_uniform(-4, 4);
+        lkv_storeu(got, lkv_dot2(lkv_loadu(acc), lkv_bits_loadu(a), lkv_bits_loadu(b)));
+        for (int j = 0; j < W; j++) {
+            double p0 = (double)lk_bf16_to_f32(a[2 * j]) * lk_bf16_to_f32(b[2 * j]);
+            double p1 = (double)lk_bf16_to_f32(a[2 * j + 1]) * lk_bf16_to_f32(b[2 * j + 1]);
+            double want = acc[j] + p0 + p1, mag = fabs(acc[j]) + fabs(p0) + fabs(p1);
+            ok_dot &= fabs(got[j] - want) <= 2.4e-7 * mag; /* two f32 roundings at most */
+        }
+        float lo[W], hi[W];
+        for (int j = 0; j < W; j++) {
+            do lo[j] = randf(); while (!isnormal(lo[j]));
+            do hi[j] = randf(); while (!isnormal(hi[j]));
+        }
+        uint16_t pk[2 * W];
+        lkv_bits_storeu(pk, lkv_bf16_pack_rne(lkv_loadu(lo), lkv_loadu(hi)));
+        for (int j = 0; j < W; j++) {
+            uint16_t wl = lk_f32_to_bf16(lo[j]), wh = lk_f32_to_bf16(hi[j]);
+            /* a value that rounds into the subnormals is flushed by the instruction */
+            if ((wl & 0x7f80) && (wl & 0x7f80) != 0x7f80) ok_pack &= pk[j] == wl;
+            if ((wh & 0x7f80) && (wh & 0x7f80) != 0x7f80) ok_pack &= pk[W + j] == wh;
+        }
+        uint16_t z[4 * W];
+        lkv_bits zl, zh;
+        lkv_zip16(lkv_bits_loadu(a), lkv_bits_loadu(b), &zl, &zh);
+        lkv_bits_storeu(z, zl), lkv_bits_storeu(z + 2 * W, zh);
+        for (int j = 0; j < 2 * W; j++) ok_zip &= z[2 * j] == a[j] && z[2 * j + 1] == b[j];
+        int n = (int)(tu_rand() % (2 * W + 1));
+        uint16_t part[2 * W];
+        lkv_bits_storeu(part, lkv_bits_load16(a, n));
+        for (int j = 0; j < 2 * W; j++) ok_part &= part[j] == (j < n ? a[j] : 0);
+    }
+    tu_check(ok_dot, "lkv_dot2 = acc + two exact bf16 products, within two f32 roundings");
+    tu_check(ok_pack, "lkv_bf16_pack_rne rounds like lk_f32_to_bf16 (normal results), in order lo | hi");
+    tu_check(ok_zip, "lkv_zip16 interleaves the 16-bit values of two vectors");
+    tu_check(ok_part, "lkv_bits_load16 loads n 16-bit values and zeroes the rest");
+}
+#endif
+
 int LKV_FN(vec_check)(void);
 int LKV_FN(vec_check)(void) {
     conversions();
@@ -220,5 +275,8 @@ int LKV_FN(vec_check)(void) {
     bf16_orders();
     shuffles();
     lanes();
+#if defined(LKV_BF16DOT)
+    bf16_dot();
+#endif
     return 0;
 }

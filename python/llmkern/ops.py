@@ -295,7 +295,7 @@ def get_num_threads():
 
 
 def isa():
-    """Name of the instruction set in use: 'ref', 'avx2' or 'avx512'."""
+    """Name of the instruction set in use: 'ref', 'avx2', 'avx512' or 'avx512bf16'."""
     return L.isa_name(L.isa_current()).decode()
 
 
@@ -304,7 +304,7 @@ def best_isa():
 
 
 def set_isa(name):
-    """Force an instruction set ('ref', 'avx2', 'avx512', or 'best'); LlmkernError
+    """Force an instruction set ('ref', 'avx2', 'avx512', 'avx512bf16' or 'best'); LlmkernError
     (LK_ERR_UNSUPPORTED) where this CPU lacks it."""
     if name == "best":
         code = L.isa_best()
@@ -312,8 +312,7 @@ def set_isa(name):
         try:
             code = L.ISAS[name]
         except (KeyError, TypeError):
-            raise ValueError("isa: %r, expected one of 'ref', 'avx2', 'avx512', 'best'"
-                             % (name,)) from None
+            raise ValueError("isa: %r, expected one of %s or 'best'" % (name, ", ".join(map(repr, L.ISAS)))) from None
     s = L.set_isa(code)
     if s:
         _raise(s)

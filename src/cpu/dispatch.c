@@ -26,6 +26,7 @@ typedef struct {
 #if defined(__x86_64__) || defined(__i386__)
 void lk_avx2_register(lk_kernel_table *t);
 void lk_avx512_register(lk_kernel_table *t);
+void lk_avx512bf16_register(lk_kernel_table *t);
 #endif
 
 static const isa_row ROWS[] = {
@@ -33,10 +34,11 @@ static const isa_row ROWS[] = {
 #if defined(__x86_64__) || defined(__i386__)
     {LK_ISA_AVX2, "avx2", lk_cpu_has_avx2, lk_avx2_register},
     {LK_ISA_AVX512, "avx512", lk_cpu_has_avx512, lk_avx512_register},
+    {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, lk_avx512bf16_register},
 #endif
 };
 #define N_ROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
-#define N_ISAS (LK_ISA_AVX512 + 1)
+#define N_ISAS (LK_ISA_AVX512BF16 + 1)
 
 static lk_kernel_table tables[N_ISAS];
 static int usable[N_ISAS];
@@ -109,6 +111,7 @@ const char *lk_isa_name(lk_isa isa) {
     case LK_ISA_REF: return "ref";
     case LK_ISA_AVX2: return "avx2";
     case LK_ISA_AVX512: return "avx512";
+    case LK_ISA_AVX512BF16: return "avx512bf16";
     }
     return "unknown";
 }

@@ -213,9 +213,146 @@ typedef struct {
     float *pack;                          /* packed K/V of the group */
     char *scratch;                        /* per thread */
     size_t scratch_bytes;
+    int qk16, pv16;                       /* LKV_BF16DOT builds: Q.K^T / P.V on bf16 pairs */
 } prefill_ctx;
 
 static inline int64_t kpad_of(int64_t k_len) { return (k_len + KB - 1) / KB * KB; }
+
+#if defined(LKV_BF16DOT)
+/* ---- the bf16 dot-product path (AVX512_BF16), for bf16 q, k and v ----
+ * Q.K^T and P.V on pairs of bf16 values (lkv_dot2: two exact products per f32 lane,
+ * summed in f32), same tiles, softmax and stores as the f32 path:
+ *   Qb [Mp][Dqk]        bf16, q as it is (the scale multiplies the f32 scores)
+ *   Kb [kpad/PW][Dqk/2][PW]  32-bit words = pairs of consecutive dims of one key
+ *   Vb [Dvp/PW][kpad/2][PW]  words = one dim of two consecutive keys
+ *   Pb [Mp][KB/2]       P rounded to bf16 (round to nearest even) before P.V, as GPU
+ *                       flash attention does: the one extra rounding of this path,
+ *                       taken only for a bf16 out (else P.V in f32 on the f32 Vp)
+ * Packing is a 32-bit transpose of K rows and a 16-bit zip of pairs of V rows. */
+
+/* C[MR][PW] (+)= A . B over K2 pairs: A rows of pairs lda words apart, B [K2][PW] words;
+ * without accumulate C = scale * A . B */
+static inline void mk2(int64_t K2, const uint32_t *A, int64_t lda, const uint32_t *B, float *C, int64_t ldc,
+                       int accumulate, float scale) {
+    lkv_f32 c0[MR], c1[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        c0[r] = accumulate ? lkv_loadu(C + r * ldc) : lkv_zero();
+        c1[r] = accumulate ? lkv_loadu(C + r * ldc + LKV_W) : lkv_zero();
+    }
+    for (int64_t k = 0; k < K2; k++) {
+        lkv_bits b0 = lkv_bits_loadu(B + k * PW), b1 = lkv_bits_loadu(B + k * PW + LKV_W);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            lkv_bits a = lkv_bits_set1(A[r * lda + k]);
+            c0[r] = lkv_dot2(c0[r], a, b0);
+            c1[r] = lkv_dot2(c1[r], a, b1);
+        }
+    }
+    lkv_f32 vs = lkv_set1(scale);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        lkv_storeu(C + r * ldc, accumulate ? c0[r] : lkv_mul(c0[r], vs));
+        lkv_storeu(C + r * ldc + LKV_W, accumulate ? c1[r] : lkv_mul(c1[r], vs));
+    }
+}
+
+/* up to 2W bf16 values (n of them, the rest 0) of a K/V row from dim d (a multiple of
+ * 2W) at element offset base: one load on contiguous rows, two 16-dim chunks in NZ */
+static inline lkv_bits load_pairs(const lk_paged *c, int64_t base, int64_t cs, int64_t d, int64_t n) {
+    const uint16_t *p = (const uint16_t *)c->data;
+    if (cs == 16) return lkv_bits_load16(p + base + d, n);
+    lkv_c32 lo = lkv_c32_loadu(p + dim_off(base, cs, d));
+    lkv_c32 hi = n > 16 ? lkv_c32_loadu(p + dim_off(base, cs, d + 16)) : lkv_c32_loadu((const uint16_t[16]){0});
+    return lkv_bits_join32(lo, hi);
+}
+
+/* Kb tile: word (d2, jj % PW) of panel jj / PW = dims 2 d2, 2 d2 + 1 of key j0 + jj; 0
+ * for jj >= kb */
+static void load_k_tile_bf16(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, uint32_t *Kb) {
+    const lk_paged *c = &a->kc;
+    int64_t D = a->Dqk, D2 = D / 2, cs = chunk_stride(c);
+    for (int64_t g = 0; g < KB; g += LKV_W) {
+        int64_t base[LKV_W];
+        for (int r = 0; r < LKV_W; r++) base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : NO_KEY;
+        uint32_t *dst = Kb + (g / PW) * D2 * PW + (g % PW);
+        for (int64_t d2 = 0; d2 < D2; d2 += LKV_W) {
+            int64_t n = D2 - d2 < LKV_W ? D2 - d2 : LKV_W;
+            lkv_f32 rw[LKV_W]; /* W words of each key, moved as f32 bits */
+            for (int r = 0; r < LKV_W; r++)
+                rw[r] = base[r] != NO_KEY ? lkv_as_f32(load_pairs(c, base[r], cs, 2 * d2, 2 * n)) : lkv_zero();
+            lkv_transpose(rw);
+            for (int k = 0; k < n; k++) lkv_storeu((float *)(dst + (d2 + k) * PW), rw[k]);
+        }
+    }
+}
+
+/* Vb tile: word (jj / 2, d % PW) of panel d / PW = dim d of keys j0 + jj, j0 + jj + 1 (jj
+ * even); 0 for keys >= kb and dims >= Dv */
+static void load_v_tile_bf16(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, int64_t Dvp,
+                             int64_t ps, uint32_t *Vb) {
+    const lk_paged *c = &a->vc;
+    int64_t D = a->Dv, cs = chunk_stride(c);
+    for (int64_t jj = 0; jj < KB; jj += 2) {
+        int64_t b0 = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : NO_KEY;
+        int64_t b1 = jj + 1 < kb ? lk_attn_key_off(a, c, b, j0 + jj + 1, kh, 0) : NO_KEY;
+        for (int64_t d = 0; d < Dvp; d += PW) {
+            int64_t n = D - d < PW ? D - d : PW;
+            lkv_bits v0 = b0 != NO_KEY && n > 0 ? load_pairs(c, b0, cs, d, n) : lkv_bits_load16(Vb, 0);
+            lkv_bits v1 = b1 != NO_KEY && n > 0 ? load_pairs(c, b1, cs, d, n) : lkv_bits_load16(Vb, 0);
+            lkv_bits lo, hi;
+            lkv_zip16(v0, v1, &lo, &hi);
+            uint32_t *dst = Vb + (d / PW) * ps + (jj / 2) * PW;
+            lkv_bits_storeu(dst, lo);
+            lkv_bits_storeu(dst + LKV_W, hi);
+        }
+    }
+}
+
+/* Qb row = q[token, head, :] as bf16 bits */
+static void load_q_row_bf16(const lk_attn_args *a, int64_t t, int64_t h, uint16_t *dst) {
+    const lk_tensor *q = &a->q;
+    const uint16_t *p = (const uint16_t *)q->data + t * q->stride[0] + h * q->stride[1];
+    for (int64_t d = 0; d < a->Dqk; d++) dst[d] = p[d * q->stride[2]];
+}
+
+/* 1 if a V value of the tile's keys (Vb panels) is inf or NaN */
+static int tile_nonfinite_bf16(const uint32_t *Vb, int64_t kpad, int64_t j0, int64_t k_len, int64_t Dvp) {
+    int64_t kb = k_len - j0 < KB ? k_len - j0 : KB;
+    lkv_f32 acc = lkv_zero(), zero = lkv_zero(), e, o;
+    for (int64_t p = 0; p < Dvp / PW; p++) {
+        const uint32_t *v = Vb + p * (kpad / 2) * PW + (j0 / 2) * PW;
+        for (int64_t i = 0; i < (kb + 1) / 2 * PW; i += LKV_W) {
+            lkv_bf16_split(lkv_bits_loadu(v + i), &e, &o);
+            acc = lkv_add(acc, lkv_add(lkv_mul(e, zero), lkv_mul(o, zero)));
+        }
+    }
+    return lkv_m_any(lkv_unord(acc, acc));
+}
+
+/* O[r] += sum over the keys j of the tile that row r sees of P[r][j] V[j] (f32 P, keys in
+ * order): the Vb words' low halves hold even keys, high halves odd ones */
+static void pv_visible_only_bf16(const float *S, const uint32_t *Vb, float *O, const int64_t *lo, const int64_t *hi,
+                                 int64_t M, int64_t j0, int64_t kpad, int64_t Dvp) {
+    for (int64_t r = 0; r < M; r++) {
+        int64_t j_lo = lo[r] > j0 ? lo[r] : j0, j_hi = hi[r] < j0 + KB - 1 ? hi[r] : j0 + KB - 1;
+        const float *s = S + r * KB; // [KB] probabilities of row r
+        for (int64_t p = 0; p < Dvp / PW; p++) {
+            float *o = O + r * Dvp + p * PW;
+            lkv_f32 c0 = lkv_loadu(o), c1 = lkv_loadu(o + LKV_W), e0, o0, e1, o1;
+            for (int64_t j = j_lo; j <= j_hi; j++) {
+                const uint32_t *v = Vb + p * (kpad / 2) * PW + (j / 2) * PW; // [PW] dims of keys j & ~1, j | 1
+                lkv_f32 w = lkv_set1(s[j - j0]);
+                lkv_bf16_split(lkv_bits_loadu(v), &e0, &o0);
+                lkv_bf16_split(lkv_bits_loadu(v + LKV_W), &e1, &o1);
+                c0 = lkv_fma(w, j & 1 ? o0 : e0, c0);
+                c1 = lkv_fma(w, j & 1 ? o1 : e1, c1);
+            }
+            lkv_storeu(o, c0), lkv_storeu(o + LKV_W, c1);
+        }
+    }
+}
+#endif
 
 static void pack_unit(void *vctx, int64_t u, int tid) {
     (void)tid;
@@ -225,6 +362,15 @@ static void pack_unit(void *vctx, int64_t u, int tid) {
     int64_t k_len = a->k_len[b], kpad = kpad_of(k_len), kb = k_len - j0 < KB ? k_len - j0 : KB;
     float *Kt = c->pack + c->slab_off[sl];   // [kpad/PW][Dqk][PW]
     float *Vp = Kt + kpad * a->Dqk;         // [Dvp/PW][kpad][PW]
+#if defined(LKV_BF16DOT)
+    /* the bf16 path: Kb [kpad/PW][Dqk/2][PW] words at the slab's start, Vb
+     * [Dvp/PW][kpad/2][PW] words at Vp's place */
+    if (c->qk16) load_k_tile_bf16(a, b, kh, j0, kb, (uint32_t *)Kt + j0 * a->Dqk / 2);
+    else load_k_tile(a, b, kh, j0, kb, Kt + j0 * a->Dqk);
+    if (c->pv16) load_v_tile_bf16(a, b, kh, j0, kb, c->Dvp, kpad / 2 * PW, (uint32_t *)Vp + j0 / 2 * PW);
+    else load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * PW, Vp + j0 * PW);
+    return;
+#endif
     load_k_tile(a, b, kh, j0, kb, Kt + j0 * a->Dqk);
     load_v_tile(a, b, kh, j0, kb, c->Dvp, kpad * PW, Vp + j0 * PW);
 }
@@ -288,6 +434,11 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     float *O = S + c->Mp * KB;                                          // [Mp][Dvp]
     lk_online_state *st = (lk_online_state *)(O + c->Mp * Dvp);        // [Mp]
     int64_t *lo = (int64_t *)(st + c->Mp), *hi = lo + c->Mp;            // [Mp] per row
+#if defined(LKV_BF16DOT)
+    uint16_t *Qb = (uint16_t *)Qs;                                      // [Mp][Dqk] bf16
+    uint32_t *Pb = (uint32_t *)(hi + c->Mp);                            // [Mp][KB/2] pairs
+    const uint32_t *Kb = (const uint32_t *)Kt, *Vb = (const uint32_t *)Vp;
+#endif
     int64_t jmin = k_len, jmax = -1;
     for (int64_t t = 0; t < nt; t++) {
         int64_t l0, h0;
@@ -295,6 +446,10 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
         for (int64_t g = 0; g < G; g++) {
             int64_t r = t * G + g;
             lo[r] = l0, hi[r] = h0;
+#if defined(LKV_BF16DOT)
+            if (c->qk16) load_q_row_bf16(a, q0 + t0 + t, kh * G + g, Qb + r * Dqk);
+            else
+#endif
             load_q_row(a, q0 + t0 + t, kh * G + g, Qs + r * Dqk);
         }
         if (l0 <= h0) {
@@ -303,10 +458,21 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
         }
     }
     for (int64_t r = M; r < Mp; r++) memset(Qs + r * Dqk, 0, sizeof(float) * (size_t)Dqk);
+#if defined(LKV_BF16DOT)
+    for (int64_t r = M; r < Mp && c->qk16; r++) memset(Qb + r * Dqk, 0, sizeof(uint16_t) * (size_t)Dqk);
+#endif
     memset(O, 0, sizeof(float) * (size_t)(Mp * Dvp));
     for (int64_t r = 0; r < Mp; r++) st[r] = lk_online_init();
     for (int64_t j0 = jmin >= 0 ? jmin / KB * KB : 0; j0 <= jmax; j0 += KB) {
         const float *Ktile = Kt + j0 * Dqk; /* KB / PW panels of [Dqk][PW] */
+#if defined(LKV_BF16DOT)
+        if (c->qk16)
+            for (int64_t r = 0; r < Mp; r += MR)
+                for (int64_t p = 0; p < KB / PW; p++)
+                    mk2(Dqk / 2, (const uint32_t *)(Qb + r * Dqk), Dqk / 2, Kb + j0 * Dqk / 2 + p * (Dqk / 2) * PW,
+                        S + r * KB + p * PW, KB, 0, a->scale);
+        else
+#endif
         for (int64_t r = 0; r < Mp; r += MR)
             for (int64_t p = 0; p < KB / PW; p++)
                 mk(Dqk, Qs + r * Dqk, Dqk, Ktile + p * Dqk * PW, S + r * KB + p * PW, KB, 0);
@@ -328,6 +494,23 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
                 for (int64_t d = 0; d < Dvp; d += LKV_W) lkv_storeu(o + d, lkv_mul(lkv_loadu(o + d), va));
             }
         }
+#if defined(LKV_BF16DOT)
+        if (c->pv16) {
+            if (masks_keys(lo, hi, M, j0, k_len) && tile_nonfinite_bf16(Vb, kpad, j0, k_len, Dvp)) {
+                pv_visible_only_bf16(S, Vb, O, lo, hi, M, j0, kpad, Dvp);
+                continue;
+            }
+            for (int64_t r = 0; r < Mp; r++)
+                for (int64_t jj = 0; jj < KB; jj += 2 * LKV_W)
+                    lkv_bits_storeu(Pb + r * (KB / 2) + jj / 2,
+                                    lkv_bf16_pack_rne(lkv_loadu(S + r * KB + jj), lkv_loadu(S + r * KB + jj + LKV_W)));
+            for (int64_t r = 0; r < Mp; r += MR)
+                for (int64_t p = 0; p < Dvp / PW; p++)
+                    mk2(KB / 2, Pb + r * (KB / 2), KB / 2, Vb + p * (kpad / 2) * PW + (j0 / 2) * PW, O + r * Dvp + p * PW,
+                        Dvp, 1, 1.0f);
+            continue;
+        }
+#endif
         if (masks_keys(lo, hi, M, j0, k_len) && tile_nonfinite(Vp, kpad, j0, k_len, Dvp))
             pv_visible_only(S, Vp, O, lo, hi, M, j0, kpad, Dvp);
         else
@@ -373,12 +556,20 @@ static lk_status run_prefill(const lk_attn_args *a) {
     if (n_slabs == 0) return LK_OK;
     int64_t budget = PACK_BUDGET / (int64_t)sizeof(float);
     if (budget < max_slab) budget = max_slab;
-    size_t floats = (size_t)(Mp * a->Dqk + Mp * KB + Mp * Dvp) + 6 * (size_t)Mp + 16;
+    size_t floats = (size_t)(Mp * a->Dqk + Mp * KB + Mp * Dvp) + 6 * (size_t)Mp + 16 + (size_t)(Mp * KB / 2);
     size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
     int nt = lk_plan_units(max_units);
     prefill_ctx c;
     memset(&c, 0, sizeof c);
     c.a = a, c.qt = qt, c.G = G, c.Mp = Mp, c.Dvp = Dvp, c.scratch_bytes = bytes;
+#if defined(LKV_BF16DOT)
+    /* Q.K^T on bf16 pairs whenever q and k are bf16: the products are exact, only the
+     * order of the f32 sums changes. P.V on bf16 pairs, which rounds P to bf16, only for
+     * bf16 v into a bf16 out, where that rounding stays within the output's own (see
+     * docs/numerics.md); any other out keeps P in f32 */
+    c.qk16 = a->q.dtype == LK_BF16 && a->kc.dtype == LK_BF16;
+    c.pv16 = c.qk16 && a->vc.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+#endif
     int64_t *ix = malloc(sizeof(int64_t) * (size_t)(3 * n_slabs + 2 * max_tiles + 2 * max_units + 1));
     void *scratch = NULL, *pack = NULL;
     lk_status st = LK_ERR_NOMEM;
@@ -704,3 +895,11 @@ static lk_status flash_attn(const lk_attn_args *a) {
 }
 
 void LKV_FN(register_attention)(lk_kernel_table *t) { t->flash_attn = flash_attn; }
+
+#if defined(LKV_BF16DOT)
+/* the registration of the AVX512_BF16 row (src/cpu/dispatch.c): its table is the AVX-512
+ * one, with this build of flash_attn, whose prefill takes the bf16 dot-product path when
+ * q, k and v are bf16 */
+void LKV_FN(register)(lk_kernel_table *t);
+void LKV_FN(register)(lk_kernel_table *t) { LKV_FN(register_attention)(t); }
+#endif

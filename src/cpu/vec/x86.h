@@ -24,7 +24,11 @@
 #if defined(LKV_AVX512)
 #define LKV_W 16  /* f32 lanes */
 #define LKV_MR 12 /* attention micro-kernel rows, 2 vectors each: 24 of 32 zmm accumulate */
+#if defined(LKV_BF16DOT) /* AVX-512 + AVX512_BF16: the kernels that use bf16 dot products */
+#define LKV_FN(name) lk_avx512bf16_##name
+#else
 #define LKV_FN(name) lk_avx512_##name
+#endif
 #define LKV_X(op) LKV_X_(_mm512_, op)
 #define LKV_SI(op) _mm512_##op##_si512
 #define LKV_CASTSI_PS castsi512_ps
@@ -269,6 +273,34 @@ static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
 }
 
 #endif /* ---------------------------------------------------------------- both */
+
+#if defined(LKV_BF16DOT) /* ------------------------ AVX512_BF16 (-mavx512bf16) */
+/* acc[i] += a[2i] b[2i] + a[2i + 1] b[2i + 1]: 2W bf16 values of a and b as W pairs, the
+ * products exact, summed into the f32 lanes (VDPBF16PS: round to nearest even, denormal
+ * inputs and outputs as 0) */
+static inline lkv_f32 lkv_dot2(lkv_f32 acc, lkv_bits a, lkv_bits b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+/* lo, hi (W f32 each) as 2W bf16 in that order, round to nearest even (VCVTNE2PS2BF16:
+ * denormals to 0, NaN quieted) */
+static inline lkv_bits lkv_bf16_pack_rne(lkv_f32 lo, lkv_f32 hi) { return (lkv_bits)_mm512_cvtne2ps_pbh(hi, lo); }
+/* the 16-bit elements of a and b interleaved: lo = a0 b0 a1 b1 .. a(W-1) b(W-1), hi =
+ * aW bW .. a(2W-1) b(2W-1) */
+static inline void lkv_zip16(lkv_bits a, lkv_bits b, lkv_bits *lo, lkv_bits *hi) {
+    static const uint16_t idx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                     8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    __m512i il = _mm512_loadu_si512(idx);
+    *lo = _mm512_permutex2var_epi16(a, il, b);
+    *hi = _mm512_permutex2var_epi16(a, _mm512_add_epi16(il, _mm512_set1_epi16(16)), b);
+}
+static inline lkv_bits lkv_bits_set1(uint32_t w) { return _mm512_set1_epi32((int)w); }
+/* the first n (0 <= n <= 2W) 16-bit values at p, the rest 0 */
+static inline lkv_bits lkv_bits_load16(const void *p, int64_t n) {
+    return _mm512_maskz_loadu_epi16(n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1), p);
+}
+/* lo | hi as one vector */
+static inline lkv_bits lkv_bits_join32(lkv_c32 lo, lkv_c32 hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+#endif
 
 static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_F16)); }
 static inline void lkv_store_bf16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_BF16)); }
