@@ -150,11 +150,11 @@ lk_status lk_mla_weights(lk_mla_args *a, lk_mla_strategy st, float *owned[2]) {
 
 /* ---------------------------------------------------------------- plan */
 
-/* projection rows per sgemm call the plan aims at: OpenBLAS repacks the whole weight
- * (N x Dl) in every call, so the call must be long enough to amortise it (measured
- * single-threaded on this Zen 3, N = 1024, K = 512: 128 rows 74.6, 512 rows 76.2,
- * 4096 rows 77.7 GFLOP/s; N = 4096: 128 rows 64.8, 512 rows 75.8; in the projection
- * step with 128-row calls the weight packing was 9% of the time) */
+/* projection rows per GEMM call the plan aims at: the GEMM packs the whole weight (N x
+ * Dl) in every call, so the call must be long enough to amortise it (oneDNN, one thread,
+ * Zen 4, K = 512, N = 1024 / 4096: bf16 128 rows 207 / 200, 512 rows 214 / 209, 2048-4096
+ * rows 211 / 219 GFLOP/s; f32 128 rows 99 / 63, 512 rows 94 / 92, 2048-4096 rows 109 / 111;
+ * OpenBLAS f32 on Zen 3 likewise lost 9% of the step to packing with 128-row calls) */
 static int64_t target_rows(int64_t N) {
     (void)N;
     return 512;
