@@ -326,8 +326,10 @@ LK_API lk_mla_params lk_mla_params_default(float scale);
  * overlap any input. Errors name the argument (shapes, dtypes, prefix_lens beyond the
  * block table's capacity, block_table entries of used pages outside [0, num_blocks),
  * ...) and nothing is written. Arithmetic is f32; each output value is rounded once.
- * GEMMs run in OpenBLAS (sgemm), single-threaded inside llmkern's own workers: while the
- * call runs, OpenBLAS's process-wide thread count is set to 1 (restored after). */
+ * GEMMs run in oneDNN (bf16 x bf16 where both operands are bf16, else f32; f32
+ * accumulation), each single-threaded on the calling llmkern worker; no process-wide
+ * setting of oneDNN or OpenMP is changed. oneDNN picks its own ISA from the CPU
+ * (lk_set_isa / LLMKERN_ISA do not reach it). */
 LK_API lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
                                        const lk_tensor *v, const lk_tensor *cu_seqlens_q,
                                        const lk_tensor *prefix_lens, const lk_tensor *block_table,

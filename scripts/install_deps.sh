@@ -6,9 +6,8 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v make >/dev/null || need+=(make)
 command -v gcc >/dev/null || need+=(gcc)
 command -v python3 >/dev/null || need+=(python3)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-# OpenBLAS (sgemm for the MLA prefix prefill), found through its pkg-config file
-dpkg -s libopenblas-dev >/dev/null 2>&1 || need+=(libopenblas-dev)
+# oneDNN (the MLA prefix prefill's GEMMs: bf16 matmul, f32 sgemm): libdnnl.so + dnnl.h
+dpkg -s libdnnl-dev >/dev/null 2>&1 || need+=(libdnnl-dev)
 # gcc's OpenMP runtime and the sanitizer runtimes ship with gcc on Debian (libgomp1,
 # libasan8, libubsan1); check them by linking a probe
 probe=$(mktemp -d)

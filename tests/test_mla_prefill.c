@@ -538,7 +538,7 @@ static void test_trace(void) {
         if (pg) sscanf(pg, "pages=%lld", &pages);
         int32_t ql[MAXB], pl[MAXB];
         for (int b = 0; b < d.B; b++) ql[b] = (int32_t)d.ql[b], pl[b] = (int32_t)d.pl[b];
-        lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs};
+        lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs, lk_mla_gemm_bf16()};
         double cost[5];
         lk_mla_strategy want = lk_mla_choose(&sh, cost);
         char expect[64];

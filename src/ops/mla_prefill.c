@@ -85,9 +85,9 @@ static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_ten
         return lk_fail(LK_ERR_SHAPE, "q: head dim %lld must exceed kv_b_proj's nope dim Dn = %lld (rope dims >= 1)",
                        (long long)Dqk, (long long)Dn);
     if (Dl < 1) return lk_fail(LK_ERR_SHAPE, "kv_b_proj: latent dim must be >= 1, shape %s", lk_shape_str(w));
-    /* sgemm takes int sizes */
+    /* GEMM sizes and leading dims stay within int (and the int32 page tables) */
     if (rows > INT_MAX / 2 || H * (Dl + Dr + Dv) > INT_MAX / 2)
-        return lk_fail(LK_ERR_OVERFLOW, "kv_b_proj: %lld x %lld is beyond OpenBLAS's int sizes", (long long)rows,
+        return lk_fail(LK_ERR_OVERFLOW, "kv_b_proj: %lld x %lld is beyond the GEMMs' int sizes", (long long)rows,
                        (long long)Dl);
     if (cu->shape[0] < 1) return lk_fail(LK_ERR_SHAPE, "cu_seqlens_q: needs B + 1 >= 1 entries");
     int64_t B = cu->shape[0] - 1;
@@ -118,7 +118,7 @@ static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tens
                            (long long)a->lat.num_blocks, (long long)a->lat.block_size);
     }
     if (a->lat.block_size > INT_MAX / 8)
-        return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond OpenBLAS's int sizes",
+        return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond the GEMMs' int sizes",
                        (long long)a->lat.block_size);
     /* an empty cache may have block_size 0 ([0, 0, E] is valid): no page exists, and 1
      * keeps the page counts ceil(prefix_lens / block_size) defined */

@@ -2,16 +2,20 @@
  * MLA prefix prefill, strategy absorbed: attention over the prefix in latent space, the
  * prefix is never projected; the current tokens continue the same online softmax.
  *
- *   W_UK_h = kv_b_proj[h (Dn + Dv) + [0, Dn), :]      [Dn, Dl]
- *   W_UV_h = kv_b_proj[h (Dn + Dv) + Dn + [0, Dv), :] [Dv, Dl]
+ *   W_UK_h = kv_b_proj[h (Dn + Dv) + [0, Dn), :]      [Dn, Dl] (a->wuk: bf16 as passed
+ *            when q and kv_b_proj are bf16, else f32)
+ *   W_UV_h = kv_b_proj[h (Dn + Dv) + Dn + [0, Dv), :] [Dv, Dl] (a->wuv, f32)
  *   G = gather(prefix pages)  [pages * bs, Dl + Dr] f32 (uniform pages, see mla.h)
+ *   kf, vf = k, v as f32 head-major [H, T, Dqk / Dv] (one copy per wave)
  *   unit (request b, block of tok tokens; rows r = (head, token)):
- *     Qa [H tok, Dl + Dr] = scale * [q_nope_h . W_UK_h | q_rope_h]     (sgemm per head)
+ *     Qa [H tok, Dl + Dr] = scale * [q_nope_h . W_UK_h | q_rope_h]     (GEMM per head,
+ *        bf16 x bf16 on q's rows and the weight as they are when both are bf16)
  *     Ol [H tok, Dl], states = the online engine (online.c) over the prefix entries of G,
  *        keys [c | k_pe] and values c shared by all heads (MQA). The scores equal the
  *        projected ones: q_nope . (W_UK c) + q_rope . k_pe = (q_nope W_UK) . c + ...;
  *     O_h [tok, Dv] = Ol_h . W_UV_h^T: the unnormalised prefix output in value space
- *        (W_UV is linear: sum p_j W_UV c_j = W_UV sum p_j c_j)           (sgemm per head)
+ *        (W_UV is linear: sum p_j W_UV c_j = W_UV sum p_j c_j)   (f32 GEMM per head; Ol
+ *        is not rounded to bf16)
  *     per head: the engine continues from (O_h, states) over the current keys k / v
  *        (causal), so no LSE merge is needed; out = O_h * lk_softmax_inv(l).
  *   Tokens of a request with a prefix go in units of about RB (head, token) rows; a
@@ -20,12 +24,13 @@
  * (Dn + Dv) + Q * H * P * (Dqk + Dv): the better choice when few new tokens meet a long
  * prefix.
  * Work split: units (one parallel region) handed out dynamically, each writing its own
- * rows of out; every sgemm is single-threaded with a shape that depends only on the
+ * rows of out; every GEMM is single-threaded with a shape that depends only on the
  * request, so the bits depend neither on the thread count nor on the rest of the batch.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/half.h"
 #include "mla.h"
 
 #define RB 128 /* (head, token) rows per unit of a request with a prefix, at most */
@@ -54,9 +59,10 @@ static int64_t qa_len(int64_t rows, int64_t E, int64_t maxtok, int64_t Dqk) {
 typedef struct {
     const lk_mla_args *a;
     const lk_mla_plan *p;
-    const float *G, *W;        /* gathered prefix [pages * bs, E]; kv_b_proj f32, rows ldw apart */
-    int64_t ldw;
-    lk_tensor qf, kf, vf;      /* q, k, v as f32 views */
+    const float *G;            /* gathered prefix [pages * bs, E] f32 */
+    lk_tensor qa;              /* absorb_q's A: q [T, H, Dqk] with wuk's dtype (q or an f32 view) */
+    const float *kf, *vf;      /* current k [H, T, Dqk], v [H, T, Dv] f32 */
+    atomic_int status;
     int64_t *unit;             /* b * ublk + block */
     int64_t ublk, max_seg, maxtok;
     char *scratch;             /* per thread */
@@ -64,7 +70,7 @@ typedef struct {
 } abs_ctx;
 
 static void absorbed_unit(void *vctx, int64_t u, int tid) {
-    const abs_ctx *c = vctx;
+    abs_ctx *c = vctx;
     const lk_mla_args *a = c->a;
     int64_t H = a->H, Dn = a->Dn, Dr = a->Dr, Dv = a->Dv, Dl = a->Dl, E = Dl + Dr, Dqk = Dn + Dr;
     int64_t b = c->unit[u] / c->ublk, k = c->unit[u] % c->ublk, P = a->prefix[b];
@@ -79,41 +85,45 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
     float *O = Ol + rows * Dl;                                          // [H tok, Dv]
     lk_online_state *st = (lk_online_state *)(O + rows * Dv);          // [H tok]
     lk_mla_segment *seg = lk_mla_seg_align(st + rows);                  // [max_seg]
-    const float *qf = c->qf.data;
+    const lk_tensor *qa = &c->qa, *uk = &a->wuk, *uv = &a->wuv, *q = &a->q;
+    lk_status s = LK_OK;
     if (P > 0) {
-        for (int64_t h = 0; h < H; h++) {
-            const float *qh = qf + t0 * c->qf.stride[0] + h * c->qf.stride[1]; // [tok, Dqk]
+        for (int64_t h = 0; h < H && !s; h++) {
+            const void *qh = lk_at(qa, t0 * qa->stride[0] + h * qa->stride[1]); // [tok, Dn] rows stride[0] apart
             float *dst = Qa + h * tok * E;
-            lk_mla_sgemm(0, tok, Dl, Dn, qh, c->qf.stride[0], c->W + h * (Dn + Dv) * c->ldw, c->ldw, 0, dst, E);
+            s = lk_mla_gemm(uk->dtype, 0, tok, Dl, Dn, qh, qa->stride[0], lk_at(uk, h * uk->stride[0]), uk->stride[1],
+                            0, dst, E);
             for (int64_t t = 0; t < tok; t++) {
+                int64_t off = (t0 + t) * q->stride[0] + h * q->stride[1];
                 for (int64_t i = 0; i < Dl; i++) dst[t * E + i] *= a->scale;
-                for (int64_t i = 0; i < Dr; i++) dst[t * E + Dl + i] = a->scale * qh[t * c->qf.stride[0] + Dn + i];
+                for (int64_t i = 0; i < Dr; i++)
+                    dst[t * E + Dl + i] = a->scale * lk_load_f(q->data, q->dtype, off + (Dn + i) * q->stride[2]);
             }
         }
         int64_t n = lk_mla_prefix_segments(a, c->p, b, c->G, E, c->G, E, seg);
-        lk_mla_online_attn(Qa, E, H * tok, E, Dl, seg, n, NULL, S, panel, Ol, Dl, st, 1);
-        for (int64_t h = 0; h < H; h++)
-            lk_mla_sgemm(1, tok, Dv, Dl, Ol + h * tok * Dl, Dl, c->W + (h * (Dn + Dv) + Dn) * c->ldw, c->ldw, 0,
-                         O + h * tok * Dv, Dv);
+        if (!s) s = lk_mla_online_attn(Qa, E, H * tok, E, Dl, seg, n, NULL, S, panel, Ol, Dl, st, 1);
+        for (int64_t h = 0; h < H && !s; h++)
+            s = lk_mla_gemm(LK_F32, 1, tok, Dv, Dl, Ol + h * tok * Dl, Dl, (const float *)uv->data + h * uv->stride[0],
+                            uv->stride[1], 0, O + h * tok * Dv, Dv);
     }
-    const float *kf = c->kf.data, *vf = c->vf.data;
-    for (int64_t h = h0; h < h1; h++) {
+    for (int64_t h = h0; h < h1 && !s; h++) {
         float *Qs = Qa; /* the latent rows are done with */
         lk_mla_load_q(a, t0, tok, h, Qs);
-        lk_mla_segment cur = {kf + q0 * c->kf.stride[0] + h * c->kf.stride[1],
-                              vf + q0 * c->vf.stride[0] + h * c->vf.stride[1], c->kf.stride[0], c->vf.stride[0],
-                              i0 + tok, 1, i0};
-        lk_mla_online_attn(Qs, Dqk, tok, Dqk, Dv, NULL, 0, &cur, S, panel, O + h * tok * Dv, Dv, st + h * tok, P == 0);
-        lk_mla_store_rows(a, t0, tok, h, O + h * tok * Dv, Dv, st + h * tok);
+        lk_mla_segment cur = {c->kf + (h * a->T + q0) * Dqk, c->vf + (h * a->T + q0) * Dv, Dqk, Dv, i0 + tok, 1, i0};
+        s = lk_mla_online_attn(Qs, Dqk, tok, Dqk, Dv, NULL, 0, &cur, S, panel, O + h * tok * Dv, Dv, st + h * tok,
+                               P == 0);
+        if (!s) lk_mla_store_rows(a, t0, tok, h, O + h * tok * Dv, Dv, st + h * tok);
     }
+    if (s) lk_mla_note(&c->status, s);
 }
 
 lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     int64_t H = a->H, Dl = a->Dl, Dr = a->Dr, Dv = a->Dv, E = Dl + Dr, Dqk = a->Dn + Dr, B = a->B;
     abs_ctx c;
     memset(&c, 0, sizeof c);
-    c.a = a, c.p = p, c.W = a->w32.data, c.ldw = a->w32.stride[0];
-    float *q_owned = NULL, *k_owned = NULL, *v_owned = NULL, *G = NULL;
+    atomic_init(&c.status, LK_OK);
+    c.a = a, c.p = p, c.qa = a->q;
+    float *q_owned = NULL, *kf = NULL, *vf = NULL, *G = NULL;
     int64_t n_units = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t np = a->cu_q[b + 1] > a->cu_q[b] ? (a->prefix[b] + p->bs - 1) / p->bs : 0;
@@ -134,22 +144,21 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
     if (p->pages) G = lk_mla_ws_get(a, 0, sizeof(float) * (size_t)(p->pages * p->bs * E));
     lk_status s = c.scratch && c.unit && (G || !p->pages) ? LK_OK : LK_ERR_NOMEM;
-    if (!s && p->pages) s = lk_mla_gather(a, p, G);
-    if (!s) s = lk_mla_f32_view(&a->q, &c.qf, &q_owned);
-    if (!s) s = lk_mla_f32_view(&a->k, &c.kf, &k_owned);
-    if (!s) s = lk_mla_f32_view(&a->v, &c.vf, &v_owned);
+    if (!s && p->pages) s = lk_mla_gather(a, p, LK_F32, G);
+    if (!s && a->wuk.dtype == LK_F32) s = lk_mla_f32_view(&a->q, &c.qa, &q_owned);
+    if (!s) s = lk_mla_heads_f32(&a->k, &kf);
+    if (!s) s = lk_mla_heads_f32(&a->v, &vf);
     if (!s) {
-        c.G = G;
+        c.G = G, c.kf = kf, c.vf = vf;
         int64_t n = 0;
         for (int64_t b = 0; b < B; b++)
             for (int64_t k = 0; k < n_units_of(a, b); k++) c.unit[n++] = b * c.ublk + k;
-        lk_mla_blas_begin();
         lk_parallel_units(n_units, nt, absorbed_unit, &c);
-        lk_mla_blas_end();
-        lk_trace_item("latent_attn units=%lld (absorb_q sgemm, mqa over %lld + %lld latent dims, absorb_out sgemm, "
+        s = (lk_status)atomic_load(&c.status);
+        lk_trace_item("latent_attn units=%lld (absorb_q %s gemm, mqa over %lld + %lld latent dims, absorb_out f32 gemm, "
                       "current keys causal) rows=%d kblock=%d",
-                      (long long)n_units, (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
+                      (long long)n_units, lk_dtype_name(a->wuk.dtype), (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
     }
-    free(q_owned), free(k_owned), free(v_owned), free(c.scratch), free(c.unit);
+    free(q_owned), free(kf), free(vf), free(c.scratch), free(c.unit);
     return s;
 }

@@ -1,55 +1,23 @@
 /*
- * MLA prefix prefill, the steps the strategies share (see mla.h for the pipeline):
- * OpenBLAS set-up, f32 operand views, the projection plan (groups + dedup), the gather
- * of the unique prefix pages, their projection, the causal attention of the new tokens
- * over themselves and the final LSE merge.
+ * MLA prefix prefill, the steps the strategies share (see mla.h for the pipeline): GEMM
+ * operand views (f32 copies only where a GEMM cannot take the caller's tensor), the
+ * projection plan (groups + dedup), the gather of the unique prefix pages, their
+ * projection, the causal attention of the new tokens over themselves and the final LSE
+ * merge.
  *
- * Determinism: every sgemm call is single-threaded and its shape depends only on the
- * problem (a unique group is always projected by the same call, M = its pages *
+ * Determinism: every GEMM call is single-threaded (gemm.c) and its shape depends only on
+ * the problem (a unique group is always projected by the same call, M = its pages *
  * block_size rows), calls are independent units handed to threads dynamically, so the
- * bits depend neither on the thread count nor on dedup (OpenBLAS's result for a row
- * depends on the row's position inside the call, measured: period 12 rows on Zen).
+ * bits depend neither on the thread count nor on dedup (a GEMM's result for a row may
+ * depend on the row's position inside the call and on M: OpenBLAS's did, period 12
+ * rows on Zen).
  */
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
 #include "../../core/half.h"
 #include "mla.h"
-
-/* ---------------------------------------------------------------- OpenBLAS */
-
-static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
-static int blas_users, blas_saved = 1;
-
-void lk_mla_blas_begin(void) {
-    pthread_mutex_lock(&blas_mu);
-    if (blas_users++ == 0) {
-        blas_saved = openblas_get_num_threads();
-        if (blas_saved != 1) openblas_set_num_threads(1);
-    }
-    pthread_mutex_unlock(&blas_mu);
-}
-
-void lk_mla_blas_end(void) {
-    pthread_mutex_lock(&blas_mu);
-    if (--blas_users == 0 && blas_saved != 1) openblas_set_num_threads(blas_saved);
-    pthread_mutex_unlock(&blas_mu);
-}
-
-void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                  const float *B, int64_t ldb, int accumulate, float *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) { /* nothing to add: C = 0 or C unchanged */
-        for (int64_t i = 0; i < M && !accumulate; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, A, (int)lda, B, (int)ldb, accumulate ? 1.0f : 0.0f, C, (int)ldc);
-}
 
 /* ---------------------------------------------------------------- workspace */
 
@@ -69,47 +37,63 @@ void lk_mla_ws_free(lk_mla_ws *ws) {
     memset(ws, 0, sizeof *ws);
 }
 
-/* ---------------------------------------------------------------- f32 views */
+/* ---------------------------------------------------------------- GEMM operands */
 
 typedef struct {
     const lk_tensor *src;
-    float *dst; /* contiguous, rows of the last dim */
+    float *dst;   /* contiguous rows of the last dim; heads: [H, T, D] */
+    int heads;    /* src [T, H, D] to head-major dst */
 } conv_ctx;
+
+/* n elements p[i * s] of dtype dt to f32 d[i] */
+static void load_f32(float *d, const void *p0, lk_dtype dt, int64_t n, int64_t s) {
+    if (dt == LK_F32) {
+        const float *p = p0;
+        for (int64_t i = 0; i < n; i++) d[i] = p[i * s];
+    } else if (dt == LK_BF16) {
+        const uint16_t *p = p0;
+        for (int64_t i = 0; i < n; i++) d[i] = lk_bf16_to_f32(p[i * s]);
+    } else {
+        const uint16_t *p = p0;
+        for (int64_t i = 0; i < n; i++) d[i] = lk_f16_to_f32(p[i * s]);
+    }
+}
 
 static void conv_rows(void *vctx, int64_t r0, int64_t r1) {
     const conv_ctx *c = vctx;
     const lk_tensor *t = c->src;
     int64_t D = t->shape[t->ndim - 1], s = t->stride[t->ndim - 1];
+    if (c->heads) {
+        int64_t T = t->shape[0], H = t->shape[1];
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t h = 0; h < H; h++)
+                load_f32(c->dst + (h * T + r) * D, lk_at(t, r * t->stride[0] + h * t->stride[1]), t->dtype, D, s);
+        return;
+    }
     lk_rowit it;
     lk_rowit_init(&it, t, 1, r0);
-    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&it)) {
-        float *d = c->dst + r * D;
-        if (t->dtype == LK_F32) {
-            const float *p = (const float *)t->data + it.off;
-            for (int64_t i = 0; i < D; i++) d[i] = p[i * s];
-        } else if (t->dtype == LK_BF16) {
-            const uint16_t *p = (const uint16_t *)t->data + it.off;
-            for (int64_t i = 0; i < D; i++) d[i] = lk_bf16_to_f32(p[i * s]);
-        } else {
-            const uint16_t *p = (const uint16_t *)t->data + it.off;
-            for (int64_t i = 0; i < D; i++) d[i] = lk_f16_to_f32(p[i * s]);
-        }
-    }
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&it)) load_f32(c->dst + r * D, lk_at(t, it.off), t->dtype, D, s);
+}
+
+int lk_mla_gemm_usable(const lk_tensor *t, lk_dtype dt) {
+    int nd = t->ndim;
+    int usable = t->dtype == dt && t->stride[nd - 1] == 1;
+    for (int i = 0; i < nd && usable; i++)
+        if (t->stride[i] < 0 || t->stride[i] > INT_MAX) usable = 0;
+    for (int i = 0; i < nd - 1 && usable; i++) /* rows (and heads) do not overlap */
+        if (t->stride[i] < t->shape[nd - 1]) usable = 0;
+    return usable;
 }
 
 lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned) {
     int nd = t->ndim;
-    int usable = t->dtype == LK_F32 && t->stride[nd - 1] == 1;
-    for (int i = 0; i < nd && usable; i++)
-        if (t->stride[i] < 0 || t->stride[i] > INT_MAX) usable = 0;
-    if (usable && nd >= 2 && t->stride[0] < t->shape[nd - 1]) usable = 0;
     *owned = NULL;
     *view = *t;
-    if (usable) return LK_OK;
+    if (lk_mla_gemm_usable(t, LK_F32)) return LK_OK;
     int64_t n = lk_numel(t);
     float *buf = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     if (!buf) return LK_ERR_NOMEM;
-    conv_ctx c = {t, buf};
+    conv_ctx c = {t, buf, 0};
     int64_t D = t->shape[nd - 1];
     if (D > 0) lk_parallel_for(n / D, D * 6, conv_rows, &c);
     *view = lk_tensor_make(buf, LK_F32, nd, t->shape);
@@ -117,13 +101,60 @@ lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned) {
     return LK_OK;
 }
 
+lk_status lk_mla_heads_f32(const lk_tensor *t, float **out) {
+    int64_t T = t->shape[0], HD = t->shape[1] * t->shape[2];
+    *out = malloc(sizeof(float) * (size_t)(T * HD > 0 ? T * HD : 1));
+    if (!*out) return LK_ERR_NOMEM;
+    conv_ctx c = {t, *out, 1};
+    if (HD > 0) lk_parallel_for(T, HD * 6, conv_rows, &c);
+    return LK_OK;
+}
+
+/* rows [r0, r0 + n) of each head's block of w [H * (Dn + Dv), Dl]: a [H, n, Dl] view */
+static lk_tensor head_rows(const lk_mla_args *a, int64_t r0, int64_t n) {
+    lk_tensor v = a->w;
+    v.ndim = 3;
+    v.shape[0] = a->H, v.shape[1] = n, v.shape[2] = a->Dl;
+    v.stride[0] = (a->Dn + a->Dv) * a->w.stride[0], v.stride[1] = a->w.stride[0], v.stride[2] = a->w.stride[1];
+    v.data = lk_at(&a->w, r0 * a->w.stride[0]);
+    return v;
+}
+
+int lk_mla_proj_bf16(const lk_mla_args *a) {
+    return a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && lk_mla_gemm_usable(&a->w, LK_BF16) &&
+           lk_mla_gemm_bf16();
+}
+
+lk_status lk_mla_weights(lk_mla_args *a, lk_mla_strategy st, float *owned[2]) {
+    int bf = lk_mla_gemm_usable(&a->w, LK_BF16) && lk_mla_gemm_bf16();
+    owned[0] = owned[1] = NULL;
+    a->gdt = LK_F32;
+    if (st == LK_MLA_ABSORBED) {
+        /* G feeds the f32 engine as its keys; W_UV meets the f32 latent outputs */
+        lk_tensor uk = head_rows(a, 0, a->Dn), uv = head_rows(a, a->Dn, a->Dv);
+        lk_status s = LK_OK;
+        if (bf && lk_mla_gemm_usable(&a->q, LK_BF16))
+            a->wuk = uk; /* absorb_q on the bf16 q rows as they are */
+        else
+            s = lk_mla_f32_view(&uk, &a->wuk, &owned[0]);
+        if (!s) s = lk_mla_f32_view(&uv, &a->wuv, &owned[1]);
+        return s;
+    }
+    if (lk_mla_proj_bf16(a)) {
+        a->gdt = LK_BF16; /* the bf16 cache entries and weight as they are */
+        a->wp = a->w;
+        return LK_OK;
+    }
+    return lk_mla_f32_view(&a->w, &a->wp, &owned[0]);
+}
+
 /* ---------------------------------------------------------------- plan */
 
-/* projection rows per sgemm call the plan aims at: OpenBLAS repacks the whole weight
- * (N x Dl) in every call, so the call must be long enough to amortise it (measured
- * single-threaded on this Zen 3, N = 1024, K = 512: 128 rows 74.6, 512 rows 76.2,
- * 4096 rows 77.7 GFLOP/s; N = 4096: 128 rows 64.8, 512 rows 75.8; in the projection
- * step with 128-row calls the weight packing was 9% of the time) */
+/* projection rows per GEMM call the plan aims at: the GEMM packs the whole weight (N x
+ * Dl) in every call, so the call must be long enough to amortise it (oneDNN, one thread,
+ * Zen 4, K = 512, N = 1024 / 4096: bf16 128 rows 207 / 200, 512 rows 214 / 209, 2048-4096
+ * rows 211 / 219 GFLOP/s; f32 128 rows 99 / 63, 512 rows 94 / 92, 2048-4096 rows 109 / 111;
+ * OpenBLAS f32 on Zen 3 likewise lost 9% of the step to packing with 128-row calls) */
 static int64_t target_rows(int64_t N) {
     (void)N;
     return 512;
@@ -235,8 +266,8 @@ lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p) {
 /* ---------------------------------------------------------------- gather */
 
 /* gather_cache kernel call for unique groups [u0, u0 + n) into G rows from row0 */
-static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32_t *tbl,
-                               int32_t *lens, int64_t u0, int64_t n, float *G, int64_t row0) {
+static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32_t *tbl, int32_t *lens, int64_t u0,
+                               int64_t n, lk_dtype gdt, void *G, int64_t row0) {
     int64_t E = a->Dl + a->Dr, rows = 0;
     for (int64_t u = u0; u < u0 + n; u++) rows += lens[u];
     if (rows == 0) return LK_OK;
@@ -249,7 +280,7 @@ static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32
     for (int part = 0; part < parts; part++) {
         ga.cache = part ? a->rope : a->lat;
         int64_t D = ga.cache.D, oshape[3] = {rows, 1, D};
-        ga.out = lk_tensor_make(G + row0 * E + (part ? a->Dl : 0), LK_F32, 3, oshape);
+        ga.out = lk_tensor_make((char *)G + (row0 * E + (part ? a->Dl : 0)) * lk_esize(gdt), gdt, 3, oshape);
         ga.out.stride[0] = E, ga.out.stride[1] = D;
         lk_status s = lk_kernels()->gather_cache(&ga);
         if (s) return s;
@@ -257,8 +288,8 @@ static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32
     return LK_OK;
 }
 
-lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G) {
-    int64_t nu = p->n_groups, g = p->g, bs = p->bs, E = a->Dl + a->Dr;
+lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, lk_dtype gdt, void *G) {
+    int64_t nu = p->n_groups, g = p->g, bs = p->bs, E = a->Dl + a->Dr, es = lk_esize(gdt);
     int32_t *tbl = malloc(sizeof(int32_t) * (size_t)(nu * g + 1));
     int32_t *lens = malloc(sizeof(int32_t) * (size_t)(nu + 1));
     lk_status s = LK_ERR_NOMEM;
@@ -268,14 +299,14 @@ lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G) {
                 tbl[u * g + i] = a->table[p->gp_ids[u] + (i < p->gp_pages[u] ? i : 0)];
             lens[u] = (int32_t)p->gp_used[u];
         }
-        s = gather_groups(a, p, tbl, lens, 0, p->n_full, G, 0);
+        s = gather_groups(a, p, tbl, lens, 0, p->n_full, gdt, G, 0);
         for (int64_t u = p->n_full; u < nu && !s; u++) {
             int64_t r0 = p->gp_page0[u] * bs, used = p->gp_used[u], end = r0 + p->gp_pages[u] * bs;
-            s = gather_groups(a, p, tbl, lens, u, 1, G, r0);
-            memset(G + (r0 + used) * E, 0, sizeof(float) * (size_t)((end - r0 - used) * E));
+            s = gather_groups(a, p, tbl, lens, u, 1, gdt, G, r0);
+            memset((char *)G + (r0 + used) * E * es, 0, (size_t)((end - r0 - used) * E * es));
         }
-        lk_trace_item("gather pages=%lld rows=%lld E=%lld calls=%lld", (long long)p->pages,
-                      (long long)(p->pages * bs), (long long)E,
+        lk_trace_item("gather pages=%lld rows=%lld E=%lld %s calls=%lld", (long long)p->pages,
+                      (long long)(p->pages * bs), (long long)E, lk_dtype_name(gdt),
                       (long long)((p->n_full > 0) + nu - p->n_full) * (a->one_buffer ? 1 : 2));
     }
     free(tbl);
@@ -288,57 +319,62 @@ lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G) {
 typedef struct {
     const lk_mla_args *a;
     const lk_mla_plan *p;
-    const float *G, *W; /* G [pages * bs, E]; W [N, Dl] rows ldw apart */
-    int64_t ldw;
+    const void *G;        /* [pages * bs, E] of dtype gdt */
+    int64_t kr, kh, vr, vh; /* Kp / Vp strides of a row and of a head */
     float *Kp, *Vp, *tmp; /* tmp: per thread [g * bs, N] */
     int64_t tmp_floats;
+    atomic_int status;
 } proj_ctx;
 
 static void proj_unit(void *vctx, int64_t u, int tid) {
-    const proj_ctx *c = vctx;
+    proj_ctx *c = vctx;
     const lk_mla_args *a = c->a;
-    int64_t H = a->H, Dn = a->Dn, Dr = a->Dr, Dv = a->Dv, Dl = a->Dl, E = Dl + Dr, Dqk = Dn + Dr;
+    int64_t H = a->H, Dn = a->Dn, Dr = a->Dr, Dv = a->Dv, Dl = a->Dl, E = Dl + Dr, es = lk_esize(a->gdt);
     int64_t N = H * (Dn + Dv), row0 = c->p->gp_page0[u] * c->p->bs, M = c->p->gp_pages[u] * c->p->bs;
+    const char *G = (const char *)c->G + row0 * E * es; // [M, E]
     float *C = c->tmp + (size_t)tid * (size_t)c->tmp_floats; // [M, N]
-    lk_mla_sgemm(1, M, N, Dl, c->G + row0 * E, E, c->W, c->ldw, 0, C, N);
+    lk_status s = lk_mla_gemm(a->gdt, 1, M, N, Dl, G, E, a->wp.data, a->wp.stride[0], 0, C, N);
+    if (s) {
+        lk_mla_note(&c->status, s);
+        return;
+    }
     for (int64_t r = 0; r < c->p->gp_used[u]; r++) {
-        const float *cr = C + r * N, *pe = c->G + (row0 + r) * E + Dl;
-        float *kr = c->Kp + (row0 + r) * H * Dqk, *vr = c->Vp + (row0 + r) * H * Dv;
+        const float *cr = C + r * N;
+        float *kr = c->Kp + (row0 + r) * c->kr, *vr = c->Vp + (row0 + r) * c->vr;
+        load_f32(kr + Dn, G + (r * E + Dl) * es, a->gdt, Dr, 1); /* rope dims, head 0's copy */
         for (int64_t h = 0; h < H; h++) {
-            memcpy(kr + h * Dqk, cr + h * (Dn + Dv), sizeof(float) * (size_t)Dn);
-            memcpy(kr + h * Dqk + Dn, pe, sizeof(float) * (size_t)Dr);
-            memcpy(vr + h * Dv, cr + h * (Dn + Dv) + Dn, sizeof(float) * (size_t)Dv);
+            memcpy(kr + h * c->kh, cr + h * (Dn + Dv), sizeof(float) * (size_t)Dn);
+            if (h) memcpy(kr + h * c->kh + Dn, kr + Dn, sizeof(float) * (size_t)Dr);
+            memcpy(vr + h * c->vh, cr + h * (Dn + Dv) + Dn, sizeof(float) * (size_t)Dv);
         }
     }
 }
 
-lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const void *G, int head_major, float *Kp,
                          float *Vp) {
-    const lk_tensor *w32 = &a->w32;
-    int64_t N = a->H * (a->Dn + a->Dv), maxm = 0;
+    int64_t H = a->H, Dqk = a->Dn + a->Dr, Dv = a->Dv, N = H * (a->Dn + Dv), maxm = 0, rows = p->pages * p->bs;
     for (int64_t u = 0; u < p->n_groups; u++)
         if (p->gp_pages[u] * p->bs > maxm) maxm = p->gp_pages[u] * p->bs;
     int nt = lk_plan_units(p->n_groups);
-    proj_ctx c = {a, p, G, w32->data, w32->stride[0], Kp, Vp, NULL, maxm * N};
+    proj_ctx c = {a, p, G, H * Dqk, Dqk, H * Dv, Dv, Kp, Vp, NULL, maxm * N, LK_OK};
+    if (head_major) c.kr = Dqk, c.kh = rows * Dqk, c.vr = Dv, c.vh = rows * Dv;
     c.tmp = malloc(sizeof(float) * (size_t)(nt * maxm * N + 1));
     if (!c.tmp) return LK_ERR_NOMEM;
-    lk_mla_blas_begin();
     lk_parallel_units(p->n_groups, nt, proj_unit, &c);
-    lk_mla_blas_end();
     free(c.tmp);
-    lk_trace_item("project sgemm=%lld rows=%lld N=%lld K=%lld (groups %lld of %lld logical, %lld pages each)",
-                  (long long)p->n_groups, (long long)(p->pages * p->bs), (long long)N, (long long)a->Dl,
+    lk_trace_item("project gemm=%lld %s rows=%lld N=%lld K=%lld (groups %lld of %lld logical, %lld pages each)",
+                  (long long)p->n_groups, lk_dtype_name(a->gdt), (long long)rows, (long long)N, (long long)a->Dl,
                   (long long)p->n_groups, (long long)p->n_logical, (long long)p->g);
-    return LK_OK;
+    return (lk_status)atomic_load(&c.status);
 }
 
-lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp, float **Vp) {
+lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, int head_major, float **Kp, float **Vp) {
     int64_t rows = p->pages * p->bs, E = a->Dl + a->Dr;
-    float *G = lk_mla_ws_get(a, 0, sizeof(float) * (size_t)(rows * E));
+    void *G = lk_mla_ws_get(a, 0, (size_t)(lk_esize(a->gdt) * rows * E));
     *Kp = lk_mla_ws_get(a, 1, sizeof(float) * (size_t)(rows * a->H * (a->Dn + a->Dr)));
     *Vp = lk_mla_ws_get(a, 2, sizeof(float) * (size_t)(rows * a->H * a->Dv));
     lk_status s = LK_ERR_NOMEM;
-    if (G && *Kp && *Vp && !(s = lk_mla_gather(a, p, G))) s = lk_mla_project(a, p, G, *Kp, *Vp);
+    if (G && *Kp && *Vp && !(s = lk_mla_gather(a, p, a->gdt, G))) s = lk_mla_project(a, p, G, head_major, *Kp, *Vp);
     return s;
 }
 

@@ -51,7 +51,7 @@ static void cat_rows(void *vctx, int64_t r0, int64_t r1) {
 
 lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
     float *Kp = NULL, *Vp = NULL;
-    lk_status s = p->pages ? lk_mla_project_prefix(a, p, &Kp, &Vp) : LK_OK;
+    lk_status s = p->pages ? lk_mla_project_prefix(a, p, 0, &Kp, &Vp) : LK_OK;
     if (s) return s;
     int64_t B = a->B, Dqk = a->Dn + a->Dr;
     int32_t *kstart = malloc(sizeof(int32_t) * (size_t)(2 * B + 2));

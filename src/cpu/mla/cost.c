@@ -1,11 +1,11 @@
 /*
  * MLA prefix prefill, the cost model of LK_MLA_AUTO: predicted single-thread seconds of
  * each strategy from the shapes (cost.h). Every term is FLOPs (2 per multiply-add) over
- * an effective rate, a fraction of R = the prefix projection's rate (sgemm + scatter),
- * or seconds per element moved. Per request (Q new tokens, P prefix tokens), with
+ * an effective rate, a fraction of R = the prefix projection's f32 rate (GEMM + scatter;
+ * proj_bf16 R when it runs on bf16 operands), or seconds per element moved. Per request (Q new tokens, P prefix tokens), with
  * Dqk = Dn + Dr, rows = unique prefix rows (pages * bs), names as in lk_mla_calib:
  *   gather        rows (Dl + Dr) gather_s
- *   project       2 rows Dl H (Dn + Dv) / R
+ *   project       2 rows Dl H (Dn + Dv) / R   (/ (proj_bf16 R) on bf16 operands)
  *   flash_prefix  2 H (Dqk + Dv) Q P / (fp_eff R Q / (Q + fp_q0) l3), split and concat;
  *                 l3 = min(1, sqrt(l3_bytes / (P H (Dqk + Dv) 4))): the packed f32 K/V
  *                 of one request falling out of the L3
@@ -17,7 +17,7 @@
  *                 diagonal runs in diag-key chunks (~diag / 2 wasted keys per query)
  *   latent        2 H (2 Dl + Dr) Q P / (lat_eff R r / (r + lat_r0)),
  *                 r = min(Q H, unit_rows), absorbed's attention over the cached latents
- *   absorb        2 Q H (Dn Dl + Dl Dv) / (abs_eff R), its two sgemms (prefix requests)
+ *   absorb        2 Q H (Dn Dl + Dl Dv) / (abs_eff R), its two GEMMs (prefix requests)
  *   split_merge = gather + project + flash_prefix + flash_current
  *   concat      = split_merge + concat copy
  *   fused       = gather + project + engine
@@ -38,9 +38,15 @@
  * measured e.g. flash prefix 0.30 R at Q = 50, 0.45-0.6 R at 100, 0.7 R at 256,
  * 0.86-0.92 R at 1024; latent 0.94-1.10 R everywhere; engine 0.52 R at Q = 50, 0.7 R
  * at 100, 0.9 R at 256+. The model's pick was the fastest or within 5% of it on 13 of
- * the 14 shapes (the miss: 9% at Q = 150, P = 1024, the absorbed / fused crossover). */
+ * the 14 shapes (the miss: 9% at Q = 150, P = 1024, the absorbed / fused crossover).
+ * proj_bf16 (the projection on bf16 operands, oneDNN) was measured on Zen 4 with the
+ * other fractions kept: it moved the Q = 100, P = 768 cases from absorbed to fused,
+ * which the bench measured 15-20% faster there (bench --only mla_prefill, /bst). */
 typedef struct {
-    double R;           /* FLOP/s of the prefix projection (sgemm + scatter) */
+    double R;           /* FLOP/s of the prefix projection in f32 (GEMM + scatter) */
+    double proj_bf16;   /* the projection's rate on bf16 operands, over R (oneDNN, single
+                           thread on Zen 4, N = 1024 / 4096: 132 / 141 GFLOP/s bf16 against
+                           61 / 64 f32 and OpenBLAS's 63 / 66: 2.1) */
     double gather_s;    /* s per cached element gathered */
     double copy_s;      /* s per float concat copies */
     double fp_eff;      /* flash over the prefix: peak fraction of R ... */
@@ -59,6 +65,7 @@ typedef struct {
 
 static const lk_mla_calib CAL = {
     .R = 58e9,
+    .proj_bf16 = 2.1,
     .gather_s = 6e-10,
     .copy_s = 3e-9,
     .fp_eff = 0.95,
@@ -100,7 +107,7 @@ lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]) {
         }
     }
     double gather = rows * E * CAL.gather_s;
-    double proj = 2 * rows * Dl * H * (double)(s->Dn + s->Dv) / R;
+    double proj = 2 * rows * Dl * H * (double)(s->Dn + s->Dv) / (s->proj_bf16 ? CAL.proj_bf16 * R : R);
     absorbed += 2 * t_abs * H * (double)(s->Dn * s->Dl + s->Dl * s->Dv) / (CAL.abs_eff * R) + (rows > 0 ? gather : 0);
     cost[0] = 0;
     cost[LK_MLA_SPLIT_MERGE] = gather + proj + pre_flash + cur_flash;

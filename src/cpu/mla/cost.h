@@ -16,6 +16,7 @@ typedef struct {
     const int32_t *q_len;     /* [B] new tokens per request */
     const int32_t *prefix;    /* [B] prefix tokens per request */
     int64_t unique_rows;      /* prefix rows to project after dedup (pages * bs) */
+    int proj_bf16;            /* the projection GEMM runs on bf16 operands (bf16 cache and weight) */
 } lk_mla_shape;
 
 /* cost[s] = predicted seconds of strategy s (index = lk_mla_strategy, [0] unused);

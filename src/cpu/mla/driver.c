@@ -6,6 +6,8 @@
  *   plan     the projection plan of the whole batch (lk_mla_plan_build with the batch's
  *            group size g): its unique pages feed the cost model and the trace
  *   choose   strategy = the forced one, or lk_mla_choose (cost.c) on the shape
+ *   weights  the GEMM operands of the strategy (lk_mla_weights): kv_b_proj as it is where
+ *            a GEMM takes it (bf16 or f32), else one f32 copy for the call
  *   waves    requests in waves of consecutive requests, each run by the strategy as
  *            its own batch with its own plan (same g), the workspace reused
  *   padding  out rows outside [cu_q[0], cu_q[B]) set to 0
@@ -104,16 +106,16 @@ lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) 
     a.ws = &ws;
     int64_t g = lk_mla_plan_g(&a);
     lk_mla_plan plan;
-    float *w_owned = NULL;
+    float *w_owned[2] = {NULL, NULL};
     int32_t *q_len = malloc(sizeof(int32_t) * (size_t)(a.B + 1)); /* [B] */
     lk_status s = q_len ? lk_mla_plan_build(&a, g, &plan) : LK_ERR_NOMEM;
-    if (!s && (s = lk_mla_f32_view(&a.w, &a.w32, &w_owned))) lk_mla_plan_free(&plan);
     if (s) {
         free(q_len);
         return lk_fail(s, "out of memory for the projection plan");
     }
     for (int64_t b = 0; b < a.B; b++) q_len[b] = a.cu_q[b + 1] - a.cu_q[b];
-    lk_mla_shape shape = {a.B, a.H, a.Dn, a.Dr, a.Dv, a.Dl, plan.bs, q_len, a.prefix, plan.pages * plan.bs};
+    lk_mla_shape shape = {a.B, a.H, a.Dn, a.Dr, a.Dv, a.Dl, plan.bs, q_len, a.prefix, plan.pages * plan.bs,
+                          lk_mla_proj_bf16(&a)};
     double cost[5];
     lk_mla_strategy chosen = lk_mla_choose(&shape, cost), st = strategy;
     free(q_len);
@@ -123,6 +125,11 @@ lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) 
                       lk_mla_strategy_name(st), 1e3 * cost[1], 1e3 * cost[2], 1e3 * cost[3], 1e3 * cost[4]);
     } else {
         lk_trace_item("strategy=%s (forced)", lk_mla_strategy_name(st));
+    }
+    if ((s = lk_mla_weights(&a, st, w_owned))) {
+        lk_mla_plan_free(&plan);
+        free(w_owned[0]), free(w_owned[1]);
+        return lk_fail(s, "out of memory for the f32 copy of kv_b_proj");
     }
     int64_t waves = run_waves(&a, st, g, NULL);
     lk_trace_item("plan requests=%lld tokens=%d groups=%lld/%lld pages=%lld g=%lld dedup=%d waves=%lld",
@@ -134,7 +141,8 @@ lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) 
         lk_mla_zero_padding(&a);
         if (waves > 1) lk_trace_item("waves=%lld (ops listed for the first)", (long long)waves);
     }
-    free(w_owned);
+    free(w_owned[0]), free(w_owned[1]);
     lk_mla_ws_free(&ws);
+    if (s == LK_ERR_UNSUPPORTED) return lk_fail(s, "oneDNN failed in a GEMM of the MLA prefill");
     return s;
 }

@@ -2,9 +2,9 @@
  * MLA prefix prefill: internal interface between the driver (driver.c: the kernel
  * table's mla_prefix_prefill entry, run on arguments src/ops/mla_prefill.c validated:
  * plan, strategy choice by cost.c, waves) and the strategies, which are compositions of
- * the kernel table's flash_attn / merge_attn_states / gather_cache and OpenBLAS sgemm,
- * plus one kernel of their own (the fused online-softmax pass). Each step appends an
- * item to the call's trace (src/core/trace.h).
+ * the kernel table's flash_attn / merge_attn_states / gather_cache and the oneDNN GEMMs
+ * of gemm.c, plus one kernel of their own (the fused online-softmax pass). Each step
+ * appends an item to the call's trace (src/core/trace.h).
  *
  * Shapes: T tokens, H heads, Dn nope + Dr rope query/key dims (Dqk = Dn + Dr), Dv value
  * dims, Dl latent dims, B requests, bs cache block size. E = Dl + Dr is one cache entry.
@@ -15,20 +15,27 @@
  *            unique group; every unique group gets `pages` consecutive pages of the
  *            "uniform" buffers below (page p holds rows [p * bs, (p + 1) * bs)), and
  *            ptable maps (request, logical page) to them;
- *   gather  (lk_mla_gather)      G [pages * bs, E] f32 = the cache entries of every unique
- *            page through the gather_cache kernel (rows past a group's used length are 0);
- *   project (lk_mla_project)     one sgemm per unique group, M = pages * bs (the same call
+ *   gather  (lk_mla_gather)      G [pages * bs, E] of dtype gdt (bf16 when the cache and
+ *            kv_b_proj are bf16, else f32) = the cache entries of every unique page
+ *            through the gather_cache kernel (rows past a group's used length are 0);
+ *   project (lk_mla_project)     one GEMM per unique group, M = pages * bs (the same call
  *            for the same group whatever the batch, so dedup on/off and any thread count
- *            give the same bits):  [rows, H * (Dn + Dv)] = G[:, :Dl] . kv_b_proj^T, then
- *            Kp [pages * bs, H, Dqk] = [k_nope | G[:, Dl:]] and Vp [pages * bs, H, Dv].
+ *            give the same bits):  [rows, H * (Dn + Dv)] f32 = G[:, :Dl] . wp^T (bf16 x
+ *            bf16 or f32 x f32), then Kp = [k_nope | G[:, Dl:]] (Dqk per head) and Vp
+ *            (Dv per head), f32, token-major [pages * bs, H, D] for the flash_attn
+ *            strategies or head-major [H, pages * bs, D] for the online engine (its
+ *            GEMMs read one head's keys with unit row stride: oneDNN's f32 GEMM with B^T
+ *            rows 3072 floats apart ran at 70 GFLOP/s against 101 with 192, Zen 4).
  * The driver runs a batch in waves of consecutive requests (about 24 MiB of projected
  * prefix each; the strategies see a wave as their batch, with exact token rows), reusing
  * the workspace buffers (lk_mla_ws) from wave to wave. Attention: split / concat call
  * the kernel table's flash_attn; fused / absorbed run the online-softmax engine of
- * online.c (OpenBLAS tiles + the kernel table's mla_softmax_block).
+ * online.c (oneDNN f32 tiles + the kernel table's mla_softmax_block).
  */
 #ifndef LK_MLA_H
 #define LK_MLA_H
+
+#include <stdatomic.h>
 
 #include "../../core/trace.h"
 #include "../kernels.h"
@@ -47,7 +54,12 @@ typedef struct lk_mla_args {
     lk_tensor q, k;         /* [T, H, Dn + Dr] */
     lk_tensor v;            /* [T, H, Dv] */
     lk_tensor w;            /* kv_b_proj [H * (Dn + Dv), Dl] */
-    lk_tensor w32;          /* the same as f32 rows (lk_mla_f32_view, made once per call) */
+    /* GEMM operands, made once per call by the driver (lk_mla_weights) for its strategy */
+    lk_dtype gdt;           /* gathered prefix G: LK_BF16 (projection in bf16) or LK_F32 */
+    lk_tensor wp;           /* projection weight [H (Dn + Dv), Dl]: w itself when it is bf16
+                               (with gdt bf16) or usable f32, else an f32 copy */
+    lk_tensor wuk, wuv;     /* absorbed: W_UK [H, Dn, Dl] (w's bf16 rows when q and w are
+                               bf16, else f32), W_UV [H, Dv, Dl] f32 */
     lk_paged lat;           /* latent cache, H = 1; D = Dl + Dr (one buffer) or Dl */
     lk_paged rope;          /* two buffers: rope cache, H = 1, D = Dr; one buffer: = lat */
     int one_buffer;         /* rope dims are [Dl, Dl + Dr) of lat's entries */
@@ -80,7 +92,7 @@ typedef struct {
     int32_t *ptable;         /* [B, max_pages] uniform page of (request, logical page) */
 } lk_mla_plan;
 
-/* pages per projection group for the whole batch: about 512 rows per sgemm, but ~8
+/* pages per projection group for the whole batch: about 512 rows per GEMM, but ~8
  * groups at least when there are enough pages; from the logical page count, so the
  * same with or without dedup */
 int64_t lk_mla_plan_g(const lk_mla_args *a);
@@ -89,24 +101,43 @@ void lk_mla_plan_free(lk_mla_plan *p);
 
 /* ---------------------------------------------------------------- shared steps */
 
-/* OpenBLAS runs single-threaded inside lk_parallel_units workers between begin/end
- * (process-wide setting, reference counted across concurrent calls). */
-void lk_mla_blas_begin(void);
-void lk_mla_blas_end(void);
-/* row-major sgemm C[M, N] = A . op(B) (+ C when accumulate); op(B) = B^T when trans_b */
-void lk_mla_sgemm(int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                  const float *B, int64_t ldb, int accumulate, float *C, int64_t ldc);
+/* row-major GEMM C[M, N] f32 = A . op(B) (+ C when accumulate), op(B) = B^T when trans_b,
+ * A and B both of dtype dt (LK_F32 or LK_BF16); single-threaded on the calling thread
+ * (gemm.c, oneDNN). LK_ERR_NOMEM / LK_ERR_UNSUPPORTED when oneDNN fails. */
+lk_status lk_mla_gemm(lk_dtype dt, int trans_b, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, int accumulate, float *C, int64_t ldc);
+/* 1 when oneDNN has vector kernels for the bf16 GEMMs on this CPU (else they would be
+ * its reference loops, and bf16 operands go to the f32 GEMM) */
+int lk_mla_gemm_bf16(void);
+/* first failure among a step's parallel units: s kept unless one is already there */
+static inline void lk_mla_note(atomic_int *first, lk_status s) {
+    int none = LK_OK;
+    if (s) atomic_compare_exchange_strong(first, &none, (int)s);
+}
 
-/* An f32 view of t with unit last-dim stride and non-negative strides below INT_MAX
- * (what sgemm can address): t itself when it already is one, else a contiguous copy
- * made here (*owned, free() it). NULL *owned and LK_OK when t is usable as is. */
+/* A view of t usable as a GEMM operand of dtype dt: unit last-dim stride, every other
+ * stride in [last dim, INT_MAX] (rows and heads do not overlap) */
+int lk_mla_gemm_usable(const lk_tensor *t, lk_dtype dt);
+/* An f32 view of t usable as a GEMM operand: t itself when it already is one, else a
+ * contiguous copy made here (*owned, free() it). NULL *owned and LK_OK when t is usable
+ * as is. */
 lk_status lk_mla_f32_view(const lk_tensor *t, lk_tensor *view, float **owned);
+/* t [T, H, D] (any float dtype and strides) as f32 head-major [H, T, D] (*out, free() it):
+ * one head's rows with unit row stride for the online engine's GEMMs */
+lk_status lk_mla_heads_f32(const lk_tensor *t, float **out);
+/* 1 when the projecting strategies' projection runs in bf16: bf16 latent and rope caches,
+ * kv_b_proj usable as a bf16 operand, oneDNN bf16 kernels on this CPU */
+int lk_mla_proj_bf16(const lk_mla_args *a);
+/* the GEMM operands of strategy st (a->gdt, wp, wuk, wuv), copies in owned[0..1] */
+lk_status lk_mla_weights(lk_mla_args *a, lk_mla_strategy st, float *owned[2]);
 
-lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, float *G);
-lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const float *G, float *Kp,
+/* G [pages * bs, E] of dtype gdt */
+lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, lk_dtype gdt, void *G);
+/* Kp / Vp token-major [pages * bs, H, Dqk / Dv], or head-major [H, pages * bs, ..] */
+lk_status lk_mla_project(const lk_mla_args *a, const lk_mla_plan *p, const void *G, int head_major, float *Kp,
                          float *Vp);
 /* gather + project into Kp / Vp (workspace slots 0-2, owned by the call) */
-lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, float **Kp,
+lk_status lk_mla_project_prefix(const lk_mla_args *a, const lk_mla_plan *p, int head_major, float **Kp,
                                 float **Vp);
 
 /* flash_attn of the new tokens over themselves (causal) -> out [T, H, Dv] (any view) and,
@@ -149,8 +180,9 @@ static inline lk_mla_segment *lk_mla_seg_align(void *p) {
  * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
  * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =
  * the rows' states (init: start from O = 0 and empty states; else continue from the
- * given ones). Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c. */
-void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
+ * given ones). Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c.
+ * Returns the first GEMM failure (LK_OK). */
+lk_status lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
                         const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
                         float *panel, float *O, int64_t ldo, lk_online_state *st, int init);
 /* request b's prefix as segments (runs of consecutive uniform pages) of the uniform

@@ -1,6 +1,8 @@
 /*
  * MLA prefix prefill: the online-softmax attention engine of the fused and absorbed
- * strategies, with OpenBLAS doing the two products of every key block.
+ * strategies, with oneDNN's f32 GEMM (gemm.c) doing the two products of every key block
+ * (Q and P stay f32: rounding them to bf16 is a tolerance question of the bf16
+ * attention kernels, not taken here).
  *
  *   rows: nq query rows Q [nq, Dqk] (already scaled), states (m, l), O [nq, Dv] = 0
  *   key blocks: the prefix as one logical sequence in blocks of LK_MLA_KB keys (read in
@@ -9,10 +11,10 @@
  *   split into waves), then the current keys (causal: the keys every row sees in blocks
  *   of LK_MLA_KB, the diagonal in chunks of LK_MLA_KD keys, each for the rows that see
  *   some of it only, so the masked triangle costs ~nq * KD / 2); for each block:
- *     S [nq, kb] = Q . Kb^T                                    (sgemm)
+ *     S [nq, kb] = Q . Kb^T                                    (f32 GEMM)
  *     kernel table's mla_softmax_block: causal mask (segment flag), block max,
  *       alpha = lk_online_rescale, S = exp(S - shift), l += sum, O *= alpha
- *     O += S . Vb                                              (sgemm, beta = 1)
+ *     O += S . Vb                                              (f32 GEMM, accumulate)
  * A segment is a run of keys whose rows are `ldk` / `ldv` floats apart: a run of
  * consecutive uniform pages of the prefix, or the request's own keys (causal: key c is
  * visible to row r iff c <= lim0 + r). Absorbed: V rows are the first Dv dims of the K
@@ -25,17 +27,18 @@
 #include "mla.h"
 
 /* one block of kb keys for rows [r0, nq): S, softmax step, O += P V */
-static void key_block(const float *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk, int64_t Dv,
+static lk_status key_block(const float *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk, int64_t Dv,
                       const float *K, int64_t ldk, const float *V, int64_t ldv, int64_t kb, int causal,
                       int64_t lim0, float *S, float *O, int64_t ldo, lk_online_state *st) {
     int64_t n = nq - r0;
-    lk_mla_sgemm(1, n, kb, Dqk, Q + r0 * ldq, ldq, K, ldk, 0, S, LK_MLA_KB);
+    lk_status s = lk_mla_gemm(LK_F32, 1, n, kb, Dqk, Q + r0 * ldq, ldq, K, ldk, 0, S, LK_MLA_KB);
+    if (s) return s;
     lk_mla_softmax_args sa = {S, LK_MLA_KB, n, kb, causal, lim0 + r0, st + r0, O + r0 * ldo, ldo, Dv};
     lk_kernels()->mla_softmax_block(&sa);
-    lk_mla_sgemm(0, n, Dv, kb, S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    return lk_mla_gemm(LK_F32, 0, n, Dv, kb, S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
 }
 
-void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
+lk_status lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
                         const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
                         float *panel, float *O, int64_t ldo, lk_online_state *st, int init) {
     for (int64_t r = 0; r < nq && init; r++) {
@@ -67,24 +70,28 @@ void lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, in
             }
             K = Kc, V = Vc;
         }
-        key_block(Q, ldq, 0, nq, Dqk, Dv, K, ldk, V, ldv, kb, 0, 0, S, O, ldo, st);
+        lk_status s = key_block(Q, ldq, 0, nq, Dqk, Dv, K, ldk, V, ldv, kb, 0, 0, S, O, ldo, st);
+        if (s) return s;
     }
-    if (!cur) return;
+    if (!cur) return LK_OK;
     /* current keys: those every row sees ([0, full)) in blocks, then the diagonal in
      * chunks of LK_MLA_KD keys, each for the rows from the first one that sees its first
      * key */
     int64_t full = cur->lim0 + 1 < 0 ? 0 : cur->lim0 + 1 < cur->n ? cur->lim0 + 1 : cur->n;
     for (int64_t j = 0; j < full; j += LK_MLA_KB) {
         int64_t kb = full - j < LK_MLA_KB ? full - j : LK_MLA_KB;
-        key_block(Q, ldq, 0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk, cur->V + j * cur->ldv, cur->ldv, kb, 0, 0,
-                  S, O, ldo, st);
+        lk_status s = key_block(Q, ldq, 0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk, cur->V + j * cur->ldv,
+                                cur->ldv, kb, 0, 0, S, O, ldo, st);
+        if (s) return s;
     }
     for (int64_t j = full; j < cur->n; j += LK_MLA_KD) {
         int64_t kb = cur->n - j < LK_MLA_KD ? cur->n - j : LK_MLA_KD, r0 = j - cur->lim0;
         if (r0 >= nq) break;
-        key_block(Q, ldq, r0 < 0 ? 0 : r0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk, cur->V + j * cur->ldv,
-                  cur->ldv, kb, 1, cur->lim0 - j, S, O, ldo, st);
+        lk_status s = key_block(Q, ldq, r0 < 0 ? 0 : r0, nq, Dqk, Dv, cur->K + j * cur->ldk, cur->ldk,
+                                cur->V + j * cur->ldv, cur->ldv, kb, 1, cur->lim0 - j, S, O, ldo, st);
+        if (s) return s;
     }
+    return LK_OK;
 }
 
 int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,

@@ -18,7 +18,7 @@
 lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p) {
     if (p->pages == 0) return lk_mla_attn_current(a, &a->out, NULL);
     float *Kp, *Vp;
-    lk_status s = lk_mla_project_prefix(a, p, &Kp, &Vp);
+    lk_status s = lk_mla_project_prefix(a, p, 0, &Kp, &Vp);
     if (s) return s;
     int64_t TH = a->T * a->H, Dqk = a->Dn + a->Dr, bs = p->bs;
     float *o = lk_mla_ws_get(a, 3, sizeof(float) * (size_t)(2 * TH * a->Dv + 2 * TH));
