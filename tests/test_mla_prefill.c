@@ -264,6 +264,11 @@ static void run_case(const mcase *c) {
             int ok_tr = si == 0 ? strstr(lk_mla_last_trace(), "(auto") != NULL
                                 : strncmp(lk_mla_last_trace() + 9, lk_mla_strategy_name(STRATS[si]),
                                           strlen(lk_mla_strategy_name(STRATS[si]))) == 0;
+            if (STRATS[si] == LK_MLA_ABSORBED && strstr(lk_mla_last_trace(), "latent_attn")) {
+                /* the latent attention on bf16 operands exactly when lk_mla_lat_bf16 says */
+                int lat16 = c->qt == LK_BF16 && c->ct == LK_BF16 && c->ot == LK_BF16 && lk_mla_gemm_bf16();
+                ok_tr &= strstr(lk_mla_last_trace(), lat16 ? "mqa bf16" : "mqa f32") != NULL;
+            }
             int intact = inputs_intact(&z) && tu_outside_intact(&z.out);
             tu_check(st == LK_OK && e <= 1 && intact && padding_zero(c, &z, got) && ok_tr,
                      "mla %s %s %s: B=%d H=%lld D=%lld+%lld/%lld/%lld bs=%d %s%s %s/%s/%s/%s err=%.3g intact=%d %s",
@@ -538,7 +543,8 @@ static void test_trace(void) {
         if (pg) sscanf(pg, "pages=%lld", &pages);
         int32_t ql[MAXB], pl[MAXB];
         for (int b = 0; b < d.B; b++) ql[b] = (int32_t)d.ql[b], pl[b] = (int32_t)d.pl[b];
-        lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs, lk_mla_gemm_bf16()};
+        lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs, lk_mla_gemm_bf16(),
+                           lk_mla_gemm_bf16(), 2 * (lk_isa_current() == LK_ISA_AVX512BF16)};
         double cost[5];
         lk_mla_strategy want = lk_mla_choose(&sh, cost);
         char expect[64];

@@ -157,7 +157,9 @@ lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn c
  * c > lim0 + r are masked (-inf); then with the block max (NaN if a visible score is NaN
  * or +inf: the row becomes NaN, as attn_state.h's softmax rules say)
  *   alpha = lk_online_rescale(&st[r], max), S[r, :kb] = exp(S - lk_online_shift(m)),
- *   lk_online_add(&st[r], sum), O[r, :Dv] *= alpha (skipped when alpha == 1). */
+ *   lk_online_add(&st[r], sum), O[r, :Dv] *= alpha (skipped when alpha == 1).
+ * P16 != NULL (the bf16 engine): the weights go there instead, rounded to bf16 (RNE),
+ * rows ldp apart, and S is left as scratch. */
 typedef struct {
     float *S;             /* [nq, kb], rows lds apart */
     int64_t lds, nq, kb;
@@ -166,6 +168,8 @@ typedef struct {
     lk_online_state *st;  /* [nq] */
     float *O;             /* [nq, Dv], rows ldo apart */
     int64_t ldo, Dv;
+    uint16_t *P16;        /* NULL, or [nq, kb] bf16, rows ldp apart */
+    int64_t ldp;
 } lk_mla_softmax_args;
 
 /* mla_prefix_prefill: the validated arguments (src/cpu/mla/mla.h) */

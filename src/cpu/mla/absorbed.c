@@ -5,13 +5,17 @@
  *   W_UK_h = kv_b_proj[h (Dn + Dv) + [0, Dn), :]      [Dn, Dl] (a->wuk: bf16 as passed
  *            when q and kv_b_proj are bf16, else f32)
  *   W_UV_h = kv_b_proj[h (Dn + Dv) + Dn + [0, Dv), :] [Dv, Dl] (a->wuv, f32)
- *   G = gather(prefix pages)  [pages * bs, Dl + Dr] f32 (uniform pages, see mla.h)
+ *   G = gather(prefix pages)  [pages * bs, Dl + Dr] (uniform pages, see mla.h): bf16 as
+ *       cached when lk_mla_lat_bf16 (q, the cache and out bf16, oneDNN with bf16 GEMMs:
+ *       lat16), else f32
  *   kf, vf = k, v as f32 head-major [H, T, Dqk / Dv] (one copy per wave)
  *   unit (request b, block of tok tokens; rows r = (head, token)):
  *     Qa [H tok, Dl + Dr] = scale * [q_nope_h . W_UK_h | q_rope_h]     (GEMM per head,
- *        bf16 x bf16 on q's rows and the weight as they are when both are bf16)
+ *        bf16 x bf16 on q's rows and the weight as they are when both are bf16; f32,
+ *        then rounded to bf16 once with lat16)
  *     Ol [H tok, Dl], states = the online engine (online.c) over the prefix entries of G,
- *        keys [c | k_pe] and values c shared by all heads (MQA). The scores equal the
+ *        keys [c | k_pe] and values c shared by all heads (MQA), with lat16 on bf16
+ *        operands (bf16 x bf16 GEMMs, P rounded to bf16). The scores equal the
  *        projected ones: q_nope . (W_UK c) + q_rope . k_pe = (q_nope W_UK) . c + ...;
  *     O_h [tok, Dv] = Ol_h . W_UV_h^T: the unnormalised prefix output in value space
  *        (W_UV is linear: sum p_j W_UV c_j = W_UV sum p_j c_j)   (f32 GEMM per head; Ol
@@ -59,7 +63,8 @@ static int64_t qa_len(int64_t rows, int64_t E, int64_t maxtok, int64_t Dqk) {
 typedef struct {
     const lk_mla_args *a;
     const lk_mla_plan *p;
-    const float *G;            /* gathered prefix [pages * bs, E] f32 */
+    const void *G;             /* gathered prefix [pages * bs, E], bf16 when lat16 else f32 */
+    int lat16;                 /* latent attention on bf16 operands */
     lk_tensor qa;              /* absorb_q's A: q [T, H, Dqk] with wuk's dtype (q or an f32 view) */
     const float *kf, *vf;      /* current k [H, T, Dqk], v [H, T, Dv] f32 */
     atomic_int status;
@@ -83,7 +88,9 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
     float *Qa = panel + LK_MLA_KB * (E > Dqk + Dv ? E : Dqk + Dv);       // [H tok, E], then Qs [tok, Dqk]
     float *Ol = Qa + qa_len(rows, E, mt, Dqk);                          // [H tok, Dl]
     float *O = Ol + rows * Dl;                                          // [H tok, Dv]
-    lk_online_state *st = (lk_online_state *)(O + rows * Dv);          // [H tok]
+    uint16_t *P16 = (uint16_t *)(O + rows * Dv);                        // [H tok, KB] bf16
+    uint16_t *Qa16 = P16 + rows * LK_MLA_KB;                            // [H tok, E] bf16
+    lk_online_state *st = (lk_online_state *)(Qa16 + rows * E + (rows * E) % 2); // [H tok]
     lk_mla_segment *seg = lk_mla_seg_align(st + rows);                  // [max_seg]
     const lk_tensor *qa = &c->qa, *uk = &a->wuk, *uv = &a->wuv, *q = &a->q;
     lk_status s = LK_OK;
@@ -100,8 +107,12 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
                     dst[t * E + Dl + i] = a->scale * lk_load_f(q->data, q->dtype, off + (Dn + i) * q->stride[2]);
             }
         }
-        int64_t n = lk_mla_prefix_segments(a, c->p, b, c->G, E, c->G, E, seg);
-        if (!s) s = lk_mla_online_attn(Qa, E, H * tok, E, Dl, seg, n, NULL, S, panel, Ol, Dl, st, 1);
+        lk_dtype gdt = c->lat16 ? LK_BF16 : LK_F32;
+        for (int64_t i = 0; i < H * tok * E && c->lat16; i++) Qa16[i] = lk_f32_to_bf16(Qa[i]);
+        int64_t n = lk_mla_prefix_segments(a, c->p, b, gdt, c->G, E, c->G, E, seg);
+        if (!s)
+            s = lk_mla_online_attn(gdt, c->lat16 ? (const void *)Qa16 : Qa, E, H * tok, E, Dl, seg, n, NULL, S, P16,
+                                   panel, Ol, Dl, st, 1);
         for (int64_t h = 0; h < H && !s; h++)
             s = lk_mla_gemm(LK_F32, 1, tok, Dv, Dl, Ol + h * tok * Dl, Dl, (const float *)uv->data + h * uv->stride[0],
                             uv->stride[1], 0, O + h * tok * Dv, Dv);
@@ -110,8 +121,8 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
         float *Qs = Qa; /* the latent rows are done with */
         lk_mla_load_q(a, t0, tok, h, Qs);
         lk_mla_segment cur = {c->kf + (h * a->T + q0) * Dqk, c->vf + (h * a->T + q0) * Dv, Dqk, Dv, i0 + tok, 1, i0};
-        s = lk_mla_online_attn(Qs, Dqk, tok, Dqk, Dv, NULL, 0, &cur, S, panel, O + h * tok * Dv, Dv, st + h * tok,
-                               P == 0);
+        s = lk_mla_online_attn(LK_F32, Qs, Dqk, tok, Dqk, Dv, NULL, 0, &cur, S, NULL, panel, O + h * tok * Dv, Dv,
+                               st + h * tok, P == 0);
         if (!s) lk_mla_store_rows(a, t0, tok, h, O + h * tok * Dv, Dv, st + h * tok);
     }
     if (s) lk_mla_note(&c->status, s);
@@ -123,7 +134,10 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     memset(&c, 0, sizeof c);
     atomic_init(&c.status, LK_OK);
     c.a = a, c.p = p, c.qa = a->q;
-    float *q_owned = NULL, *kf = NULL, *vf = NULL, *G = NULL;
+    float *q_owned = NULL, *kf = NULL, *vf = NULL;
+    void *G = NULL;
+    c.lat16 = lk_mla_lat_bf16(a);
+    lk_dtype gdt = c.lat16 ? LK_BF16 : LK_F32;
     int64_t n_units = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t np = a->cu_q[b + 1] > a->cu_q[b] ? (a->prefix[b] + p->bs - 1) / p->bs : 0;
@@ -137,14 +151,14 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
     int64_t panel = LK_MLA_KB * (E > Dqk + Dv ? E : Dqk + Dv);
     c.scratch_bytes = sizeof(float) * (size_t)(srows * LK_MLA_KB + panel + qa_len(rows, E, c.maxtok, Dqk) +
                                                rows * (Dl + Dv)) +
-                      sizeof(lk_online_state) * (size_t)rows + sizeof(lk_mla_segment) * (size_t)c.max_seg +
+                      sizeof(uint16_t) * (size_t)(rows * (LK_MLA_KB + E) + 1) + sizeof(lk_online_state) * (size_t)rows + sizeof(lk_mla_segment) * (size_t)c.max_seg +
                       LK_MLA_SEG_SLACK;
     c.scratch_bytes = (c.scratch_bytes + 63) / 64 * 64;
     c.scratch = malloc(c.scratch_bytes * (size_t)nt);
     c.unit = malloc(sizeof(int64_t) * (size_t)(n_units + 1));
-    if (p->pages) G = lk_mla_ws_get(a, 0, sizeof(float) * (size_t)(p->pages * p->bs * E));
+    if (p->pages) G = lk_mla_ws_get(a, 0, lk_esize(gdt) * (size_t)(p->pages * p->bs * E));
     lk_status s = c.scratch && c.unit && (G || !p->pages) ? LK_OK : LK_ERR_NOMEM;
-    if (!s && p->pages) s = lk_mla_gather(a, p, LK_F32, G);
+    if (!s && p->pages) s = lk_mla_gather(a, p, gdt, G);
     if (!s && a->wuk.dtype == LK_F32) s = lk_mla_f32_view(&a->q, &c.qa, &q_owned);
     if (!s) s = lk_mla_heads_f32(&a->k, &kf);
     if (!s) s = lk_mla_heads_f32(&a->v, &vf);
@@ -155,9 +169,10 @@ lk_status lk_mla_absorbed(const lk_mla_args *a, const lk_mla_plan *p) {
             for (int64_t k = 0; k < n_units_of(a, b); k++) c.unit[n++] = b * c.ublk + k;
         lk_parallel_units(n_units, nt, absorbed_unit, &c);
         s = (lk_status)atomic_load(&c.status);
-        lk_trace_item("latent_attn units=%lld (absorb_q %s gemm, mqa over %lld + %lld latent dims, absorb_out f32 gemm, "
-                      "current keys causal) rows=%d kblock=%d",
-                      (long long)n_units, lk_dtype_name(a->wuk.dtype), (long long)Dl, (long long)Dr, RB, LK_MLA_KB);
+        lk_trace_item("latent_attn units=%lld (absorb_q %s gemm, mqa %s over %lld + %lld latent dims, absorb_out f32 "
+                      "gemm, current keys causal) rows=%d kblock=%d",
+                      (long long)n_units, lk_dtype_name(a->wuk.dtype), lk_dtype_name(gdt), (long long)Dl, (long long)Dr,
+                      RB, LK_MLA_KB);
     }
     free(q_owned), free(kf), free(vf), free(c.scratch), free(c.unit);
     return s;

@@ -120,6 +120,16 @@ static lk_tensor head_rows(const lk_mla_args *a, int64_t r0, int64_t n) {
     return v;
 }
 
+int lk_mla_lat_bf16(const lk_mla_args *a) {
+    return a->q.dtype == LK_BF16 && a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 &&
+           a->out.dtype == LK_BF16 && lk_mla_gemm_bf16();
+}
+
+int lk_mla_cur_bf16(const lk_mla_args *a) {
+    if (lk_kernels()->isa != LK_ISA_AVX512BF16 || a->q.dtype != LK_BF16 || a->k.dtype != LK_BF16) return 0;
+    return a->v.dtype == LK_BF16 && a->out.dtype == LK_BF16 ? 2 : 1;
+}
+
 int lk_mla_proj_bf16(const lk_mla_args *a) {
     return a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && lk_mla_gemm_usable(&a->w, LK_BF16) &&
            lk_mla_gemm_bf16();

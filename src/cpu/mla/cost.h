@@ -17,6 +17,10 @@ typedef struct {
     const int32_t *prefix;    /* [B] prefix tokens per request */
     int64_t unique_rows;      /* prefix rows to project after dedup (pages * bs) */
     int proj_bf16;            /* the projection GEMM runs on bf16 operands (bf16 cache and weight) */
+    int lat_bf16;             /* absorbed's latent attention runs on bf16 operands (lk_mla_lat_bf16) */
+    int cur_bf16;             /* flash_attn over the new tokens on the ISA avx512bf16: 1 Q.K^T
+                                 on bf16 dot products (q, k bf16), 2 P.V too when it writes
+                                 out itself (v and out bf16 as well); 0 f32 products */
 } lk_mla_shape;
 
 /* cost[s] = predicted seconds of strategy s (index = lk_mla_strategy, [0] unused);

@@ -55,11 +55,11 @@ static void fused_unit(void *vctx, int64_t u, int tid) {
     lk_online_state *st = (lk_online_state *)(panel + LK_MLA_KB * (Dqk + Dv)); // [QB]
     lk_mla_segment *seg = lk_mla_seg_align(st + QB);                   // [max_seg]
     lk_mla_load_q(a, q0 + i0, nq, h, Qs);
-    int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, c->Kp + h * c->rows * Dqk, Dqk,
+    int64_t n = c->Kp ? lk_mla_prefix_segments(a, c->p, b, LK_F32, c->Kp + h * c->rows * Dqk, Dqk,
                                                c->Vp + h * c->rows * Dv, Dv, seg)
                       : 0;
     lk_mla_segment cur = {c->kf + (h * a->T + q0) * Dqk, c->vf + (h * a->T + q0) * Dv, Dqk, Dv, i0 + nq, 1, i0};
-    lk_status s = lk_mla_online_attn(Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, panel, O, Dv, st, 1);
+    lk_status s = lk_mla_online_attn(LK_F32, Qs, Dqk, nq, Dqk, Dv, seg, n, &cur, S, NULL, panel, O, Dv, st, 1);
     if (s) lk_mla_note(&c->status, s);
     else lk_mla_store_rows(a, q0 + i0, nq, h, O, Dv, st);
 }

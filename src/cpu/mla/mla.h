@@ -30,7 +30,8 @@
  * prefix each; the strategies see a wave as their batch, with exact token rows), reusing
  * the workspace buffers (lk_mla_ws) from wave to wave. Attention: split / concat call
  * the kernel table's flash_attn; fused / absorbed run the online-softmax engine of
- * online.c (oneDNN f32 tiles + the kernel table's mla_softmax_block).
+ * online.c (oneDNN f32 tiles, or bf16 for absorbed's latent attention on bf16 data, +
+ * the kernel table's mla_softmax_block).
  */
 #ifndef LK_MLA_H
 #define LK_MLA_H
@@ -128,6 +129,13 @@ lk_status lk_mla_heads_f32(const lk_tensor *t, float **out);
 /* 1 when the projecting strategies' projection runs in bf16: bf16 latent and rope caches,
  * kv_b_proj usable as a bf16 operand, oneDNN bf16 kernels on this CPU */
 int lk_mla_proj_bf16(const lk_mla_args *a);
+/* 1 when absorbed's latent attention runs on bf16 operands (G, Qa, P bf16): q, the
+ * latent and rope caches and out bf16, oneDNN bf16 kernels on this CPU */
+int lk_mla_lat_bf16(const lk_mla_args *a);
+/* how flash_attn over the new tokens runs on the ISA avx512bf16 (lk_mla_shape.cur_bf16):
+ * 1 Q.K^T on bf16 dot products (q, k bf16), 2 P.V too as long as it writes out itself
+ * (v and out bf16 as well); 0 else */
+int lk_mla_cur_bf16(const lk_mla_args *a);
 /* the GEMM operands of strategy st (a->gdt, wp, wuk, wuv), copies in owned[0..1] */
 lk_status lk_mla_weights(lk_mla_args *a, lk_mla_strategy st, float *owned[2]);
 
@@ -158,10 +166,10 @@ void lk_mla_zero_padding(const lk_mla_args *a);
 #define LK_MLA_KB 256 /* keys per block of the online engine */
 #define LK_MLA_KD 64  /* keys per block on a causal diagonal */
 
-/* keys n rows: K rows ldk floats apart, V rows ldv apart; causal: key c visible to query
- * row r iff c <= lim0 + r */
+/* keys n rows of the engine's dtype: K rows ldk elements apart, V rows ldv apart;
+ * causal: key c visible to query row r iff c <= lim0 + r */
 typedef struct {
-    const float *K, *V;
+    const void *K, *V;
     int64_t ldk, ldv, n;
     int causal;
     int64_t lim0;
@@ -178,17 +186,20 @@ static inline lk_mla_segment *lk_mla_seg_align(void *p) {
 
 /* online softmax of nq rows Q [nq, Dqk] (rows ldq apart, already scaled) over the
  * prefix runs pre[0, npre) (one logical key sequence, no mask) and then, if cur != NULL,
- * the causal segment cur: O [nq, Dv] (rows ldo apart) = unnormalised sum p_j v_j, st =
- * the rows' states (init: start from O = 0 and empty states; else continue from the
- * given ones). Scratch: S [nq, LK_MLA_KB], panel [LK_MLA_KB, Dqk + Dv]. online.c.
+ * the causal segment cur: O [nq, Dv] f32 (rows ldo apart) = unnormalised sum p_j v_j,
+ * st = the rows' states (init: start from O = 0 and empty states; else continue from
+ * the given ones). Q, K, V of dtype dt: LK_F32, or LK_BF16 (only when
+ * lk_mla_gemm_bf16(); P then rounded to bf16). Scratch: S [nq, LK_MLA_KB] f32, P16
+ * [nq, LK_MLA_KB] (bf16 only, else unused), panel [LK_MLA_KB, Dqk + Dv] of dt. online.c.
  * Returns the first GEMM failure (LK_OK). */
-lk_status lk_mla_online_attn(const float *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
-                        const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
-                        float *panel, float *O, int64_t ldo, lk_online_state *st, int init);
+lk_status lk_mla_online_attn(lk_dtype dt, const void *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
+                             const lk_mla_segment *pre, int64_t npre, const lk_mla_segment *cur, float *S,
+                             uint16_t *P16, void *panel, float *O, int64_t ldo, lk_online_state *st, int init);
 /* request b's prefix as segments (runs of consecutive uniform pages) of the uniform
- * buffers K (rows ldk apart) and V (ldv): at most ceil(P / bs) segments; returns the count */
-int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, const float *K,
-                               int64_t ldk, const float *V, int64_t ldv, lk_mla_segment *seg);
+ * buffers K (rows ldk elements of dt apart) and V (ldv): at most ceil(P / bs) segments;
+ * returns the count */
+int64_t lk_mla_prefix_segments(const lk_mla_args *a, const lk_mla_plan *p, int64_t b, lk_dtype dt, const void *K,
+                               int64_t ldk, const void *V, int64_t ldv, lk_mla_segment *seg);
 
 /* ---------------------------------------------------------------- strategies */
 

@@ -7,7 +7,8 @@
  * makes the row NaN: its block max is taken as NaN, which lk_online_rescale keeps, and
  * its probabilities are set to 0 so that only the NaN state carries it); then
  * exp(S - shift) with lkv_exp_nonpos (arguments <= 0 once NaN / +inf rows are out) and
- * two partial sums; O *= alpha. Column tails go through partial loads / stores.
+ * two partial sums, stored as f32 in S or as bf16 in P16 (the bf16 engine); O *= alpha.
+ * Column tails go through partial loads / stores.
  * No threads: the caller's units are the parallel split.
  */
 #include <math.h>
@@ -22,6 +23,7 @@ static lk_status mla_softmax_block(const lk_mla_softmax_args *a) {
     lkv_m tm = lkv_m_first(kb - kv);
     for (int64_t r = 0; r < a->nq; r++) {
         float *s = a->S + r * a->lds; // [kb]
+        uint16_t *p16 = a->P16 ? a->P16 + r * a->ldp : NULL; // [kb] or none
         if (a->causal)
             for (int64_t c = a->lim0 + r + 1 < 0 ? 0 : a->lim0 + r + 1; c < kb; c++) s[c] = -INFINITY;
         lkv_f32 mx = ninf;
@@ -40,7 +42,8 @@ static lk_status mla_softmax_block(const lk_mla_softmax_args *a) {
         if (lkv_m_any(nan) || bmax == INFINITY) bmax = NAN;
         float alpha = lk_online_rescale(&a->st[r], bmax);
         if (isnan(a->st[r].m)) { /* NaN row: the state carries it, the weights are 0 */
-            memset(s, 0, sizeof(float) * (size_t)kb);
+            if (p16) memset(p16, 0, sizeof(uint16_t) * (size_t)kb);
+            else memset(s, 0, sizeof(float) * (size_t)kb);
             lk_online_add(&a->st[r], NAN);
         } else {
             lkv_f32 shift = lkv_set1(lk_online_shift(a->st[r].m)), s0 = lkv_zero(), s1 = s0;
@@ -48,18 +51,21 @@ static lk_status mla_softmax_block(const lk_mla_softmax_args *a) {
             for (; c + 2 * LKV_W <= kv; c += 2 * LKV_W) {
                 lkv_f32 e0 = lkv_exp_nonpos(lkv_sub(lkv_loadu(s + c), shift));
                 lkv_f32 e1 = lkv_exp_nonpos(lkv_sub(lkv_loadu(s + c + LKV_W), shift));
-                lkv_storeu(s + c, e0), lkv_storeu(s + c + LKV_W, e1);
+                if (p16) lkv_store(p16 + c, LK_BF16, e0), lkv_store(p16 + c + LKV_W, LK_BF16, e1);
+                else lkv_storeu(s + c, e0), lkv_storeu(s + c + LKV_W, e1);
                 s0 = lkv_add(s0, e0), s1 = lkv_add(s1, e1);
             }
             for (; c < kv; c += LKV_W) {
                 lkv_f32 e = lkv_exp_nonpos(lkv_sub(lkv_loadu(s + c), shift));
-                lkv_storeu(s + c, e);
+                if (p16) lkv_store(p16 + c, LK_BF16, e);
+                else lkv_storeu(s + c, e);
                 s0 = lkv_add(s0, e);
             }
             if (kv < kb) {
                 lkv_f32 x = lkv_blend(ninf, lkv_load_part(s + kv, LK_F32, kb - kv), tm);
                 lkv_f32 e = lkv_exp_nonpos(lkv_sub(x, shift));
-                lkv_store_part(s + kv, LK_F32, e, kb - kv);
+                if (p16) lkv_store_part(p16 + kv, LK_BF16, e, kb - kv);
+                else lkv_store_part(s + kv, LK_F32, e, kb - kv);
                 s1 = lkv_add(s1, e);
             }
             lk_online_add(&a->st[r], lkv_hsum(lkv_add(s0, s1)));
