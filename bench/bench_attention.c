@@ -102,13 +102,13 @@ static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t D
     bench_free(q), bench_free(out), bench_free(k), bench_free(v);
 }
 
-static void decode_case(int64_t B, int64_t K, int64_t H, int64_t D, int64_t bs) {
+static void decode_case(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs) {
     attn_ctx c;
     memset(&c, 0, sizeof c);
     c.paged = 1;
     int64_t pages = (K + bs - 1) / bs, nb = B * pages;
     void *q = bench_alloc(LK_BF16, B * H * D, -1, 1), *out = bench_alloc(LK_BF16, B * H * D, 0, 0);
-    void *k = bench_alloc(LK_BF16, nb * bs * H * D, -1, 1), *v = bench_alloc(LK_BF16, nb * bs * H * D, -1, 1);
+    void *k = bench_alloc(LK_BF16, nb * bs * Hk * D, -1, 1), *v = bench_alloc(LK_BF16, nb * bs * Hk * D, -1, 1);
     int32_t *cuq = bench_alloc(LK_I32, B + 1, 0, 0), *used = bench_alloc(LK_I32, B, 0, 0);
     int32_t *table = bench_alloc(LK_I32, B * pages, 0, 0);
     for (int64_t b = 0; b <= B; b++) cuq[b] = (int32_t)b;
@@ -118,19 +118,21 @@ static void decode_case(int64_t B, int64_t K, int64_t H, int64_t D, int64_t bs) 
         for (int64_t p = 0; p < pages; p++) table[b * pages + p] = (int32_t)((p * B + b) % nb);
     c.q = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){B, H, D});
     c.out = lk_tensor_make(out, LK_BF16, 3, (int64_t[]){B, H, D});
-    c.k = lk_tensor_make(k, LK_BF16, 4, (int64_t[]){nb, bs, H, D});
-    c.v = lk_tensor_make(v, LK_BF16, 4, (int64_t[]){nb, bs, H, D});
+    c.k = lk_tensor_make(k, LK_BF16, 4, (int64_t[]){nb, bs, Hk, D});
+    c.v = lk_tensor_make(v, LK_BF16, 4, (int64_t[]){nb, bs, Hk, D});
     c.cuq = lk_tensor_make(cuq, LK_I32, 1, (int64_t[]){B + 1});
     c.used = lk_tensor_make(used, LK_I32, 1, (int64_t[]){B});
     c.table = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, pages});
     c.p = lk_attn_params_default((float)(1.0 / sqrt((double)D)));
     c.p.causal = 1;
     double ms = bench_time(run_attn, &c);
-    double err = check_tail(&c, 1, K, H, H, D, 1);
-    char shape[64];
-    snprintf(shape, sizeof shape, "B=%lld 1x%lld x%lldh x%lld p%lld", (long long)B, (long long)K, (long long)H,
-             (long long)D, (long long)bs);
-    bench_row("flash_attn decode", shape, "bf16", ms, (double)B * K * H * D * 2 * 2, BENCH_READ_BW, err);
+    double err = check_tail(&c, 1, K, H, Hk, D, 1);
+    char shape[64], heads[32];
+    if (Hk == H) snprintf(heads, sizeof heads, "%lldh", (long long)H);
+    else snprintf(heads, sizeof heads, "%lld/%lldh", (long long)H, (long long)Hk);
+    snprintf(shape, sizeof shape, "B=%lld 1x%lld x%s x%lld p%lld", (long long)B, (long long)K, heads, (long long)D,
+             (long long)bs);
+    bench_row("flash_attn decode", shape, "bf16", ms, (double)B * K * Hk * D * 2 * 2, BENCH_READ_BW, err);
     bench_free(q), bench_free(out), bench_free(k), bench_free(v), bench_free(cuq), bench_free(used), bench_free(table);
 }
 
@@ -143,6 +145,7 @@ void bench_attention(void) {
     prefill_case(2048, 0, 16, 16, 128, 128, LK_F16, "1x2048^2 c 16h x128");
     prefill_case(2048, 0, 32, 8, 128, 128, LK_BF16, "1x2048^2 c 32/8h x128");
     prefill_case(512, 2048, 16, 16, 192, 128, LK_BF16, "MLA 512+2048p 16h 192/128");
-    decode_case(1, 4096, 32, 128, 16);
-    decode_case(8, 4096, 32, 128, 16);
+    decode_case(1, 4096, 32, 32, 128, 16);
+    decode_case(8, 4096, 32, 32, 128, 16);
+    decode_case(8, 4096, 32, 8, 128, 16); /* GQA, Llama-3-8B's heads */
 }

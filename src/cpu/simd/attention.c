@@ -649,6 +649,33 @@ LK_ALWAYS_INLINE float dot_row(const float *q, const char *p, int64_t cs, int64_
     return lkv_hsum(lkv_add(s0, s1));
 }
 
+/* dot_row for 4 query rows q + g qs (g < 4) against one key row: the key loaded and
+ * converted once for the 4 (GQA heads sharing a KV head); per row the same sums in the
+ * same order as dot_row, so the same bits */
+LK_ALWAYS_INLINE void dot_rows4(const float *q, int64_t qs, const char *p, int64_t cs, int64_t D, lk_dtype dt,
+                                float *out) {
+    int64_t es = lk_esize(dt), d = 0;
+    lkv_f32 s0[4], s1[4];
+    for (int g = 0; g < 4; g++) s0[g] = s1[g] = lkv_zero();
+    for (; d + 2 * LKV_W <= D; d += 2 * LKV_W) {
+        lkv_f32 k0 = lkv_load(p + chunk_off(d, cs, es), dt), k1 = lkv_load(p + chunk_off(d + LKV_W, cs, es), dt);
+        for (int g = 0; g < 4; g++) {
+            s0[g] = lkv_fma(lkv_loadu(q + g * qs + d), k0, s0[g]);
+            s1[g] = lkv_fma(lkv_loadu(q + g * qs + d + LKV_W), k1, s1[g]);
+        }
+    }
+    if (d + LKV_W <= D) {
+        lkv_f32 k0 = lkv_load(p + chunk_off(d, cs, es), dt);
+        for (int g = 0; g < 4; g++) s0[g] = lkv_fma(lkv_loadu(q + g * qs + d), k0, s0[g]);
+        d += LKV_W;
+    }
+    if (d < D) {
+        lkv_f32 k1 = lkv_load_part(p + chunk_off(d, cs, es), dt, D - d);
+        for (int g = 0; g < 4; g++) s1[g] = lkv_fma(lkv_load_part(q + g * qs + d, LK_F32, D - d), k1, s1[g]);
+    }
+    for (int g = 0; g < 4; g++) out[g] = lkv_hsum(lkv_add(s0[g], s1[g]));
+}
+
 /* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
  * (cs == 16: contiguous ND row) */
 static inline void prefetch_row(const char *p, int64_t cs, int64_t D, int64_t es) {
@@ -680,6 +707,42 @@ LK_ALWAYS_INLINE void axpy4_row(float *o, const float *w, const char *const *v, 
         acc = lkv_fma(w2, lkv_load_part(v[2] + off, dt, n), acc);
         acc = lkv_fma(w3, lkv_load_part(v[3] + off, dt, n), acc);
         lkv_store_part(o + d, LK_F32, acc, n);
+    }
+}
+
+/* axpy4_row for 4 output rows o + g Dv (g < 4) with weights w[4 g, 4 g + 4) over the
+ * same 4 value rows: each value vector loaded and converted once for the 4; per row
+ * the same operations in the same order as axpy4_row */
+LK_ALWAYS_INLINE void axpy4_rows4(float *o, const float *w, const char *const *v, int64_t cs, int64_t D,
+                                  lk_dtype dt) {
+    int64_t es = lk_esize(dt), d = 0;
+    for (; d + LKV_W <= D; d += LKV_W) {
+        int64_t off = chunk_off(d, cs, es);
+        lkv_f32 v0 = lkv_load(v[0] + off, dt), v1 = lkv_load(v[1] + off, dt);
+        lkv_f32 v2 = lkv_load(v[2] + off, dt), v3 = lkv_load(v[3] + off, dt);
+        for (int g = 0; g < 4; g++) {
+            const float *wg = w + 4 * g;
+            lkv_f32 acc = lkv_loadu(o + g * D + d);
+            acc = lkv_fma(lkv_set1(wg[0]), v0, acc);
+            acc = lkv_fma(lkv_set1(wg[1]), v1, acc);
+            acc = lkv_fma(lkv_set1(wg[2]), v2, acc);
+            acc = lkv_fma(lkv_set1(wg[3]), v3, acc);
+            lkv_storeu(o + g * D + d, acc);
+        }
+    }
+    if (d < D) {
+        int64_t off = chunk_off(d, cs, es), n = D - d;
+        lkv_f32 v0 = lkv_load_part(v[0] + off, dt, n), v1 = lkv_load_part(v[1] + off, dt, n);
+        lkv_f32 v2 = lkv_load_part(v[2] + off, dt, n), v3 = lkv_load_part(v[3] + off, dt, n);
+        for (int g = 0; g < 4; g++) {
+            const float *wg = w + 4 * g;
+            lkv_f32 acc = lkv_load_part(o + g * D + d, LK_F32, n);
+            acc = lkv_fma(lkv_set1(wg[0]), v0, acc);
+            acc = lkv_fma(lkv_set1(wg[1]), v1, acc);
+            acc = lkv_fma(lkv_set1(wg[2]), v2, acc);
+            acc = lkv_fma(lkv_set1(wg[3]), v3, acc);
+            lkv_store_part(o + g * D + d, LK_F32, acc, n);
+        }
     }
 }
 
@@ -746,11 +809,16 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                     const char *kp = (const char *)a->kc.data + kbase[jj] + kh * khs;
                     if (pj < nk) prefetch_row((const char *)a->kc.data + kbase[pj] + ph * khs, kcs, Dqk, kes);
                     if (++ph == Hk) ph = 0, pj++;
-                    for (int64_t g = 0; g < G; g++) {
-                        int64_t h = kh * G + g;
-                        float s = dot_row(qs + h * Dqk, kp, kcs, Dqk, kt);
-                        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-                        sc[h * DB + jj] = s;
+                    for (int64_t g = 0; g < G;) {
+                        int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
+                        float s[4];
+                        if (n == 4) dot_rows4(qs + h * Dqk, Dqk, kp, kcs, Dqk, kt, s);
+                        else s[0] = dot_row(qs + h * Dqk, kp, kcs, Dqk, kt);
+                        for (int64_t i = 0; i < n; i++) {
+                            if (a->softcap > 0) s[i] = a->softcap * tanhf(s[i] / a->softcap);
+                            sc[(h + i) * DB + jj] = s[i];
+                        }
+                        g += n;
                     }
                 }
             for (int64_t h = 0; h < Hq; h++) {
@@ -769,12 +837,15 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                         vp[k] = (const char *)a->vc.data + vbase[jj + k < nb ? jj + k : jj] + kh * vhs;
                         if (pj + k < nk) prefetch_row((const char *)a->vc.data + vbase[pj + k] + ph * vhs, vcs, Dv, ves);
                     }
-                    for (int64_t g = 0; g < G; g++) {
-                        int64_t h = kh * G + g;
-                        float w[4];
-                        for (int k = 0; k < 4; k++) w[k] = jj + k < nb ? sc[h * DB + jj + k] : 0.0f;
-                        if (jj + 4 <= nb) axpy4_row(o + h * Dv, w, vp, vcs, Dv, vt);
+                    for (int64_t g = 0; g < G;) {
+                        int64_t h = kh * G + g, n = G - g >= 4 && jj + 4 <= nb ? 4 : 1;
+                        float w[16] = {0};
+                        for (int64_t i = 0; i < n; i++)
+                            for (int k = 0; k < 4; k++) w[4 * i + k] = jj + k < nb ? sc[(h + i) * DB + jj + k] : 0.0f;
+                        if (n == 4) axpy4_rows4(o + h * Dv, w, vp, vcs, Dv, vt);
+                        else if (jj + 4 <= nb) axpy4_row(o + h * Dv, w, vp, vcs, Dv, vt);
                         else axpyn_row(o + h * Dv, w, vp, (int)(nb - jj), vcs, Dv, vt);
+                        g += n;
                     }
                 }
         }
