@@ -291,6 +291,19 @@ static void test_grid(void) {
         c.Dqk = dq[i], c.Dv = dv[i], c.ql[0] = 9, c.kl[0] = 70, c.causal = 1, c.Hq = 2, c.Hk = 1, c.name = "head dims";
         free(run_case(&c));
     }
+    /* decode head dims off the 32-dim steps of the bf16 dot path (ND tails of 8 / 16 / 24,
+     * NZ tails of one 16-dim chunk), GQA groups of 4 (the 4-head kernels) and 6 (4 + 1 +
+     * 1), paged ND and NZ */
+    const int64_t ddq[] = {40, 72, 80, 200, 576}, ddv[] = {24, 40, 80, 136, 512};
+    for (int i = 0; i < 5; i++)
+        for (int g = 0; g < 2; g++)
+            for (int nz = 0; nz <= (ddq[i] % 16 == 0 && ddv[i] % 16 == 0); nz++) {
+                c = base_case();
+                c.B = 2, c.ql[0] = 1, c.ql[1] = 3, c.kl[0] = 70, c.kl[1] = 37, c.causal = 1, c.paged = 1;
+                c.Dqk = ddq[i], c.Dv = ddv[i], c.Hq = g ? 6 : 8, c.Hk = g ? 1 : 2;
+                c.layout = nz ? LK_KV_NZ : LK_KV_ND, c.name = "decode head dims";
+                free(run_case(&c));
+            }
     /* q_len > k_len causal: fully masked rows; windows */
     c = base_case();
     c.ql[0] = 20, c.kl[0] = 5, c.causal = 1, c.name = "q>k causal (masked rows)";

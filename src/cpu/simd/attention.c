@@ -24,7 +24,11 @@
  * DECODE_CHUNK keys), every head of the request at once, walking the chunk's keys in
  * memory order (slot-major within a page, heads inside), so a paged cache is read as
  * the contiguous pages it is. Keys go in blocks of DB: the block's scores for all heads,
- * one online-softmax update per head, then P.V four keys per pass over O. Each unit
+ * one online-softmax update per head, then P.V four keys per pass over O. The G query
+ * heads of a KV head go four at a time (dot_rows4 / axpy4_rows4: each K and V row loaded
+ * and converted once for the four, the same sums per head as one at a time); on the
+ * AVX512_BF16 build with bf16 q and k the scores come from bf16 pairs (dot16_rows, the
+ * scale applied to the score), P stays f32. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
@@ -615,6 +619,8 @@ typedef struct {
     float *qbuf;               /* per thread [q_len_max * Hq][Dqk] */
     int64_t qbuf_stride;
     float *sbuf;               /* per thread [Hq][DB] scores / probabilities */
+    int qk16;                  /* LKV_BF16DOT builds, q and k bf16: q . k on bf16 pairs (qbuf
+                                  then holds q's bf16 rows, the scale applied to the score) */
 } decode_ctx;
 
 #define DB 16     /* keys per decode block */
@@ -675,6 +681,31 @@ LK_ALWAYS_INLINE void dot_rows4(const float *q, int64_t qs, const char *p, int64
     }
     for (int g = 0; g < 4; g++) out[g] = lkv_hsum(lkv_add(s0[g], s1[g]));
 }
+
+#if defined(LKV_BF16DOT)
+/* scale * (q_g . k) for n (1 or 4) bf16 query rows q + g qs against one bf16 key row at
+ * p (16-dim chunks cs elements apart), on bf16 pairs (VDPBF16PS: the products exact, f32
+ * sums) */
+LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, int64_t cs, int64_t D, int n,
+                                 float scale, float *out) {
+    lkv_f32 s0[4], s1[4];
+    for (int g = 0; g < n; g++) s0[g] = s1[g] = lkv_zero();
+    int64_t d = 0;
+    for (; d < D; d += 2 * LKV_W) {
+        int64_t m = D - d < 2 * LKV_W ? D - d : 2 * LKV_W; /* a multiple of 8 */
+        lkv_bits k;
+        if (cs == 16) k = lkv_bits_load16(p + 2 * d, m);
+        else k = lkv_bits_join32(lkv_c32_loadu(p + chunk_off(d, cs, 2)),
+                                 m > 16 ? lkv_c32_loadu(p + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
+        for (int g = 0; g < n; g++) {
+            lkv_bits qv = lkv_bits_load16(q + g * qs + d, m);
+            if ((d / (2 * LKV_W)) % 2 == 0) s0[g] = lkv_dot2(s0[g], qv, k);
+            else s1[g] = lkv_dot2(s1[g], qv, k);
+        }
+    }
+    for (int g = 0; g < n; g++) out[g] = scale * lkv_hsum(lkv_add(s0[g], s1[g]));
+}
+#endif
 
 /* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
  * (cs == 16: contiguous ND row) */
@@ -791,6 +822,12 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
         for (int64_t h = 0; h < Hq; h++) {
             st[h] = lk_online_init();
             memset(o + h * Dv, 0, sizeof(float) * (size_t)Dv);
+#if defined(LKV_BF16DOT)
+            if (c->qk16) {
+                load_q_row_bf16(a, q0 + i, h, (uint16_t *)qs + h * Dqk);
+                continue;
+            }
+#endif
             load_q_row(a, q0 + i, h, qs + h * Dqk);
         }
         for (int64_t jb = lo; jb <= hi; jb += DB) {
@@ -812,6 +849,13 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                     for (int64_t g = 0; g < G;) {
                         int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
                         float s[4];
+#if defined(LKV_BF16DOT)
+                        if (kt == LK_BF16 && c->qk16) {
+                            const uint16_t *q16 = (const uint16_t *)qs + h * Dqk;
+                            if (n == 4) dot16_rows(q16, Dqk, kp, kcs, Dqk, 4, a->scale, s);
+                            else dot16_rows(q16, Dqk, kp, kcs, Dqk, 1, a->scale, s);
+                        } else
+#endif
                         if (n == 4) dot_rows4(qs + h * Dqk, Dqk, kp, kcs, Dqk, kt, s);
                         else s[0] = dot_row(qs + h * Dqk, kp, kcs, Dqk, kt);
                         for (int64_t i = 0; i < n; i++) {
@@ -910,7 +954,10 @@ static lk_status run_decode(const lk_attn_args *a) {
     int nt = lk_plan_units(n_units);
     decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
-                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL};
+                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0};
+#if defined(LKV_BF16DOT)
+    c.qk16 = a->q.dtype == LK_BF16 && a->kc.dtype == LK_BF16;
+#endif
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
     c.sbuf = malloc(sizeof(float) * (size_t)(nt * a->Hq * DB));
     lk_status st = LK_ERR_NOMEM;
