@@ -511,6 +511,66 @@ static void test_attention_bf16(void) {
     }
 }
 
+/* the decode path on bf16 q, k, v (a few queries per request, G = 4 query heads per KV
+ * head, key counts that end blocks and pairs unevenly): the same bounds as the prefill
+ * tiles above, a NaN q row is NaN, and on avx512bf16 a bf16 out takes the bf16 P.V */
+static void test_attention_bf16_decode(void) {
+    enum { B = 3, HQ = 8, HK = 2, DH = 64, KT = 37 + 70 + 1 };
+    static const int32_t kl[B] = {37, 70, 1};
+    static uint16_t q[B][HQ][DH], k[KT][HK][DH], v[KT][HK][DH], ob[TU_MAX_ISAS][B][HQ][DH];
+    static float of[TU_MAX_ISAS][B][HQ][DH];
+    tu_seed(101);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < HQ; h++)
+            for (int d = 0; d < DH; d++) q[b][h][d] = lk_f32_to_bf16((float)tu_uniform(-2, 2));
+    for (int t = 0; t < KT; t++)
+        for (int h = 0; h < HK; h++)
+            for (int d = 0; d < DH; d++) {
+                k[t][h][d] = lk_f32_to_bf16((float)tu_uniform(-2, 2));
+                v[t][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+            }
+    for (int d = 0; d < DH; d++) q[1][5][d] = lk_f32_to_bf16(NAN); /* row (1, 5) NaN */
+    int32_t cq[B + 1] = {0, 1, 2, 3}, ck[B + 1] = {0, kl[0], kl[0] + kl[1], KT};
+    lk_tensor tq = t3(q, LK_BF16, B, HQ, DH), tk = t3(k, LK_BF16, KT, HK, DH), tv = t3(v, LK_BF16, KT, HK, DH);
+    lk_tensor tcq = t1(cq, LK_I32, B + 1), tck = t1(ck, LK_I32, B + 1);
+    lk_attn_params p = lk_attn_params_default(0.125f);
+    p.causal = 1;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        lk_tensor tb = t3(ob[ii], LK_BF16, B, HQ, DH), tf = t3(of[ii], LK_F32, B, HQ, DH);
+        int ok = lk_flash_attn_varlen(&tb, NULL, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p) == LK_OK &&
+                 lk_flash_attn_varlen(&tf, NULL, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p) == LK_OK;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HQ; h++)
+                for (int d = 0; d < DH; d++) {
+                    int nan_row = b == 1 && h == 5;
+                    float x = lk_bf16_to_f32(ob[ii][b][h][d]), f = of[ii][b][h][d];
+                    ok &= nan_row ? isnan(x) && isnan(f) : isfinite(x) && isfinite(f);
+                }
+        tu_check(ok, "%s flash_attn decode bf16 q/k/v: finite rows, a NaN q row is NaN", lk_isa_name(isas[ii]));
+    }
+    for (int ii = 1; ii < ni; ii++) {
+        double ef = 0, eb = 0;
+        int differ = 0;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HQ; h++)
+                for (int d = 0; d < DH; d++) {
+                    float r = of[0][b][h][d];
+                    if (!isfinite(r)) continue;
+                    double e1 = fabs(of[ii][b][h][d] - r) / (1 + fabs(r)), e2 = fabs(lk_bf16_to_f32(ob[ii][b][h][d]) - r);
+                    if (e1 > ef) ef = e1;
+                    if (e2 > eb) eb = e2;
+                    differ += ob[ii][b][h][d] != ob[0][b][h][d];
+                }
+        tu_check(ef <= 3e-5, "%s flash_attn decode bf16 q/k/v, f32 out: within 3e-5 of ref (%.3g)", lk_isa_name(isas[ii]), ef);
+        tu_check(eb <= 1.0 / 256, "%s flash_attn decode bf16 q/k/v, bf16 out: |out - ref's f32| <= 2^-8 max|v| (%.3g)",
+                 lk_isa_name(isas[ii]), eb);
+        if (isas[ii] == LK_ISA_AVX512BF16)
+            tu_check(differ > B * HQ * DH / 20, "%s flash_attn decode bf16 out takes the bf16 P.V path (%d of %d differ)",
+                     lk_isa_name(isas[ii]), differ, B * HQ * DH);
+    }
+}
+
 /* ---------------------------------------------------------------- across ISAs */
 
 /* "AVX2 vs AVX-512" in docs/numerics.md: the element-wise ops give the same bits on every
@@ -583,6 +643,7 @@ int main(void) {
     test_attention();
     test_attention_page_tail();
     test_attention_bf16();
+    test_attention_bf16_decode();
     test_mla();
     test_cross_isa();
     lk_set_isa(lk_isa_best());

@@ -212,6 +212,24 @@ static void lanes(void) {
     float mm[W];
     lkv_storeu(mm, lkv_max(lkv_loadu(nn), lkv_set1(-1.0f)));
     tu_check(mm[W - 1] == -1.0f && mm[0] == 1.0f, "lkv_max(a, b) returns b where a is NaN");
+#if defined(LKV_AVX512)
+    /* lkv_hsum's tree (halves, quarters, pairs) and lkv_hsum4 = four lkv_hsum, bit for bit,
+     * on values of mixed magnitude (where the order of the additions shows) */
+    int ok_tree = 1, ok4 = 1;
+    for (int it = 0; it < 2000; it++) {
+        float a[4][16], r[4];
+        for (int g = 0; g < 4; g++)
+            for (int j = 0; j < 16; j++) a[g][j] = ldexpf((float)(tu_rand() % 2001) - 1000.0f, (int)(tu_rand() % 40) - 20);
+        float t[8], u[4];
+        for (int j = 0; j < 8; j++) t[j] = a[0][j] + a[0][j + 8];
+        for (int j = 0; j < 4; j++) u[j] = t[j] + t[j + 4];
+        ok_tree &= lkv_hsum(lkv_loadu(a[0])) == (u[0] + u[2]) + (u[1] + u[3]);
+        lkv_hsum4(lkv_loadu(a[0]), lkv_loadu(a[1]), lkv_loadu(a[2]), lkv_loadu(a[3]), r);
+        for (int g = 0; g < 4; g++) ok4 &= r[g] == lkv_hsum(lkv_loadu(a[g]));
+    }
+    tu_check(ok_tree, "lkv_hsum adds halves, then quarters, then pairs");
+    tu_check(ok4, "lkv_hsum4 gives four lkv_hsum bit for bit");
+#endif
 }
 
 #if defined(LKV_BF16DOT)

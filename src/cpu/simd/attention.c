@@ -28,7 +28,12 @@
  * heads of a KV head go four at a time (dot_rows4 / axpy4_rows4: each K and V row loaded
  * and converted once for the four, the same sums per head as one at a time); on the
  * AVX512_BF16 build with bf16 q and k the scores come from bf16 pairs (dot16_rows, the
- * scale applied to the score), P stays f32. Each unit
+ * scale applied to the score; four heads' sums reduced side by side by lkv_hsum4, the
+ * same additions as one at a time), and with bf16 v and out P is rounded to bf16 and
+ * P.V runs on bf16 pairs too (pv16_rows: two keys' V rows zipped into pairs of one dim,
+ * the block's sum kept in registers and added to O once), as the prefill's pv16 path;
+ * else P stays f32. While a block is scored the next block's K and V rows are
+ * prefetched into L2. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
@@ -621,16 +626,18 @@ typedef struct {
     float *sbuf;               /* per thread [Hq][DB] scores / probabilities */
     int qk16;                  /* LKV_BF16DOT builds, q and k bf16: q . k on bf16 pairs (qbuf
                                   then holds q's bf16 rows, the scale applied to the score) */
+    int pv16;                  /* and v, out bf16: P rounded to bf16, P.V on bf16 pairs */
 } decode_ctx;
 
 #define DB 16     /* keys per decode block */
+/* per-thread score buffer: [Hq][DB] f32 scores, then [Hq][DB / 2] bf16-pair words of P
+ * (pv16) and one vector of slack for the last head's 64-byte store */
+#define SBUF_FLOATS(Hq) ((Hq) * DB + (Hq) * (DB / 2) + 16)
 
-/* software prefetch distance in K/V rows along the traversal order: a few KiB ahead
- * (measured: a dot-product loop over 256-byte rows streams at ~5.5 GB/s per core
- * without it, ~8-9 GB/s with 1-4 KiB, and gains nothing at 16 KiB and beyond) */
-#ifndef PF_ROWS
-#define PF_ROWS 8
-#endif
+/* software prefetch: while a block of DB keys is scored, the next block's K and V rows
+ * are prefetched into L2, a whole block ahead (a hardware prefetcher stops at each 4 KiB
+ * page and each scattered cache page; per-row L1 prefetches a few rows ahead left the
+ * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead) */
 
 /* elements between consecutive heads of one key (ND: s2; NZ: a head is D/16 chunks) */
 static inline int64_t head_step(const lk_paged *c) {
@@ -640,6 +647,16 @@ static inline int64_t head_step(const lk_paged *c) {
 /* byte offset of dim d (a multiple of W) of a K/V row whose 16-dim chunks are cs
  * elements apart (cs == 16: a contiguous ND row) */
 static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return ((d >> 4) * cs + (d & 15)) * es; }
+
+/* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
+ * (cs == 16: contiguous ND row) into L2 */
+static inline void prefetch_row_l2(const char *p, int64_t cs, int64_t D, int64_t es) {
+    if (cs == 16) {
+        for (int64_t off = 0; off < D * es; off += 64) lkv_prefetch_l2(p + off);
+    } else {
+        for (int64_t c = 0; c < D / 16; c++) lkv_prefetch_l2(p + c * cs * es);
+    }
+}
 
 /* q . k over D dims of a row at p, dtype constant after inlining */
 LK_ALWAYS_INLINE float dot_row(const float *q, const char *p, int64_t cs, int64_t D, lk_dtype dt) {
@@ -683,39 +700,121 @@ LK_ALWAYS_INLINE void dot_rows4(const float *q, int64_t qs, const char *p, int64
 }
 
 #if defined(LKV_BF16DOT)
+/* 2W bf16 values of the row at q from dim d (m of them, a multiple of 8; the rest 0;
+ * zeros without a read when q is NULL or m is 0) */
+LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_t cs) {
+    if (!q || m <= 0) return lkv_bits_load16(q, 0);
+    if (cs == 16) return lkv_bits_load16(q + 2 * d, m);
+    return lkv_bits_join32(lkv_c32_loadu(q + chunk_off(d, cs, 2)),
+                           m > 16 ? lkv_c32_loadu(q + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
+}
+
 /* scale * (q_g . k) for n (1 or 4) bf16 query rows q + g qs against one bf16 key row at
  * p (16-dim chunks cs elements apart), on bf16 pairs (VDPBF16PS: the products exact, f32
  * sums) */
 LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, int64_t cs, int64_t D, int n,
                                  float scale, float *out) {
     lkv_f32 s0[4], s1[4];
+#pragma GCC unroll 4
     for (int g = 0; g < n; g++) s0[g] = s1[g] = lkv_zero();
     int64_t d = 0;
-    for (; d < D; d += 2 * LKV_W) {
-        int64_t m = D - d < 2 * LKV_W ? D - d : 2 * LKV_W; /* a multiple of 8 */
-        lkv_bits k;
-        if (cs == 16) k = lkv_bits_load16(p + 2 * d, m);
-        else k = lkv_bits_join32(lkv_c32_loadu(p + chunk_off(d, cs, 2)),
-                                 m > 16 ? lkv_c32_loadu(p + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
+    for (; d + 4 * LKV_W <= D; d += 4 * LKV_W) { /* two vectors of 2W dims: even ones to s0, odd to s1 */
+        lkv_bits k0 = row16_load(p, d, 2 * LKV_W, cs), k1 = row16_load(p, d + 2 * LKV_W, 2 * LKV_W, cs);
+#pragma GCC unroll 4
         for (int g = 0; g < n; g++) {
-            lkv_bits qv = lkv_bits_load16(q + g * qs + d, m);
-            if ((d / (2 * LKV_W)) % 2 == 0) s0[g] = lkv_dot2(s0[g], qv, k);
-            else s1[g] = lkv_dot2(s1[g], qv, k);
+            s0[g] = lkv_dot2(s0[g], lkv_bits_loadu(q + g * qs + d), k0);
+            s1[g] = lkv_dot2(s1[g], lkv_bits_loadu(q + g * qs + d + 2 * LKV_W), k1);
         }
     }
-    for (int g = 0; g < n; g++) out[g] = scale * lkv_hsum(lkv_add(s0[g], s1[g]));
+    for (; d < D; d += 2 * LKV_W) { /* the last < 4W dims (a multiple of 8), same parity rule */
+        int64_t m = D - d < 2 * LKV_W ? D - d : 2 * LKV_W;
+        lkv_bits k = row16_load(p, d, m, cs);
+        int odd = (d / (2 * LKV_W)) % 2;
+#pragma GCC unroll 4
+        for (int g = 0; g < n; g++) {
+            lkv_bits qv = lkv_bits_load16(q + g * qs + d, m);
+            if (odd) s1[g] = lkv_dot2(s1[g], qv, k);
+            else s0[g] = lkv_dot2(s0[g], qv, k);
+        }
+    }
+    if (n == 4) {
+        float r[4];
+        lkv_hsum4(lkv_add(s0[0], s1[0]), lkv_add(s0[1], s1[1]), lkv_add(s0[2], s1[2]), lkv_add(s0[3], s1[3]), r);
+        for (int g = 0; g < 4; g++) out[g] = scale * r[g];
+    } else
+        for (int g = 0; g < n; g++) out[g] = scale * lkv_hsum(lkv_add(s0[g], s1[g]));
 }
-#endif
 
-/* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
- * (cs == 16: contiguous ND row) */
-static inline void prefetch_row(const char *p, int64_t cs, int64_t D, int64_t es) {
-    if (cs == 16) {
-        for (int64_t off = 0; off < D * es; off += 64) lkv_prefetch(p + off);
-    } else {
-        for (int64_t c = 0; c < D / 16; c++) lkv_prefetch(p + c * cs * es);
+/* sc[h][jj] = the scores of the block's nb keys (row offsets kbase, in bytes) for every
+ * head on bf16 pairs, heads in fours (softcap applied); the next block's K and V rows
+ * (kbase / vbase [nb, nk)) prefetched into L2 on the way. kcs / vcs: chunk strides
+ * (constant 16 for ND rows after inlining) */
+LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
+                                     const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
+                                     int64_t khs, int64_t vhs, float *sc) {
+    int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk;
+    for (int64_t jj = 0; jj < nb; jj++)
+        for (int64_t kh = 0; kh < Hk; kh++) {
+            const char *kp = (const char *)a->kc.data + kbase[jj] + kh * khs;
+            if (DB + jj < nk) {
+                prefetch_row_l2((const char *)a->kc.data + kbase[DB + jj] + kh * khs, kcs, D, 2);
+                prefetch_row_l2((const char *)a->vc.data + vbase[DB + jj] + kh * vhs, vcs, a->Dv, lk_esize(a->vc.dtype));
+            }
+            for (int64_t g = 0; g < G;) {
+                int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
+                float s[4];
+                if (n == 4) dot16_rows(q16 + h * D, D, kp, kcs, D, 4, a->scale, s);
+                else dot16_rows(q16 + h * D, D, kp, kcs, D, 1, a->scale, s);
+                for (int64_t i = 0; i < n; i++) {
+                    if (a->softcap > 0) s[i] = a->softcap * tanhf(s[i] / a->softcap);
+                    sc[(h + i) * DB + jj] = s[i];
+                }
+                g += n;
+            }
+        }
+}
+
+/* o + i W (i < 4, dims < D) += acc[i] */
+LK_ALWAYS_INLINE void add_out4(float *o, int64_t D, lkv_f32 a0, lkv_f32 a1, lkv_f32 a2, lkv_f32 a3) {
+    lkv_f32 acc[4] = {a0, a1, a2, a3};
+    for (int i = 0; i < 4 && i * LKV_W < D; i++) {
+        float *oi = o + i * LKV_W;
+        if (D - i * LKV_W >= LKV_W) lkv_storeu(oi, lkv_add(lkv_loadu(oi), acc[i]));
+        else lkv_store_part(oi, LK_F32, lkv_add(lkv_load_part(oi, LK_F32, D - i * LKV_W), acc[i]), D - i * LKV_W);
     }
 }
+
+/* o_g[0, D) += sum over the block's keys j of P_g[j] V[j] for n (1 or 4) heads g: o_g =
+ * o + g os, P_g = pw + g ps as bf16 pairs (word p = keys 2p, 2p + 1), V rows v[2p],
+ * v[2p + 1] (NULL past the block end: zeros, never read) with 16-dim chunks cs elements
+ * apart. Passes of 4W dims: each pair of rows zipped once into pairs of one dim
+ * (lkv_zip16), 4 f32 accumulators per head, the block's sum added to o once. */
+LK_ALWAYS_INLINE void pv16_rows(float *o, int64_t os, const uint32_t *pw, int64_t ps, const char *const *v,
+                                int64_t npairs, int64_t cs, int64_t D, int n) {
+    for (int64_t d0 = 0; d0 < D; d0 += 4 * LKV_W) {
+        int64_t m0 = D - d0 < 2 * LKV_W ? D - d0 : 2 * LKV_W, m1 = D - d0 - m0 < 2 * LKV_W ? D - d0 - m0 : 2 * LKV_W;
+        lkv_f32 c0[4], c1[4], c2[4], c3[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < n; g++) c0[g] = c1[g] = c2[g] = c3[g] = lkv_zero();
+        for (int64_t p = 0; p < npairs; p++) {
+            lkv_bits lo0, hi0, lo1, hi1;
+            lkv_zip16(row16_load(v[2 * p], d0, m0, cs), row16_load(v[2 * p + 1], d0, m0, cs), &lo0, &hi0);
+            lkv_zip16(row16_load(v[2 * p], d0 + 2 * LKV_W, m1, cs), row16_load(v[2 * p + 1], d0 + 2 * LKV_W, m1, cs),
+                      &lo1, &hi1);
+#pragma GCC unroll 4
+            for (int g = 0; g < n; g++) {
+                lkv_bits w = lkv_bits_set1(pw[g * ps + p]);
+                c0[g] = lkv_dot2(c0[g], w, lo0);
+                c1[g] = lkv_dot2(c1[g], w, hi0);
+                c2[g] = lkv_dot2(c2[g], w, lo1);
+                c3[g] = lkv_dot2(c3[g], w, hi1);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < n; g++) add_out4(o + g * os + d0, D - d0, c0[g], c1[g], c2[g], c3[g]);
+    }
+}
+#endif
 
 /* o += w0 v0 + w1 v1 + w2 v2 + w3 v3 (rows of D dims, 16-dim chunks cs apart) */
 LK_ALWAYS_INLINE void axpy4_row(float *o, const float *w, const char *const *v, int64_t cs, int64_t D, lk_dtype dt) {
@@ -810,7 +909,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
     int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
     int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves; /* bytes between heads */
     float *qs = c->qbuf + (size_t)tid * (size_t)c->qbuf_stride; // [Hq][Dqk]
-    float *sc = c->sbuf + (size_t)tid * (size_t)(Hq * DB);       // [Hq][DB]
+    float *sc = c->sbuf + (size_t)tid * (size_t)SBUF_FLOATS(Hq); // [Hq][DB] (+ pv16 words)
     for (int64_t i = 0; i < q_len; i++) {
         int64_t lo, hi;
         lk_attn_window(a, i, q_len, k_len, &lo, &hi);
@@ -839,23 +938,23 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 kbase[jj] = lk_attn_key_off(a, &a->kc, b, jb + jj, 0, 0) * kes;
                 vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
             }
-            int64_t pj = 0, ph = PF_ROWS; /* prefetch cursor: PF_ROWS rows ahead in (key, head) order */
-            while (ph >= Hk) ph -= Hk, pj++;
+#if defined(LKV_BF16DOT)
+            if (kt == LK_BF16 && c->qk16) {
+                const uint16_t *q16 = (const uint16_t *)qs;
+                if (kcs == 16) scores16_block(a, q16, kbase, vbase, nb, nk, 16, vcs, khs, vhs, sc);
+                else scores16_block(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc);
+            } else
+#endif
             for (int64_t jj = 0; jj < nb; jj++)
                 for (int64_t kh = 0; kh < Hk; kh++) {
                     const char *kp = (const char *)a->kc.data + kbase[jj] + kh * khs;
-                    if (pj < nk) prefetch_row((const char *)a->kc.data + kbase[pj] + ph * khs, kcs, Dqk, kes);
-                    if (++ph == Hk) ph = 0, pj++;
+                    if (DB + jj < nk) { /* the next block's K and V rows into L2 */
+                        prefetch_row_l2((const char *)a->kc.data + kbase[DB + jj] + kh * khs, kcs, Dqk, kes);
+                        prefetch_row_l2((const char *)a->vc.data + vbase[DB + jj] + kh * vhs, vcs, Dv, ves);
+                    }
                     for (int64_t g = 0; g < G;) {
                         int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
                         float s[4];
-#if defined(LKV_BF16DOT)
-                        if (kt == LK_BF16 && c->qk16) {
-                            const uint16_t *q16 = (const uint16_t *)qs + h * Dqk;
-                            if (n == 4) dot16_rows(q16, Dqk, kp, kcs, Dqk, 4, a->scale, s);
-                            else dot16_rows(q16, Dqk, kp, kcs, Dqk, 1, a->scale, s);
-                        } else
-#endif
                         if (n == 4) dot_rows4(qs + h * Dqk, Dqk, kp, kcs, Dqk, kt, s);
                         else s[0] = dot_row(qs + h * Dqk, kp, kcs, Dqk, kt);
                         for (int64_t i = 0; i < n; i++) {
@@ -871,16 +970,35 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 float alpha = online_block(sh, DB, &st[h]);
                 if (alpha != 1.0f) scale_row(o + h * Dv, Dv, alpha);
             }
+#if defined(LKV_BF16DOT)
+            if (c->pv16 && vt == LK_BF16) {
+                /* P rounded to bf16 pairs, then P.V on bf16 pairs per KV head */
+                uint32_t *pw = (uint32_t *)(sc + Hq * DB); // [Hq][DB / 2] (+ DB / 2 words of slack)
+                for (int64_t h = 0; h < Hq; h++)
+                    lkv_bits_storeu(pw + h * (DB / 2), lkv_bf16_pack_rne(lkv_loadu(sc + h * DB), lkv_zero()));
+                for (int64_t kh = 0; kh < Hk; kh++) {
+                    const char *vp[DB];
+                    for (int64_t jj = 0; jj < DB; jj++)
+                        vp[jj] = jj < nb ? (const char *)a->vc.data + vbase[jj] + kh * vhs : NULL;
+                    for (int64_t g = 0; g < G;) {
+                        int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
+                        float *oh = o + h * Dv;
+                        const uint32_t *ph = pw + h * (DB / 2);
+                        int64_t np = (nb + 1) / 2;
+                        if (n == 4 && vcs == 16) pv16_rows(oh, Dv, ph, DB / 2, vp, np, 16, Dv, 4);
+                        else if (n == 4) pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 4);
+                        else pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 1);
+                        g += n;
+                    }
+                }
+                continue;
+            }
+#endif
             for (int64_t jj = 0; jj < nb; jj += 4)
                 for (int64_t kh = 0; kh < Hk; kh++) {
                     const char *vp[4];
-                    /* prefetch the same 4 keys PF_ROWS / 4 heads ahead (or the next group's) */
-                    int64_t ph = kh + PF_ROWS / 4, pj = jj;
-                    if (ph >= Hk) ph -= Hk, pj += 4;
-                    for (int k = 0; k < 4; k++) { /* past the block end: a valid row with weight 0 */
+                    for (int k = 0; k < 4; k++) /* past the block end: a valid row with weight 0 */
                         vp[k] = (const char *)a->vc.data + vbase[jj + k < nb ? jj + k : jj] + kh * vhs;
-                        if (pj + k < nk) prefetch_row((const char *)a->vc.data + vbase[pj + k] + ph * vhs, vcs, Dv, ves);
-                    }
                     for (int64_t g = 0; g < G;) {
                         int64_t h = kh * G + g, n = G - g >= 4 && jj + 4 <= nb ? 4 : 1;
                         float w[16] = {0};
@@ -954,12 +1072,13 @@ static lk_status run_decode(const lk_attn_args *a) {
     int nt = lk_plan_units(n_units);
     decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
-                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0};
+                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0};
 #if defined(LKV_BF16DOT)
     c.qk16 = a->q.dtype == LK_BF16 && a->kc.dtype == LK_BF16;
+    c.pv16 = c.qk16 && a->vc.dtype == LK_BF16 && a->out.dtype == LK_BF16;
 #endif
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
-    c.sbuf = malloc(sizeof(float) * (size_t)(nt * a->Hq * DB));
+    c.sbuf = malloc(sizeof(float) * (size_t)(nt * SBUF_FLOATS(a->Hq)));
     lk_status st = LK_ERR_NOMEM;
     if (c.unit_b && c.unit_c && c.st && c.st_o && c.qbuf && c.sbuf) {
         int64_t u = 0;
