@@ -224,7 +224,7 @@ static void lanes(void) {
         for (int j = 0; j < 8; j++) t[j] = a[0][j] + a[0][j + 8];
         for (int j = 0; j < 4; j++) u[j] = t[j] + t[j + 4];
         ok_tree &= lkv_hsum(lkv_loadu(a[0])) == (u[0] + u[2]) + (u[1] + u[3]);
-        lkv_hsum4(lkv_loadu(a[0]), lkv_loadu(a[1]), lkv_loadu(a[2]), lkv_loadu(a[3]), r);
+        _mm_storeu_ps(r, lkv_hsum4(lkv_loadu(a[0]), lkv_loadu(a[1]), lkv_loadu(a[2]), lkv_loadu(a[3])));
         for (int g = 0; g < 4; g++) ok4 &= r[g] == lkv_hsum(lkv_loadu(a[g]));
     }
     tu_check(ok_tree, "lkv_hsum adds halves, then quarters, then pairs");

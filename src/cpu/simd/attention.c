@@ -709,11 +709,11 @@ LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_
                            m > 16 ? lkv_c32_loadu(q + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
 }
 
-/* scale * (q_g . k) for n (1 or 4) bf16 query rows q + g qs against one bf16 key row at
- * p (16-dim chunks cs elements apart), on bf16 pairs (VDPBF16PS: the products exact, f32
- * sums) */
+/* out[g os] = scale * (q_g . k) (softcap cap > 0: cap tanh(. / cap)) for n (1 or 4) bf16
+ * query rows q + g qs against one bf16 key row at p (16-dim chunks cs elements apart), on
+ * bf16 pairs (VDPBF16PS: the products exact, f32 sums) */
 LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, int64_t cs, int64_t D, int n,
-                                 float scale, float *out) {
+                                 float scale, float cap, float *out, int64_t os) {
     lkv_f32 s0[4], s1[4];
 #pragma GCC unroll 4
     for (int g = 0; g < n; g++) s0[g] = s1[g] = lkv_zero();
@@ -737,12 +737,19 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
             else s0[g] = lkv_dot2(s0[g], qv, k);
         }
     }
-    if (n == 4) {
-        float r[4];
-        lkv_hsum4(lkv_add(s0[0], s1[0]), lkv_add(s0[1], s1[1]), lkv_add(s0[2], s1[2]), lkv_add(s0[3], s1[3]), r);
-        for (int g = 0; g < 4; g++) out[g] = scale * r[g];
-    } else
-        for (int g = 0; g < n; g++) out[g] = scale * lkv_hsum(lkv_add(s0[g], s1[g]));
+    if (n == 4 && !(cap > 0)) { /* the four lanes stored from the register (no round trip) */
+        __m128 r = _mm_mul_ps(_mm_set1_ps(scale), lkv_hsum4(lkv_add(s0[0], s1[0]), lkv_add(s0[1], s1[1]),
+                                                            lkv_add(s0[2], s1[2]), lkv_add(s0[3], s1[3])));
+        _mm_store_ss(out, r);
+        _mm_store_ss(out + os, _mm_movehdup_ps(r));
+        _mm_store_ss(out + 2 * os, _mm_movehl_ps(r, r));
+        _mm_store_ss(out + 3 * os, _mm_permute_ps(r, 0xff));
+        return;
+    }
+    for (int g = 0; g < n; g++) {
+        float x = scale * lkv_hsum(lkv_add(s0[g], s1[g]));
+        out[g * os] = cap > 0 ? cap * tanhf(x / cap) : x;
+    }
 }
 
 /* sc[h][jj] = the scores of the block's nb keys (row offsets kbase, in bytes) for every
@@ -752,23 +759,20 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
 LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
                                      int64_t khs, int64_t vhs, float *sc) {
-    int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk;
+    const int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk, Dv = a->Dv, ves = lk_esize(a->vc.dtype);
+    const float scale = a->scale, cap = a->softcap;
+    const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
     for (int64_t jj = 0; jj < nb; jj++)
         for (int64_t kh = 0; kh < Hk; kh++) {
-            const char *kp = (const char *)a->kc.data + kbase[jj] + kh * khs;
+            const char *kp = kd + kbase[jj] + kh * khs;
             if (DB + jj < nk) {
-                prefetch_row_l2((const char *)a->kc.data + kbase[DB + jj] + kh * khs, kcs, D, 2);
-                prefetch_row_l2((const char *)a->vc.data + vbase[DB + jj] + kh * vhs, vcs, a->Dv, lk_esize(a->vc.dtype));
+                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, D, 2);
+                prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, Dv, ves);
             }
             for (int64_t g = 0; g < G;) {
                 int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
-                float s[4];
-                if (n == 4) dot16_rows(q16 + h * D, D, kp, kcs, D, 4, a->scale, s);
-                else dot16_rows(q16 + h * D, D, kp, kcs, D, 1, a->scale, s);
-                for (int64_t i = 0; i < n; i++) {
-                    if (a->softcap > 0) s[i] = a->softcap * tanhf(s[i] / a->softcap);
-                    sc[(h + i) * DB + jj] = s[i];
-                }
+                if (n == 4) dot16_rows(q16 + h * D, D, kp, kcs, D, 4, scale, cap, sc + h * DB + jj, DB);
+                else dot16_rows(q16 + h * D, D, kp, kcs, D, 1, scale, cap, sc + h * DB + jj, DB);
                 g += n;
             }
         }

@@ -144,16 +144,16 @@ static inline float lkv_hsum(lkv_f32 v) {
     q = _mm_add_ps(q, _mm_permute_ps(q, 0x4e));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
-/* r[g] = lkv_hsum of a, b, c, d (g = 0..3) with the same additions in the same order,
- * the four trees side by side in one vector */
-static inline void lkv_hsum4(lkv_f32 a, lkv_f32 b, lkv_f32 c, lkv_f32 d, float *r) {
+/* lane g (0..3) = lkv_hsum of a, b, c, d with the same additions in the same order, the
+ * four trees side by side in one vector */
+static inline __m128 lkv_hsum4(lkv_f32 a, lkv_f32 b, lkv_f32 c, lkv_f32 d) {
     __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
     __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xee));
     __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
     q = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4e));
     q = _mm512_add_ps(q, _mm512_permute_ps(q, 0xb1));
     __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(lane0, q)));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(lane0, q));
 }
 static inline float lkv_hmax(lkv_f32 v) {
     return lkv__hmax8(_mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
