@@ -114,12 +114,14 @@ LK_API int lk_get_num_threads(void);
 /* out[..., D] = x * rsqrt(mean(x^2) + eps) * w            (gemma = 0)
  *             = x * rsqrt(mean(x^2) + eps) * (1 + w)      (gemma != 0)
  * x, out: [..., D], same shape, any rank >= 1; w: [D]. out may be x itself
- * (identical view); any other overlap is an error. eps >= 0. */
+ * (identical view); any other overlap is an error. eps >= 0.
+ * w == NULL: no weight (vLLM's `Tensor? weight`): out = x * rsqrt(mean(x^2) + eps),
+ * `gemma` is then ignored. Also for lk_fused_add_rms_norm. */
 LK_API lk_status lk_rms_norm(const lk_tensor *out, const lk_tensor *x, const lk_tensor *w,
                              float eps, int gemma);
 
 /* residual = round(x + residual); x = rms_norm(residual) (both in place).
- * x, residual: [..., D] same shape; w: [D]. */
+ * x, residual: [..., D] same shape; w: [D] or NULL (no weight). */
 LK_API lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual,
                                        const lk_tensor *w, float eps, int gemma);
 

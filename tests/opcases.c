@@ -47,6 +47,7 @@ static void make_rms_norm(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "x", LK_BF16, 2, s, 0, 1), -2, 2);
     add(in, "out", LK_BF16, 2, s, 1, 0);
     tu_fill_uniform(add(in, "w", LK_F32, 1, &s[1], 0, 0), -1, 1);
+    in->arg[2].optional = 1; /* NULL: no weight */
     in->eps = 1e-6f;
 }
 static lk_status call_rms_norm(const oc_inst *in) { return lk_rms_norm(T(in, 1), T(in, 0), T(in, 2), in->eps, in->flag); }
@@ -57,6 +58,7 @@ static void make_fused(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "x", LK_F16, 2, s, 1, 0), -2, 2);
     tu_fill_uniform(add(in, "residual", LK_F32, 2, s, 1, 1), -2, 2);
     tu_fill_uniform(add(in, "w", LK_BF16, 1, &s[1], 0, 0), -1, 1);
+    in->arg[2].optional = 1; /* NULL: no weight */
     in->eps = 1e-5f;
     in->flag = 1; /* gemma */
 }

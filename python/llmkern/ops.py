@@ -18,14 +18,16 @@ _raise = L.raise_status
 
 
 def rms_norm(out, input, weight, epsilon):
-    """out = input * rsqrt(mean(input^2) + epsilon) * weight (last dim); out may be input."""
+    """out = input * rsqrt(mean(input^2) + epsilon) * weight (last dim); out may be input.
+    weight None: no weight (vLLM's `Tensor? weight`)."""
     s = L.rms_norm(_out(out, "out"), _view(input, "input"), _view(weight, "weight"), epsilon, 0)
     if s:
         _raise(s)
 
 
 def fused_add_rms_norm(input, residual, weight, epsilon):
-    """residual = input + residual; input = rms_norm(residual) (both in place)."""
+    """residual = input + residual; input = rms_norm(residual) (both in place); weight
+    may be None (no weight)."""
     s = L.fused_add_rms_norm(_out(input, "input"), _out(residual, "residual"),
                              _view(weight, "weight"), epsilon, 0)
     if s:
@@ -66,12 +68,28 @@ def gelu_tanh_and_mul(out, input):
 # ---------------------------------------------------------------- rotary
 
 
-def _heads_view(x, head_size, name):
-    """vLLM passes q/k as [T, H * head_size]: the [T, H, head_size] view of the same memory.
-    A 3-D [T, H, head_size] tensor (and any other rank, for C to judge) passes as it is;
-    vLLM's batched [B, S, H * head_size] form is not mapped (refused: last dim != head_size)."""
+def _merge_lead(shape, st, name):
+    """[B, S, ...] -> [B * S, ...] without a copy: needs stride[0] == S * stride[1] (what a
+    contiguous batch, or a column slice of one, has); else ValueError naming the argument."""
+    if shape[0] > 1 and shape[1] > 1 and st[0] != shape[1] * st[1]:
+        raise ValueError("%s: shape %s with strides %s: the [batch, seq] dims cannot be viewed "
+                         "as one token dim without a copy" % (name, tuple(shape), tuple(st)))
+    return (shape[0] * shape[1],) + tuple(shape[2:]), (st[1] if shape[1] > 1 else st[0],) + tuple(st[2:])
+
+
+def _heads_view(x, head_size, name, batched):
+    """vLLM passes q/k as [T, H * head_size] (the [T, H, head_size] view of the same memory)
+    or batched as [B, S, H * head_size] / [B, S, H, head_size] (batched: positions [B, S];
+    B and S merge into one token dim). [T, H, head_size] passes as it is; anything else
+    goes to C to judge."""
     L._writable(x, name)
     p, dt, shape, st = L.info(x, name)
+    shape, st = tuple(shape), tuple(st)
+    if batched:
+        if len(shape) not in (3, 4):
+            raise ValueError("%s: shape %s; with positions [B, S] expected [B, S, H * head_size] "
+                             "or [B, S, H, head_size]" % (name, shape))
+        shape, st = _merge_lead(shape, st, name)
     if len(shape) == 2:
         if shape[1] % head_size:
             raise ValueError("%s: last dim %d is not a multiple of head_size %d"
@@ -86,11 +104,18 @@ def _heads_view(x, head_size, name):
 
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     """In place. positions [T]; query [T, Hq * head_size] or [T, Hq, head_size]; key likewise
-    or None; cos_sin_cache [max_pos, rot] = [cos | sin]; is_neox: NeoX or GPT-J pairs."""
+    or None; batched (vLLM): positions [B, S], query/key [B, S, H * head_size] or
+    [B, S, H, head_size]; cos_sin_cache [max_pos, rot] = [cos | sin]; is_neox: NeoX or
+    GPT-J pairs."""
     if head_size < 1:
         raise ValueError("head_size: must be >= 1, got %r" % (head_size,))
-    k = None if key is None else _heads_view(key, head_size, "key")
-    s = L.rotary_embedding(_view(positions, "positions"), _heads_view(query, head_size, "query"),
+    pp, pdt, pshape, pst = L.info(positions, "positions")
+    batched = len(pshape) == 2
+    if batched:
+        pshape, pst = _merge_lead(tuple(pshape), tuple(pst), "positions")
+    pos = L.pack(pp, pdt, pshape, pst, "positions")
+    k = None if key is None else _heads_view(key, head_size, "key", batched)
+    s = L.rotary_embedding(pos, _heads_view(query, head_size, "query", batched),
                            k, _view(cos_sin_cache, "cos_sin_cache"), is_neox)
     if s:
         _raise(s)
@@ -105,13 +130,18 @@ def _check_auto(kv_cache_dtype):
                                   "supported; fp8 caches are not" % (kv_cache_dtype,))
 
 
-def _check_unit_scale(scale, name):
-    if scale is None:
+def _check_scale(scale, name, heads=None):
+    """With kv_cache_dtype 'auto' the cache holds values as they are and vLLM ignores the
+    scales; they must still be a scale vLLM could pass: None, a number, or a float tensor of
+    one element or (per head, reshape_and_cache_flash) [H]."""
+    if scale is None or isinstance(scale, (int, float)):
         return
-    v = scale.item() if hasattr(scale, "item") else scale
-    if v != 1.0:
-        raise NotImplementedError("%s: %r; with kv_cache_dtype='auto' the cache is not scaled, "
-                                  "so the scale must be 1.0 or None" % (name, v))
+    shape = tuple(getattr(scale, "shape", ()))
+    n = int(np.prod(shape)) if shape else 1
+    if n == 1 or (heads is not None and shape == (heads,)):
+        return
+    want = "one element" + (" or [%d] (per head)" % heads if heads is not None else "")
+    raise ValueError("%s: shape %s, expected %s" % (name, shape, want))
 
 
 def _layout(layout):
@@ -124,10 +154,12 @@ def _layout(layout):
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale=None, v_scale=None):
     """key, value [T, H, D] -> key_cache, value_cache [num_blocks, block_size, H, D] at
-    slot_mapping [N <= T] (slot < 0 skipped)."""
+    slot_mapping [N <= T] (slot < 0 skipped). kv_cache_dtype 'auto' only: the cache is in
+    its own dtype and k_scale / v_scale (scalars or per-head [H]) are ignored, as in vLLM."""
     _check_auto(kv_cache_dtype)
-    _check_unit_scale(k_scale, "k_scale")
-    _check_unit_scale(v_scale, "v_scale")
+    heads = key.shape[1] if len(key.shape) == 3 else None
+    _check_scale(k_scale, "k_scale", heads)
+    _check_scale(v_scale, "v_scale", heads)
     s = L.reshape_and_cache_flash(_view(key, "key"), _view(value, "value"),
                                   _out(key_cache, "key_cache"), _out(value_cache, "value_cache"),
                                   _view(slot_mapping, "slot_mapping"))
@@ -141,7 +173,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     ND [num_blocks, block_size, Dl + Dr] or NZ physical [num_blocks, (Dl + Dr)/16,
     block_size, 16]. With k_pe_cache given, kv_cache holds only the latent part."""
     _check_auto(kv_cache_dtype)
-    _check_unit_scale(scale, "scale")
+    _check_scale(scale, "scale")
     s = L.concat_and_cache_mla(_view(kv_c, "kv_c"), _view(k_pe, "k_pe"), _out(kv_cache, "kv_cache"),
                                _out(k_pe_cache, "k_pe_cache"), _view(slot_mapping, "slot_mapping"),
                                _layout(layout))
@@ -176,15 +208,53 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
 # ---------------------------------------------------------------- attention
 
 
+def _copy_into(dst, src):
+    """dst[...] = src, rounded once to dst's dtype (NumPy or torch on both sides)."""
+    if L.is_torch(dst):
+        import torch
+        dst.copy_(src if L.is_torch(src) else torch.from_numpy(np.ascontiguousarray(src)))
+    else:
+        dst[...] = src.numpy() if L.is_torch(src) else src
+
+
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                      output_lse=None):
+                      output_lse=None, prefill_tokens_with_context=None):
     """output [T, H, D] = LSE merge of (prefix_output, prefix_lse) and (suffix_output,
-    suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes)."""
-    s = L.merge_attn_states(_out(output, "output"), _tview(output_lse, "output_lse", True),
-                            _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
-                            _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
+    suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes).
+    prefill_tokens_with_context = N (vLLM): only tokens < N have a prefix state; tokens
+    >= N take the suffix as it is (output = suffix_output rounded to output's dtype,
+    output_lse = suffix_lse), their prefix state is not read."""
+    n = prefill_tokens_with_context
+    T = output.shape[0] if len(output.shape) else 0
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= T:
+            raise ValueError("prefill_tokens_with_context: %r, expected an int in [0, %d] "
+                             "(output's tokens)" % (n, T))
+        n = int(n)
+        for x, name, dim in ((prefix_output, "prefix_output", 0), (suffix_output, "suffix_output", 0),
+                             (prefix_lse, "prefix_lse", -1), (suffix_lse, "suffix_lse", -1),
+                             (output_lse, "output_lse", -1)):
+            if x is not None and (len(x.shape) < 1 or x.shape[dim] != T):
+                raise ValueError("%s: shape %s, expected %d tokens like output"
+                                 % (name, tuple(x.shape), T))
+    if n is None or n == T:
+        s = L.merge_attn_states(_out(output, "output"), _tview(output_lse, "output_lse", True),
+                                _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
+                                _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
+        if s:
+            _raise(s)
+        return
+    # tokens [0, n): the merge (validates everything the copies below rely on: dtypes,
+    # heads, head size, overlaps) over views of the first n tokens; then the copies
+    lse_head = (lambda x: None if x is None else x[:, :n])
+    s = L.merge_attn_states(_out(output[:n], "output"), _tview(lse_head(output_lse), "output_lse", True),
+                            _view(prefix_output[:n], "prefix_output"), _tview(lse_head(prefix_lse), "prefix_lse"),
+                            _view(suffix_output[:n], "suffix_output"), _tview(lse_head(suffix_lse), "suffix_lse"))
     if s:
         _raise(s)
+    _copy_into(output[n:], suffix_output[n:])
+    if output_lse is not None:
+        _copy_into(output_lse[:, n:], suffix_lse[:, n:])
 
 
 def causal_softmax(out, x):
@@ -217,9 +287,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: ALiBi is not supported")
-    if return_attn_probs:
-        raise NotImplementedError("return_attn_probs: the attention matrix is never formed")
     lay = _layout(kv_layout)
+    if block_table is not None and seqused_k is None and cu_seqlens_k is not None:
+        # flash-attention 2's paged form: the key lengths come from cu_seqlens_k
+        seqused_k = _seqlens_from_cu(cu_seqlens_k, "cu_seqlens_k")
+    if block_table is not None:
+        cu_seqlens_k = None  # with seqused_k given, flash-attention reads the lengths there
+    if return_attn_probs:
+        return_softmax_lse = True  # dropout 0: (out, lse, None) as flash-attention returns
     dqk = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(dqk)
@@ -242,7 +317,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             _view(block_table, "block_table"), params)
     if s:
         _raise(s)
+    if return_attn_probs:
+        return out, lse, None
     return (out, lse) if return_softmax_lse else out
+
+
+def _seqlens_from_cu(cu, name):
+    """[B] int32 lengths cu[b + 1] - cu[b] of a cumulative [B + 1] index tensor (a new
+    array on cu's side); ValueError naming cu where it is not [B + 1] non-decreasing."""
+    c = _to_numpy(cu)
+    if c.ndim != 1 or c.shape[0] < 1 or c.dtype.kind not in "iu":
+        raise ValueError("%s: shape %s dtype %s, expected [batch + 1] int32"
+                         % (name, tuple(c.shape), c.dtype))
+    d = np.diff(c.astype(np.int64))
+    if (d < 0).any():
+        raise ValueError("%s: not non-decreasing" % name)
+    d = np.ascontiguousarray(d, dtype=np.int32)
+    if L.is_torch(cu):
+        import torch
+        return torch.from_numpy(d)
+    return d
 
 
 def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,

@@ -1,0 +1,258 @@
+"""Engine compatibility: the argument forms vLLM and flash-attention use, called exactly
+as they write them, against float64 NumPy references; bad inputs raise naming the
+argument and leave every buffer unchanged."""
+import math
+
+import numpy as np
+import pytest
+
+import llmkern as lk
+from helpers import NP_DTYPES, close, f64, rand, torch_or_skip
+from test_attention import paged_from_dense, ref_attention, ref_merge, varlen_inputs
+from test_rope_cache import cos_sin, ref_rope
+
+
+def ref_rms(x, w, eps):
+    x = f64(x)
+    r = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return r if w is None else r * f64(w)
+
+
+def snap(*xs):
+    return [np.array(f64(x), copy=True) for x in xs]
+
+
+def unchanged(before, *xs):
+    return all(np.array_equal(b, f64(x), equal_nan=True) for b, x in zip(before, xs))
+
+
+# ---------------------------------------------------------------- 1. weightless RMSNorm
+
+
+@pytest.mark.parametrize("dt", NP_DTYPES)
+def test_rms_norm_weight_none(rng, dt):
+    x = rand(rng, (5, 96), dt)
+    out = np.empty_like(x)
+    lk.rms_norm(out, x, None, 1e-6)  # vLLM: rms_norm(out, input, None, epsilon)
+    close(out, ref_rms(x, None, 1e-6))
+    ones = np.ones(96, np.float32)
+    o2 = np.empty_like(x)
+    lk.rms_norm(o2, x, ones, 1e-6)
+    assert np.array_equal(out, o2)  # bit for bit the product with a weight of ones
+
+
+@pytest.mark.parametrize("dt", NP_DTYPES)
+def test_fused_add_rms_norm_weight_none(rng, dt):
+    x, res = rand(rng, (40, 72), dt), rand(rng, (40, 72), dt)
+    want_res = (f64(x) + f64(res)).astype(dt)
+    want_x = ref_rms(want_res, None, 1e-5)
+    lk.fused_add_rms_norm(x, res, None, 1e-5)  # vLLM: fused_add_rms_norm(input, residual, None, eps)
+    assert np.array_equal(res, want_res)
+    close(x, want_x)
+
+
+def test_rms_norm_weight_none_torch_bf16_and_bad_out(rng):
+    torch = torch_or_skip()
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    lk.rms_norm(out, x, None, 1e-6)
+    close(out, ref_rms(x, None, 1e-6))
+    bad = torch.full((3, 63), 7.0, dtype=torch.bfloat16)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.rms_norm(bad, x, None, 1e-6)
+    assert "out" in str(e.value) and e.value.status == "LK_ERR_SHAPE"
+    assert torch.all(bad == 7.0)
+
+
+# ---------------------------------------------------------------- 2. batched rotary
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("four_d", [False, True])
+def test_rotary_batched(rng, neox, four_d):
+    B, S, Hq, Hk, D, rot, P = 2, 3, 4, 2, 16, 16, 32
+    pos = rng.integers(0, P, (B, S)).astype(np.int64)
+    cache = cos_sin(P, rot, np.float32)
+    if four_d:  # [B, S, H, D]
+        q, k = rand(rng, (B, S, Hq, D), np.float32), rand(rng, (B, S, Hk, D), np.float32)
+    else:  # [B, S, H * D], column slices of one fused qkv buffer
+        qkv = rand(rng, (B, S, (Hq + 2 * Hk) * D), np.float32)
+        q, k = qkv[..., :Hq * D], qkv[..., Hq * D:(Hq + Hk) * D]
+    want_q = ref_rope(pos.reshape(-1), q.reshape(B * S, -1), D, cache, neox).reshape(q.shape)
+    want_k = ref_rope(pos.reshape(-1), k.reshape(B * S, -1), D, cache, neox).reshape(k.shape)
+    lk.rotary_embedding(pos, q, k, D, cache, neox)
+    close(q, want_q)
+    close(k, want_k)
+
+
+def test_rotary_batched_torch_key_none(rng):
+    torch = torch_or_skip()
+    B, S, H, D, P = 2, 5, 3, 32, 64
+    pos = torch.randint(0, P, (B, S))
+    cache = torch.from_numpy(cos_sin(P, D, np.float32))
+    q = torch.randn(B, S, H * D).to(torch.bfloat16)
+    want = ref_rope(pos.reshape(-1).numpy(), q.reshape(B * S, -1), D, cache, True).reshape(B, S, -1)
+    lk.rotary_embedding(pos, q, None, D, cache, True)
+    close(q, want)
+
+
+def test_rotary_batched_errors(rng):
+    B, S, H, D, P = 2, 3, 2, 8, 16
+    cache = cos_sin(P, D, np.float32)
+    q = rand(rng, (B, S, H * D), np.float32)
+    before = snap(q)
+    with pytest.raises(lk.LlmkernError) as e:  # a position outside the cache
+        lk.rotary_embedding(np.array([[0, 1, 2], [3, 4, 99]]), q, None, D, cache, True)
+    assert "positions" in str(e.value) and e.value.status == "LK_ERR_INDEX"
+    with pytest.raises(lk.LlmkernError) as e:  # positions [B, S] but q of another batch
+        lk.rotary_embedding(np.zeros((3, 3), np.int64), q, None, D, cache, True)
+    assert "lk_rotary_embedding" in str(e.value)
+    with pytest.raises(ValueError, match="query"):  # [B, S] dims that cannot merge
+        lk.rotary_embedding(np.zeros((B, S), np.int64), rand(rng, (S, B, H * D), np.float32).transpose(1, 0, 2),
+                            None, D, cache, True)
+    with pytest.raises(ValueError, match="query"):  # positions [B, S] with a 2-D query
+        lk.rotary_embedding(np.zeros((B, S), np.int64), q[0], None, D, cache, True)
+    assert unchanged(before, q)
+
+
+# ---------------------------------------------------------------- 3. "auto" ignores scales
+
+
+def test_reshape_and_cache_flash_auto_scales(rng):
+    torch = torch_or_skip()
+    T, H, D, NB, BS = 6, 4, 16, 5, 4
+    key, value = torch.randn(T, H, D), torch.randn(T, H, D)
+    kc, vc = torch.zeros(NB, BS, H, D), torch.zeros(NB, BS, H, D)
+    slots = torch.tensor([3, 0, 17, -1, 9, 8])
+    for ks, vs in ((torch.tensor(0.25), torch.tensor([2.0])), (torch.rand(H) + 0.5, torch.rand(H) + 0.5),
+                   (0.5, 3.0)):
+        kc.zero_(), vc.zero_()
+        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", ks, vs)
+        for t, s in enumerate(slots.tolist()):
+            if s >= 0:
+                assert torch.equal(kc[s // BS, s % BS], key[t]) and torch.equal(vc[s // BS, s % BS], value[t])
+    before = snap(kc, vc)
+    with pytest.raises(ValueError, match="k_scale"):  # neither one element nor [H]
+        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", torch.ones(H + 1), torch.ones(H))
+    with pytest.raises(ValueError, match="v_scale"):
+        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", torch.ones(1), torch.ones(2, H))
+    with pytest.raises(NotImplementedError, match="kv_cache_dtype"):
+        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "fp8", torch.ones(1), torch.ones(1))
+    assert unchanged(before, kc, vc)
+
+
+def test_concat_and_cache_mla_auto_scale(rng):
+    T, Dl, Dr, NB, BS = 4, 32, 16, 3, 4
+    kv_c, k_pe = rand(rng, (T, Dl), np.float32), rand(rng, (T, Dr), np.float32)
+    cache = np.zeros((NB, BS, Dl + Dr), np.float32)
+    slots = np.array([5, 0, -1, 11], np.int64)
+    lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", np.array([0.125], np.float32))
+    for t, s in enumerate(slots):
+        if s >= 0:
+            assert np.array_equal(cache[s // BS, s % BS], np.concatenate([kv_c[t], k_pe[t]]))
+    before = snap(cache)
+    with pytest.raises(ValueError, match="scale"):
+        lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", np.ones(2, np.float32))
+    assert unchanged(before, cache)
+
+
+# ---------------------------------------------------------------- 4. flash-attention 2's paged form
+
+
+@pytest.mark.parametrize("dt", NP_DTYPES)
+def test_flash_attn_block_table_cu_seqlens_k(rng, dt):
+    q_lens, k_lens = [1, 3, 2], [9, 3, 0]
+    q, k, v, cu_q, cu_k = varlen_inputs(rng, dt, q_lens, k_lens)
+    kc, vc, table = paged_from_dense(rng, k, v, k_lens, cu_k[:-1], BS=4, NB=7)
+    # flash-attention 2: paged K/V with the key lengths in cu_seqlens_k
+    out, lse, probs = lk.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(q_lens), max(k_lens),
+                                                causal=True, return_attn_probs=True, block_table=table)
+    assert probs is None and lse.shape == (q.shape[1], q.shape[0])
+    want, want_lse = ref_attention(q, k, v, cu_q, k_lens, cu_k[:-1], 1 / math.sqrt(32), True, (-1, -1), 0.0)
+    close(out, want, 2.0)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-4, atol=1e-4)
+    # vLLM's form (seqused_k, no cu_seqlens_k) gives the same bits
+    o2 = lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, 3, 9, causal=True, block_table=table,
+                                   seqused_k=np.array(k_lens, np.int32))
+    assert np.array_equal(out, o2)
+
+
+def test_flash_attn_return_attn_probs_dense_torch(rng):
+    torch = torch_or_skip()
+    q, k, v, cu_q, cu_k = varlen_inputs(rng, np.float32, [3, 2], [4, 5])
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    r = lk.flash_attn_varlen_func(tq, tk, tv, torch.from_numpy(cu_q), torch.from_numpy(cu_k), 3, 5,
+                                  dropout_p=0.0, causal=True, return_attn_probs=True)
+    assert len(r) == 3 and r[2] is None
+    want, want_lse = ref_attention(q, k, v, cu_q, [4, 5], cu_k[:-1], 1 / math.sqrt(32), True, (-1, -1), 0.0)
+    close(r[0], want, 2.0)
+    np.testing.assert_allclose(r[1].numpy(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attn_block_table_cu_seqlens_k_errors(rng):
+    q, k, v, cu_q, cu_k = varlen_inputs(rng, np.float32, [2, 1], [3, 4])
+    kc, vc, table = paged_from_dense(rng, k, v, [3, 4], cu_k[:-1], BS=2, NB=6)
+    out = np.full((3, 4, 32), 5.0, np.float32)
+    with pytest.raises(ValueError, match="cu_seqlens_k"):  # decreasing
+        lk.flash_attn_varlen_func(q, kc, vc, cu_q, np.array([0, 3, 2], np.int32), 2, 4, block_table=table, out=out)
+    with pytest.raises(lk.LlmkernError) as e:  # lengths beyond the block table's pages
+        lk.flash_attn_varlen_func(q, kc, vc, cu_q, np.array([0, 3, 40], np.int32), 2, 4, block_table=table, out=out)
+    assert "seqused_k" in str(e.value)
+    assert np.all(out == 5.0)
+
+
+# ---------------------------------------------------------------- 7. merge_attn_states forms
+
+
+def test_merge_prefill_tokens_with_context_and_output_lse(rng):
+    torch = torch_or_skip()
+    T, H, D, N = 7, 3, 32, 4
+    p_out, s_out = torch.randn(T, H, D).half(), torch.randn(T, H, D).half()
+    p_lse, s_lse = torch.randn(H, T), torch.randn(H, T)
+    p_lse[:, N:] = float("nan")  # tokens >= N have no prefix state: never read
+    s_lse[1, N + 1] = -float("inf")  # copied as it is
+    output = torch.empty(T, H, D, dtype=torch.half)
+    output_lse = torch.empty(H, T)
+    lk.merge_attn_states(output=output, prefix_output=p_out, prefix_lse=p_lse, suffix_output=s_out,
+                         suffix_lse=s_lse, output_lse=output_lse, prefill_tokens_with_context=N)
+    want, want_lse = ref_merge(p_out[:N], p_lse[:, :N], s_out[:N], s_lse[:, :N])
+    close(output[:N], want)
+    np.testing.assert_allclose(output_lse[:, :N].numpy(), want_lse, rtol=1e-6, atol=1e-6)
+    assert torch.equal(output[N:], s_out[N:])
+    assert torch.equal(output_lse[:, N:], s_lse[:, N:])
+    # None: every token merges (the plain call)
+    o2 = torch.empty_like(output)
+    lk.merge_attn_states(o2[:N], p_out[:N], p_lse[:, :N], s_out[:N], s_lse[:, :N], prefill_tokens_with_context=None)
+    assert torch.equal(o2[:N], output[:N])
+
+
+@pytest.mark.parametrize("n", [0, 5])
+def test_merge_prefill_tokens_edges_numpy(rng, n):
+    T, H, D = 5, 2, 8
+    a, b = rand(rng, (T, H, D), np.float32), rand(rng, (T, H, D), np.float32)
+    la, lb = rand(rng, (H, T), np.float32), rand(rng, (H, T), np.float32)
+    out, out_lse = np.empty((T, H, D), np.float16), np.empty((H, T), np.float32)
+    lk.merge_attn_states(out, a, la, b, lb, out_lse, prefill_tokens_with_context=n)
+    want, want_lse = ref_merge(a, la, b, lb)
+    close(out[:n], want[:n])
+    assert np.array_equal(out[n:], b[n:].astype(np.float16)) and np.array_equal(out_lse[:, n:], lb[:, n:])
+
+
+def test_merge_prefill_tokens_errors(rng):
+    T, H, D = 4, 2, 8
+    a, b = rand(rng, (T, H, D), np.float32), rand(rng, (T, H, D), np.float32)
+    la, lb = rand(rng, (H, T), np.float32), rand(rng, (H, T), np.float32)
+    out, out_lse = np.full((T, H, D), 3.0, np.float32), np.full((H, T), 3.0, np.float32)
+    before = snap(out, out_lse)
+    for n in (-1, 5, 1.5, True):
+        with pytest.raises(ValueError, match="prefill_tokens_with_context"):
+            lk.merge_attn_states(out, a, la, b, lb, out_lse, prefill_tokens_with_context=n)
+    with pytest.raises(ValueError, match="suffix_lse"):
+        lk.merge_attn_states(out, a, la, b, lb[:, :3], out_lse, prefill_tokens_with_context=2)
+    with pytest.raises(lk.LlmkernError) as e:  # a head count that differs, found by C
+        lk.merge_attn_states(out, a, la, b[:, :1], lb, out_lse, prefill_tokens_with_context=2)
+    assert "lk_merge_attn_states" in str(e.value)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.merge_attn_states(out, a, la, b, lb.astype(np.float16), out_lse, prefill_tokens_with_context=2)
+    assert e.value.status == "LK_ERR_DTYPE"
+    assert unchanged(before, out, out_lse)
