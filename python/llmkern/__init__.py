@@ -29,6 +29,16 @@ from .ops import (
     silu_and_mul,
     version,
 )
+from .ops import copy_blocks, copy_blocks_mla, swap_blocks  # noqa: E402  (cache management)
+from .ops import (  # vLLM's other activations
+    fatrelu_and_mul,
+    gelu_and_mul,
+    gelu_fast,
+    gelu_new,
+    gelu_quick,
+    mul_and_silu,
+    swigluoai_and_mul,
+)
 
 __version__ = "0.1.0"
 
@@ -38,4 +48,6 @@ __all__ = [
     "reshape_and_cache_flash", "concat_and_cache_mla", "gather_cache", "merge_attn_states",
     "flash_attn_varlen_func", "mla_prefix_prefill", "mla_last_trace", "causal_softmax", "set_num_threads",
     "get_num_threads", "isa", "best_isa", "set_isa", "version",
+    "gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast",
+    "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla",
 ]

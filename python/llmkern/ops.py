@@ -65,6 +65,56 @@ def gelu_tanh_and_mul(out, input):
         _raise(s)
 
 
+def gelu_and_mul(out, input):
+    """out[..., d] = gelu(input[..., :d]) * input[..., d:], exact (erf) GELU."""
+    s = L.gelu_and_mul(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def mul_and_silu(out, input):
+    """out[..., d] = input[..., :d] * silu(input[..., d:]) (the activation on the second half)."""
+    s = L.mul_and_silu(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def fatrelu_and_mul(out, input, threshold=0.0):
+    """out[..., d] = (g > threshold ? g : 0) * input[..., d:], g = input[..., :d]."""
+    s = L.fatrelu_and_mul(_out(out, "out"), _view(input, "input"), threshold)
+    if s:
+        _raise(s)
+
+
+def swigluoai_and_mul(out, input, alpha=1.702, limit=7.0):
+    """gpt-oss: g = min(input[..., 0::2], limit), u = clamp(input[..., 1::2], -limit, limit),
+    out[..., d] = (u + 1) * g * sigmoid(alpha * g)."""
+    s = L.swigluoai_and_mul(_out(out, "out"), _view(input, "input"), alpha, limit)
+    if s:
+        _raise(s)
+
+
+def gelu_new(out, input):
+    """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), element-wise."""
+    s = L.gelu_new(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def gelu_fast(out, input):
+    """out = 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), element-wise."""
+    s = L.gelu_fast(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def gelu_quick(out, input):
+    """out = x * sigmoid(1.702 x), element-wise."""
+    s = L.gelu_quick(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
 # ---------------------------------------------------------------- rotary
 
 
@@ -201,6 +251,42 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
     s = L.gather_cache(_out(dst[first:last], "dst"), _view(src_cache, "src_cache"),
                        _view(block_table[:batch_size], "block_table"),
                        _view(seq_lens, "seq_lens"), _layout(layout))
+    if s:
+        _raise(s)
+
+
+def swap_blocks(src, dst, block_mapping):
+    """vLLM's swap_blocks: dst[block_mapping[i, 1]] = src[block_mapping[i, 0]] for every
+    row of block_mapping [N, 2] (int64 or int32); whole blocks (dim 0), bits."""
+    s = L.swap_blocks(_view(src, "src"), _out(dst, "dst"), _view(block_mapping, "block_mapping"))
+    if s:
+        _raise(s)
+
+
+def _caches_array(caches, name):
+    caches = list(caches)
+    return len(caches), b"".join(_out(c, "%s[%d]" % (name, i)) for i, c in enumerate(caches))
+
+
+def copy_blocks(key_caches, value_caches, block_mapping):
+    """vLLM's copy_blocks: for every layer's key and value cache,
+    cache[block_mapping[i, 1]] = cache[block_mapping[i, 0]] (block_mapping [N, 2])."""
+    if len(key_caches) != len(value_caches):
+        raise ValueError("value_caches: %d caches, key_caches has %d" % (len(value_caches), len(key_caches)))
+    n, arr = _caches_array(list(key_caches) + list(value_caches), "caches")
+    if n == 0:
+        return
+    s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
+    if s:
+        _raise(s)
+
+
+def copy_blocks_mla(kv_caches, block_mapping):
+    """vLLM's copy_blocks_mla: the same on MLA latent caches [num_blocks, block_size, Dl + Dr]."""
+    n, arr = _caches_array(kv_caches, "caches")
+    if n == 0:
+        return
+    s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
     if s:
         _raise(s)
 

@@ -256,3 +256,151 @@ def test_merge_prefill_tokens_errors(rng):
         lk.merge_attn_states(out, a, la, b, lb.astype(np.float16), out_lse, prefill_tokens_with_context=2)
     assert e.value.status == "LK_ERR_DTYPE"
     assert unchanged(before, out, out_lse)
+
+
+# ---------------------------------------------------------------- 5. more activations
+
+
+def _sig(g, x):
+    with np.errstate(over="ignore"):
+        return np.where(g == -np.inf, -0.0, g / (1.0 + np.exp(x)))
+
+
+def ref_act(name, x, threshold=0.0, alpha=1.702, limit=7.0):
+    from math import erf
+    x = f64(x)
+    d = x.shape[-1] // 2
+    g, u = x[..., :d], x[..., d:]
+    if name == "gelu_and_mul":
+        return 0.5 * g * (1 + np.vectorize(erf)(g / math.sqrt(2))) * u
+    if name == "mul_and_silu":
+        return g * _sig(u, -u)
+    if name == "fatrelu_and_mul":
+        return np.where(g > threshold, g, 0.0) * u
+    if name == "swigluoai_and_mul":
+        g, u = np.minimum(x[..., 0::2], limit), np.clip(x[..., 1::2], -limit, limit)
+        return (u + 1) * _sig(g, -alpha * g)
+    if name == "gelu_new":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    if name == "gelu_fast":
+        return 0.5 * x * (1 + np.tanh(0.7978845608 * x * (1 + 0.044715 * x * x)))
+    return _sig(x, -1.702 * x)  # gelu_quick: x * sigmoid(1.702 x)
+
+
+GATED = ["gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul"]
+ELEMENTWISE = ["gelu_new", "gelu_fast", "gelu_quick"]
+
+
+@pytest.mark.parametrize("name", GATED + ELEMENTWISE)
+@pytest.mark.parametrize("dt", NP_DTYPES)
+def test_activations_numpy(rng, name, dt):
+    x = rand(rng, (7, 2 * 45), dt, 3.0)[:, ::1]
+    xs = np.concatenate([x, rand(rng, (7, 6), dt)], axis=1)[:, :90]  # rows strided
+    d = 45 if name in GATED else 90
+    out = np.empty((7, d), dt)
+    getattr(lk, name)(out, xs)  # vLLM: ops.<name>(out, x)
+    close(out, ref_act(name, xs))
+
+
+def test_activations_vllm_calls_torch(rng):
+    torch = torch_or_skip()
+    x = torch.randn(5, 3, 2 * 64) * 4
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        xx = x.to(dt)
+        d = xx.shape[-1] // 2
+        out = torch.empty(xx.shape[:-1] + (d,), dtype=dt)
+        lk.fatrelu_and_mul(out, xx, 0.5)  # fatrelu_and_mul(out, x, threshold)
+        close(out, ref_act("fatrelu_and_mul", xx, threshold=0.5))
+        lk.swigluoai_and_mul(out, xx, 1.702, 7.0)  # swigluoai_and_mul(out, x, alpha, limit)
+        close(out, ref_act("swigluoai_and_mul", xx))
+        lk.swigluoai_and_mul(out, xx)
+        close(out, ref_act("swigluoai_and_mul", xx))
+        lk.gelu_and_mul(out, xx)
+        close(out, ref_act("gelu_and_mul", xx))
+        lk.mul_and_silu(out, xx)
+        close(out, ref_act("mul_and_silu", xx))
+        o2 = torch.empty_like(xx)
+        for name in ELEMENTWISE:
+            getattr(lk, name)(o2, xx)
+            close(o2, ref_act(name, xx))
+
+
+def test_activations_bad_inputs(rng):
+    x = rand(rng, (3, 16), np.float32)
+    out = np.full((3, 8), 4.0, np.float32)
+    for name in GATED:
+        with pytest.raises(lk.LlmkernError) as e:
+            getattr(lk, name)(np.empty((3, 9), np.float32), x)
+        assert ("lk_" + name) in str(e.value) and "out" in str(e.value) and e.value.status == "LK_ERR_SHAPE"
+        with pytest.raises(lk.LlmkernError) as e:
+            getattr(lk, name)(out, x[:, :15])
+        assert "x" in str(e.value)
+    for name in ELEMENTWISE:
+        with pytest.raises(lk.LlmkernError) as e:
+            getattr(lk, name)(out, x)
+        assert "out" in str(e.value) and e.value.status == "LK_ERR_SHAPE"
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.fatrelu_and_mul(out, x, float("nan"))
+    assert "threshold" in str(e.value) and e.value.status == "LK_ERR_VALUE"
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.swigluoai_and_mul(out, x, 1.702, -7.0)
+    assert "limit" in str(e.value)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.swigluoai_and_mul(out, x, 0.0, 7.0)
+    assert "alpha" in str(e.value)
+    assert np.all(out == 4.0)
+
+
+# ---------------------------------------------------------------- 6. cache management
+
+
+def test_swap_blocks_torch(rng):
+    torch = torch_or_skip()
+    src = torch.randn(8, 16, 2, 32).to(torch.bfloat16)
+    dst = torch.randn(5, 16, 2, 32).to(torch.bfloat16)
+    mapping = torch.tensor([[7, 0], [2, 4], [3, 1]], dtype=torch.int64)
+    want = dst.clone()
+    for s, d in mapping.tolist():
+        want[d] = src[s]
+    lk.swap_blocks(src, dst, mapping)  # vLLM: swap_blocks(src, dst, block_mapping)
+    assert torch.equal(dst, want)
+
+
+@pytest.mark.parametrize("dt", NP_DTYPES)
+def test_copy_blocks_numpy(rng, dt):
+    L_, NB = 2, 6
+    kcs = [rand(rng, (NB, 4, 2, 8), dt) for _ in range(L_)]
+    vcs = [rand(rng, (NB, 2, 4, 8), dt).transpose(0, 2, 1, 3) for _ in range(L_)]  # HND views
+    mapping = np.array([[0, 3], [0, 4], [1, 5]], np.int64)
+    want_k, want_v = [k.copy() for k in kcs], [v.copy() for v in vcs]
+    for s, d in mapping:
+        for w in want_k + want_v:
+            w[d] = w[s]
+    lk.copy_blocks(kcs, vcs, mapping)  # vLLM: copy_blocks(key_caches, value_caches, block_mapping)
+    assert all(np.array_equal(a, b) for a, b in zip(kcs + vcs, want_k + want_v))
+
+
+def test_copy_blocks_mla_and_errors(rng):
+    kv = [rand(rng, (5, 4, 576 // 8), np.float32) for _ in range(3)]
+    mapping = np.array([[1, 4], [0, 2]], np.int32)
+    want = [c.copy() for c in kv]
+    for s, d in mapping:
+        for w in want:
+            w[d] = w[s]
+    lk.copy_blocks_mla(kv, mapping)
+    assert all(np.array_equal(a, b) for a, b in zip(kv, want))
+    before = snap(*kv)
+    for bad, what in ((np.array([[1, 5]]), "destination block 5"), (np.array([[0, 2], [1, 2]]), "more than once"),
+                      (np.array([[0, 2], [2, 3]]), "both a destination and a source"), (np.array([[-1, 2]]), "source")):
+        with pytest.raises(lk.LlmkernError) as e:
+            lk.copy_blocks_mla(kv, bad)
+        assert "block_mapping" in str(e.value) and what in str(e.value) and e.value.status == "LK_ERR_INDEX"
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.swap_blocks(kv[0], kv[1], np.array([[0, 9]]))
+    assert "block_mapping" in str(e.value) and "lk_swap_blocks" in str(e.value)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.swap_blocks(kv[0], kv[1].astype(np.float16), np.array([[0, 1]]))
+    assert "dst" in str(e.value) and e.value.status == "LK_ERR_DTYPE"
+    with pytest.raises(ValueError, match="value_caches"):
+        lk.copy_blocks(kv[:2], kv[2:], mapping)
+    assert unchanged(before, *kv)
