@@ -24,9 +24,9 @@ extern "C" {
 #endif
 
 #define LLMKERN_VERSION_MAJOR 0
-#define LLMKERN_VERSION_MINOR 1
+#define LLMKERN_VERSION_MINOR 2
 #define LLMKERN_VERSION_PATCH 0
-#define LLMKERN_VERSION_STRING "0.1.0"
+#define LLMKERN_VERSION_STRING "0.2.0"
 
 #if defined(_WIN32) && defined(LLMKERN_SHARED_BUILD)
 #define LK_API __declspec(dllexport)
@@ -287,6 +287,12 @@ LK_API lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache,
 
 /* ---------------------------------------------------------------- flash attention */
 
+/* ABI: fields are only ever appended, never reordered; lk_attn_params_default() sets
+ * every field, so code that starts from it (or zero-initialises the tail with a
+ * designated / brace initializer) keeps its meaning when fields are added. A field added
+ * changes the struct's size: the library's minor version (and soname, libllmkern.so.0.N)
+ * changes with it, so a binary built against an older header keeps loading the library
+ * it was built for. alibi_slopes: since 0.2. */
 typedef struct lk_attn_params {
     float scale;            /* softmax scale, always explicit (no 1/sqrt(D) default)      */
     int causal;             /* bottom-right causal: sets window_right = 0                  */
@@ -294,9 +300,12 @@ typedef struct lk_attn_params {
     int64_t window_right;   /* with off = k_len - q_len; -1 = unbounded                     */
     float softcap;          /* > 0: s = softcap * tanh(s / softcap) on the scaled score     */
     lk_kv_layout kv_layout; /* paged K/V only                                               */
+    const lk_tensor *alibi_slopes; /* NULL, or f32 [Hq] or [B, Hq] (any strides), finite:   */
+                            /* s -= slope[b, h] * |i + off - j| after scale and softcap     */
+                            /* (flash-attention's ALiBi)                                    */
 } lk_attn_params;
 
-/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND} */
+/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND, alibi_slopes = NULL} */
 LK_API lk_attn_params lk_attn_params_default(float scale);
 
 /* Variable-length attention, flash-attention semantics.

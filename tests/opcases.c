@@ -286,6 +286,20 @@ static lk_status call_attn_paged(const oc_inst *in) {
                                 &in->params);
 }
 
+/* paged K/V with ALiBi slopes [B, Hq] (argument 8; NULL: no ALiBi) */
+static void make_attn_alibi(oc_inst *in, oc_size sz) {
+    make_attn_paged(in, sz);
+    int64_t Hq = in->arg[0].t.shape[1], B = 2;
+    tu_fill_uniform(add(in, "alibi_slopes", LK_F32, 2, (int64_t[]){B, Hq}, 0, 1), 0.01, 0.5);
+    in->arg[8].optional = 1;
+}
+static lk_status call_attn_alibi(const oc_inst *in) {
+    lk_attn_params p = in->params;
+    p.alibi_slopes = T(in, 8);
+    return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6), T(in, 7),
+                                &p);
+}
+
 /* ---------------------------------------------------------------- MLA prefix prefill */
 
 /* args: out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, then
@@ -384,6 +398,7 @@ const oc_op OC_OPS[] = {
     {"lk_gather_cache", make_gather, call_gather},
     {"lk_flash_attn_varlen", make_attn_dense, call_attn_dense},      /* dense K/V */
     {"lk_flash_attn_varlen", make_attn_paged, call_attn_paged},      /* paged K/V */
+    {"lk_flash_attn_varlen", make_attn_alibi, call_attn_alibi},      /* paged K/V, ALiBi */
     {"lk_mla_prefix_prefill", make_mla_split, call_mla},             /* split + merge, ND */
     {"lk_mla_prefix_prefill", make_mla_concat, call_mla},            /* concat, NZ two buffers */
     {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */

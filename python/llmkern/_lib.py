@@ -62,7 +62,8 @@ class LkTensor(ctypes.Structure):
 class LkAttnParams(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int),
                 ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
-                ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int)]
+                ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int),
+                ("alibi_slopes", ctypes.c_void_p)]
 
 
 class LkMlaParams(ctypes.Structure):
@@ -73,10 +74,10 @@ class LkMlaParams(ctypes.Structure):
 # _PACK[nd](ptr, dtype, nd, *shape, *strides) -> the bytes of one lk_tensor (unused dims 0)
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
-_PACK_PARAMS = struct.Struct("@fiqqfi").pack
+_PACK_PARAMS = struct.Struct("@fiqqfiP").pack
 _PACK_MLA_PARAMS = struct.Struct("@fiii").pack
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
-assert struct.calcsize("@fiqqfi") == ctypes.sizeof(LkAttnParams)
+assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
 
 # ---------------------------------------------------------------- errors
@@ -372,8 +373,14 @@ def is_torch(x):
     return fn is _torch_info
 
 
-def attn_params(scale, causal, window_left, window_right, softcap, layout):
-    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout)
+def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi=None):
+    """The packed lk_attn_params; alibi: the packed lk_tensor of the slopes or None. With
+    alibi, returns (params, keep): keep holds the tensor's buffer, which must outlive the
+    call."""
+    if alibi is None:
+        return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, 0)
+    keep = ctypes.create_string_buffer(alibi, len(alibi))
+    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, ctypes.addressof(keep)), keep
 
 
 def mla_params(scale, strategy, layout, dedup):

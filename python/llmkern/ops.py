@@ -366,13 +366,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """flash-attention's varlen attention. q [Tq, Hq, Dqk]; dense k [Tk, Hk, Dqk],
     v [Tk, Hk, Dv] with cu_seqlens_k, or paged caches with block_table [B, pages] and
     seqused_k [B] (cu_seqlens_k None; kv_layout 'ND' or 'NZ'). Returns out [Tq, Hq, Dv]
-    (allocated like q when None), or (out, lse [Hq, Tq] f32) with return_softmax_lse.
+    (allocated like q when None), or (out, lse [Hq, Tq] f32) with return_softmax_lse, or
+    (out, lse, None) with return_attn_probs (dropout 0: no probabilities are formed).
+    Paged K/V take the key lengths from seqused_k (vLLM) or, without it, from
+    cu_seqlens_k (flash-attention 2). alibi_slopes: f32 [Hq] or [B, Hq], a bias of
+    -slope * |i + k_len - q_len - j| on the scaled (and softcapped) score.
     max_seqlen_* are accepted for compatibility and not needed; deterministic is
     ignored (results never depend on the thread count)."""
     if dropout_p:
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not supported")
     lay = _layout(kv_layout)
     if block_table is not None and seqused_k is None and cu_seqlens_k is not None:
         # flash-attention 2's paged form: the key lengths come from cu_seqlens_k
@@ -396,16 +398,188 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out = _empty(q, (tq, hq, dv))
     lse = _empty(q, (hq, tq), f32=True) if return_softmax_lse else None
     wl, wr = (-1, -1) if window_size is None else window_size
-    params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, lay)
+    params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, lay,
+                           _view(alibi_slopes, "alibi_slopes"))
+    keep = None
+    if alibi_slopes is not None:
+        params, keep = params
     s = L.flash_attn_varlen(_out(out, "out"), _tview(lse, "lse"), _view(q, "q"), _view(k, "k"),
                             _view(v, "v"), _view(cu_seqlens_q, "cu_seqlens_q"),
                             _view(cu_seqlens_k, "cu_seqlens_k"), _view(seqused_k, "seqused_k"),
                             _view(block_table, "block_table"), params)
+    del keep
     if s:
         _raise(s)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_softmax_lse else out
+
+
+def _side(like, a):
+    """NumPy array a as an array on like's side (a torch tensor when like is one)."""
+    if L.is_torch(like):
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(a))
+    return a
+
+
+def _contig(x):
+    if L.is_torch(x):
+        return x.contiguous()
+    return np.ascontiguousarray(x)
+
+
+def _tokens_view(x, name, writable=False):
+    """[B, S, H, D] -> the packed [B * S, H, D] view (ValueError naming x if the batch
+    and sequence dims cannot merge without a copy)."""
+    if writable:
+        L._writable(x, name)
+    p, dt, shape, st = L.info(x, name)
+    if len(shape) != 4:
+        raise ValueError("%s: shape %s, expected [batch, seqlen, heads, head_dim]" % (name, tuple(shape)))
+    shape, st = _merge_lead(tuple(shape), tuple(st), name)
+    return L.pack(p, dt, shape, st, name)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                            softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None):
+    """flash-attention's decode entry point. q [B, s_q, Hq, D]; k_cache, v_cache dense
+    [B_cache, S, Hk, D] (request b uses row cache_batch_idx[b], default b) or paged
+    [num_blocks, block_size, Hk, D] with block_table [B, max_blocks]; cache_seqlens (int or
+    [B]): keys already cached (None: the whole cache). k, v [B, s_new, Hk, D] (optional) are
+    appended at positions cache_seqlens[b] .. + s_new before attending; with rotary_cos /
+    rotary_sin [seqlen_ro, rot / 2] the new k is rotated at those positions (and q at
+    cache_seqlens + i when causal or local, else at cache_seqlens), GPT-J pairs when
+    rotary_interleaved, else NeoX; q and k themselves are not modified. Attention over
+    cache_seqlens + s_new keys per request, bottom-right aligned (causal, window_size,
+    softcap, alibi_slopes [Hq] / [B, Hq] as flash_attn_varlen_func). Returns out
+    [B, s_q, Hq, Dv] (allocated like q when None), or (out, lse [B, Hq, s_q]) with
+    return_softmax_lse. On any error nothing is written: the cache slots of the append
+    are put back. num_splits is ignored; cache_leftpad is not supported."""
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new keys and new values, or neither")
+    if len(q.shape) != 4:
+        raise ValueError("q: shape %s, expected [batch, seqlen, heads, head_dim]" % (tuple(q.shape),))
+    if len(k_cache.shape) != 4 or len(v_cache.shape) != 4:
+        raise ValueError("k_cache / v_cache: shapes %s / %s, expected 4-D caches"
+                         % (tuple(k_cache.shape), tuple(v_cache.shape)))
+    B, sq, Hq, D = (int(d) for d in q.shape)
+    nb, bs = int(k_cache.shape[0]), int(k_cache.shape[1])
+    s_new = 0
+    if k is not None:
+        if len(k.shape) != 4 or int(k.shape[0]) != B:
+            raise ValueError("k: shape %s, expected [%d, seqlen_new, heads, head_dim]" % (tuple(k.shape), B))
+        if tuple(v.shape[:2]) != tuple(k.shape[:2]):
+            raise ValueError("v: shape %s, expected [%d, %d, heads, head_dim] like k"
+                             % (tuple(v.shape), B, int(k.shape[1])))
+        s_new = int(k.shape[1])
+    # the cache as pages: a dense cache is one page of S slots per batch row
+    if block_table is None:
+        bidx = (np.arange(B, dtype=np.int64) if cache_batch_idx is None
+                else _to_numpy(cache_batch_idx).astype(np.int64).reshape(-1))
+        if bidx.shape != (B,) or ((bidx < 0) | (bidx >= nb)).any():
+            raise ValueError("cache_batch_idx: %s, expected %d entries in [0, %d)" % (bidx.tolist(), B, nb))
+        table = bidx.reshape(B, 1).astype(np.int32)
+    else:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: not with a block_table (paged caches are addressed by it)")
+        table = _to_numpy(block_table)
+        if table.ndim != 2 or table.shape[0] != B:
+            raise ValueError("block_table: shape %s, expected [%d, max_blocks]" % (tuple(table.shape), B))
+        table = table.astype(np.int32)
+    cap = table.shape[1] * bs
+    if cache_seqlens is None:
+        lens = np.full(B, cap - s_new, np.int64)
+    elif isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        lens = np.full(B, int(cache_seqlens), np.int64)
+    else:
+        lens = _to_numpy(cache_seqlens).astype(np.int64).reshape(-1)
+    total = lens + s_new
+    if lens.shape != (B,) or (lens < 0).any() or (total > cap).any():
+        raise ValueError("cache_seqlens: %s with %d new tokens, expected %d lengths in [0, %d]"
+                         % (lens.tolist(), s_new, B, cap - s_new))
+    used_pages = [table[b, :(int(total[b]) + bs - 1) // bs] for b in range(B)]
+    if any(((p < 0) | (p >= nb)).any() for p in used_pages):
+        raise ValueError("block_table: a page of the used keys is outside [0, %d)" % nb)
+    # rotary on copies of q and the new k
+    wl, wr = (-1, -1) if window_size is None else window_size
+    qq = q
+    if rotary_cos is not None:
+        if rotary_sin is None or tuple(rotary_sin.shape) != tuple(rotary_cos.shape):
+            raise ValueError("rotary_sin: shape %s, expected rotary_cos's %s"
+                             % (None if rotary_sin is None else tuple(rotary_sin.shape), tuple(rotary_cos.shape)))
+        if L.is_torch(rotary_cos):
+            import torch
+            cs = torch.cat([rotary_cos, rotary_sin], dim=1).contiguous()
+        else:
+            cs = np.ascontiguousarray(np.concatenate([rotary_cos, rotary_sin], axis=1))
+        qq = _contig(q)
+        qq = qq.clone() if L.is_torch(qq) and qq is q else (qq.copy() if qq is q else qq)
+        local = causal or (wl, wr) != (-1, -1)
+        qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else 0)).reshape(-1)
+        rotary_embedding(_side(q, np.broadcast_to(qpos, (B * sq,)).astype(np.int64)),
+                         qq.reshape(B * sq, Hq, D), None, D, cs, not rotary_interleaved)
+        if k is not None:
+            kk = _contig(k)
+            kk = kk.clone() if L.is_torch(kk) and kk is k else (kk.copy() if kk is k else kk)
+            kpos = (lens[:, None] + np.arange(s_new)[None, :]).reshape(-1).astype(np.int64)
+            rotary_embedding(_side(k, kpos), kk.reshape(B * s_new, -1, D), None, D, cs, not rotary_interleaved)
+            k = kk
+    # the append, with the old contents of its slots kept to put back on an error
+    saved = None
+    if s_new:
+        pos = lens[:, None] + np.arange(s_new)[None, :]
+        pages = np.take_along_axis(table.astype(np.int64), pos // bs, axis=1)
+        offs = pos % bs
+        pg, of = pages.reshape(-1), offs.reshape(-1)
+        slots = pg * bs + of
+        ipg, iof = _side(k_cache, pg), _side(k_cache, of)
+        saved = (ipg, iof, k_cache[ipg, iof].clone() if L.is_torch(k_cache) else k_cache[pg, of].copy(),
+                 v_cache[ipg, iof].clone() if L.is_torch(v_cache) else v_cache[pg, of].copy())
+        s = L.reshape_and_cache_flash(_tokens_view(k, "k"), _tokens_view(v, "v"), _out(k_cache, "k_cache"),
+                                      _out(v_cache, "v_cache"), _view(_side(k, slots.astype(np.int64)), "slot_mapping"))
+        if s:
+            _raise(s)
+    try:
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        dv = int(v_cache.shape[-1])
+        if out is None:
+            out = _empty(q, (B, sq, Hq, dv))
+        lse = _empty(q, (B, sq, Hq), f32=True) if return_softmax_lse else None
+        params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, 0,
+                               _view(alibi_slopes, "alibi_slopes"))
+        keep = None
+        if alibi_slopes is not None:
+            params, keep = params
+        cu_q = _side(q, (np.arange(B + 1) * sq).astype(np.int32))
+        st = L.flash_attn_varlen(_tokens_view(out, "out", True),
+                                 None if lse is None else _view(lse.reshape(B * sq, Hq), "lse"),
+                                 _tokens_view(qq, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"),
+                                 _view(cu_q, "cu_seqlens_q"), None,
+                                 _view(_side(q, total.astype(np.int32)), "cache_seqlens"),
+                                 _view(_side(q, table), "block_table"), params)
+        del keep
+        if st:
+            _raise(st)
+    except BaseException:
+        if saved is not None:  # put the appended slots back
+            ipg, iof, ok, ov = saved
+            if L.is_torch(k_cache):
+                k_cache[ipg, iof] = ok
+                v_cache[ipg, iof] = ov
+            else:
+                k_cache[ipg, iof] = ok
+                v_cache[ipg, iof] = ov
+        raise
+    if return_softmax_lse:
+        return out, (lse.transpose(1, 2) if L.is_torch(lse) else lse.transpose(0, 2, 1))
+    return out
 
 
 def _seqlens_from_cu(cu, name):

@@ -107,7 +107,18 @@ typedef struct {
     float scale, softcap;
     int64_t wl, wr;        /* window; -1 unbounded; causal already folded into wr = 0 */
     int has_lse;
+    const float *alibi;    /* NULL, or ALiBi slopes: request b, head h at alibi[b * alibi_bstride + h] */
+    int64_t alibi_bstride; /* Hq ([B, Hq] slopes) or 0 ([Hq]) */
 } lk_attn_args;
+
+/* ALiBi: s[jj] -= slope * |i + k_len - q_len - (j0 + jj)| for keys j0 .. j0 + n - 1 of
+ * query i of request b, head h (f32; the SIMD kernels' one place for it) */
+static inline void lk_attn_alibi_add(const lk_attn_args *a, int64_t b, int64_t h, int64_t i, int64_t q_len,
+                                     int64_t k_len, int64_t j0, int64_t n, float *s) {
+    float slope = a->alibi[b * a->alibi_bstride + h];
+    int64_t pos = i + k_len - q_len - j0;
+    for (int64_t jj = 0; jj < n; jj++) s[jj] -= slope * (float)(pos > jj ? pos - jj : jj - pos);
+}
 
 /* element offset of (request b, key j, kv head h, dim d) in kc or vc */
 static inline int64_t lk_attn_key_off(const lk_attn_args *a, const lk_paged *c, int64_t b,

@@ -404,3 +404,157 @@ def test_copy_blocks_mla_and_errors(rng):
     with pytest.raises(ValueError, match="value_caches"):
         lk.copy_blocks(kv[:2], kv[2:], mapping)
     assert unchanged(before, *kv)
+
+
+# ---------------------------------------------------------------- 8. flash_attn_with_kvcache, ALiBi
+
+
+def ref_decode(q, kseq, vseq, scale, causal, window=(-1, -1), softcap=0.0, slopes=None):
+    """q [sq, Hq, D], kseq/vseq [L, Hk, D] (the request's whole key sequence) -> out, lse [Hq, sq]."""
+    q, kseq, vseq = f64(q), f64(kseq), f64(vseq)
+    sq, Hq, _ = q.shape
+    L_, Hk = kseq.shape[:2]
+    out, lse = np.zeros((sq, Hq, vseq.shape[2])), np.full((Hq, sq), -np.inf)
+    off = L_ - sq
+    i, j = np.arange(sq)[:, None], np.arange(L_)[None, :]
+    vis = np.ones((sq, L_), bool)
+    left, right = window
+    if causal:
+        right = 0
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    for h in range(Hq):
+        kh = h // (Hq // Hk)
+        s = q[:, h] @ kseq[:, kh].T * scale
+        if softcap > 0:
+            s = softcap * np.tanh(s / softcap)
+        if slopes is not None:
+            s = s - slopes[h] * np.abs(i + off - j)
+        s = np.where(vis, s, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        ok = np.isfinite(m[:, 0])
+        e = np.where(vis, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+        tot = e.sum(axis=1, keepdims=True)
+        out[ok, h] = (e @ vseq[:, kh])[ok] / tot[ok]
+        lse[h, ok] = (m[:, 0] + np.log(np.where(tot[:, 0] > 0, tot[:, 0], 1)))[ok]
+    return out, lse
+
+
+def rope_ref(x, pos, cos, sin, interleaved):
+    """x [n, H, D] f64 rotated at positions pos [n] (flash-attention's rotary: first rot dims)."""
+    x = f64(x).copy()
+    rot = 2 * cos.shape[1]
+    c, s_ = f64(cos)[pos][:, None, :], f64(sin)[pos][:, None, :]
+    if interleaved:
+        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
+        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s_, b * c + a * s_
+    else:
+        a, b = x[..., :rot // 2].copy(), x[..., rot // 2:rot].copy()
+        x[..., :rot // 2], x[..., rot // 2:rot] = a * c - b * s_, b * c + a * s_
+    return x
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [None, True, False])
+def test_flash_attn_with_kvcache(rng, paged, rotary):
+    torch = torch_or_skip()
+    B, sq, Hq, Hk, D, S = 3, 2, 4, 2, 32, 24
+    q = torch.randn(B, sq, Hq, D)
+    k_new, v_new = torch.randn(B, sq, Hk, D), torch.randn(B, sq, Hk, D)
+    seqlens = torch.tensor([5, 0, 17], dtype=torch.int32)
+    if paged:
+        bs, NB = 4, 20
+        k_cache, v_cache = torch.randn(NB, bs, Hk, D), torch.randn(NB, bs, Hk, D)
+        block_table = torch.from_numpy(rng.permutation(NB)[:B * 6].reshape(B, 6).astype(np.int32))
+        batch_idx = None
+    else:
+        k_cache, v_cache = torch.randn(4, S, Hk, D), torch.randn(4, S, Hk, D)
+        block_table, batch_idx = None, torch.tensor([2, 0, 3], dtype=torch.int32)
+    cos = sin = None
+    if rotary is not None:
+        ang = torch.arange(64)[:, None] * (1e-2 * torch.arange(1, 9)[None, :])
+        cos, sin = torch.cos(ang), torch.sin(ang)  # rotary_dim 16 of D = 32
+    k0, v0, q0, kn0 = k_cache.clone(), v_cache.clone(), q.clone(), k_new.clone()
+    out, lse = lk.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=seqlens, cache_batch_idx=batch_idx, block_table=block_table,
+                                          causal=True, rotary_interleaved=bool(rotary), return_softmax_lse=True)
+    assert out.shape == (B, sq, Hq, D) and lse.shape == (B, Hq, sq)
+    assert torch.equal(q, q0) and torch.equal(k_new, kn0)  # inputs not modified
+    for b in range(B):
+        n = int(seqlens[b])
+
+        def seq(cache):
+            if paged:
+                bs_ = cache.shape[1]
+                return torch.cat([cache[block_table[b, p]] for p in range(6)])[: n + sq]
+            return cache[batch_idx[b]][: n + sq]
+        kn = k_new[b]
+        qb = q[b]
+        if rotary is not None:
+            kn = rope_ref(kn, n + np.arange(sq), cos, sin, rotary)
+            qb = rope_ref(qb, n + np.arange(sq), cos, sin, rotary)
+        kseq, vseq = seq(k_cache), seq(v_cache)
+        close(kseq[n:], f64(kn))  # appended (and rotated) at cache_seqlens
+        assert torch.equal(vseq[n:], v_new[b])
+        old = seq(k0)
+        assert torch.equal(kseq[:n], old[:n])
+        want, want_lse = ref_decode(qb, kseq, vseq, 1 / math.sqrt(D), True)
+        close(out[b], want, 2.0)
+        np.testing.assert_allclose(lse[b].numpy(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attn_with_kvcache_no_append_alibi_window(rng):
+    torch = torch_or_skip()
+    B, sq, Hq, Hk, D, S = 2, 1, 4, 1, 16, 40
+    q = torch.randn(B, sq, Hq, D).to(torch.bfloat16)
+    k_cache, v_cache = torch.randn(B, S, Hk, D).to(torch.bfloat16), torch.randn(B, S, Hk, D).to(torch.bfloat16)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    out = lk.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([33, 7], dtype=torch.int32),
+                                     window_size=(8, 0), softcap=10.0, alibi_slopes=slopes)
+    for b, n in enumerate((33, 7)):
+        want, _ = ref_decode(q[b], k_cache[b, :n], v_cache[b, :n], 1 / 4.0, False, (8, 0), 10.0, f64(slopes))
+        close(out[b], want, 2.0)
+
+
+def test_flash_attn_with_kvcache_errors_restore_cache(rng):
+    torch = torch_or_skip()
+    B, sq, Hq, Hk, D, S = 2, 3, 2, 2, 8, 10
+    q = torch.randn(B, sq, Hq, D)
+    k_cache, v_cache = torch.randn(B, S, Hk, D), torch.randn(B, S, Hk, D)
+    k_new, v_new = torch.randn(B, sq, Hk, D), torch.randn(B, sq, Hk, D)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    out = torch.full((B, sq, Hq, D), 9.0)
+    with pytest.raises(lk.LlmkernError) as e:  # bad ALiBi shape: found after the append, which is undone
+        lk.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=2,
+                                   alibi_slopes=torch.ones(Hq + 1), out=out)
+    assert "alibi_slopes" in str(e.value) and e.value.status == "LK_ERR_SHAPE"
+    with pytest.raises(ValueError, match="cache_seqlens"):  # 8 + 3 > 10 slots
+        lk.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor([1, 8]), out=out)
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        lk.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=0,
+                                   cache_batch_idx=torch.tensor([0, 2]), out=out)
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        lk.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=2, cache_leftpad=torch.zeros(2))
+    assert torch.equal(k_cache, k0) and torch.equal(v_cache, v0) and torch.all(out == 9.0)
+
+
+@pytest.mark.parametrize("shape", ["h", "bh"])
+def test_flash_attn_varlen_alibi(rng, shape):
+    q, k, v, cu_q, cu_k = varlen_inputs(rng, np.float32, [3, 1, 5], [6, 9, 5])
+    slopes = (0.5 ** np.arange(1, 5)).astype(np.float32)
+    al = slopes if shape == "h" else np.stack([slopes, slopes * 2, slopes / 2])
+    out = lk.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 9, causal=True, alibi_slopes=al)
+    for b in range(3):
+        sl = f64(al if shape == "h" else al[b])
+        want, _ = ref_decode(q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b + 1]], v[cu_k[b]:cu_k[b + 1]],
+                             1 / math.sqrt(32), True, slopes=sl)
+        close(out[cu_q[b]:cu_q[b + 1]], want, 2.0)
+    o = np.full_like(out, 3.0)
+    for bad, status in ((np.ones(5, np.float32), "LK_ERR_SHAPE"), (np.ones((2, 4), np.float32), "LK_ERR_SHAPE"),
+                        (np.ones(4, np.float16), "LK_ERR_DTYPE"), (np.array([1, np.nan, 1, 1], np.float32), "LK_ERR_VALUE")):
+        with pytest.raises(lk.LlmkernError) as e:
+            lk.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 9, alibi_slopes=bad, out=o)
+        assert "alibi_slopes" in str(e.value) and e.value.status == status
+    assert np.all(o == 3.0)
