@@ -196,7 +196,7 @@ LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor 
 /* Block copies of paged caches (vLLM's swap_blocks / copy_blocks / copy_blocks_mla).
  * A cache is any view whose dim 0 indexes blocks ([num_blocks, block_size, H, D], an MLA
  * cache [num_blocks, block_size, Dl + Dr], an NZ physical view, ...); a block is
- * everything under one dim-0 index, copied bit for bit (any strides).
+ * everything under one dim-0 index, copied bit for bit (any strides; f32/f16/bf16).
  * block_mapping [N, 2] i64 or i32: row i copies block block_mapping[i, 0] of the source
  * to block block_mapping[i, 1] of the destination.
  * lk_swap_blocks: src [NBs, ...] -> dst [NBd, ...], same dtype, same dims after dim 0;
