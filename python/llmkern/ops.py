@@ -304,12 +304,14 @@ def _copy_into(dst, src):
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                      output_lse=None, prefill_tokens_with_context=None):
+                      output_lse=None, prefill_tokens_with_context=None, output_scale=None):
     """output [T, H, D] = LSE merge of (prefix_output, prefix_lse) and (suffix_output,
     suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes).
     prefill_tokens_with_context = N (vLLM): only tokens < N have a prefix state; tokens
     >= N take the suffix as it is (output = suffix_output rounded to output's dtype,
     output_lse = suffix_lse), their prefix state is not read."""
+    if output_scale is not None:
+        raise NotImplementedError("output_scale: fp8 outputs are not supported")
     n = prefill_tokens_with_context
     T = output.shape[0] if len(output.shape) else 0
     if n is not None:
@@ -362,7 +364,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *,
-                           return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND"):
+                           return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND",
+                           scheduler_metadata=None, num_splits=0, fa_version=None, q_v=None,
+                           q_descale=None, k_descale=None, v_descale=None, s_aux=None):
     """flash-attention's varlen attention. q [Tq, Hq, Dqk]; dense k [Tk, Hk, Dqk],
     v [Tk, Hk, Dv] with cu_seqlens_k, or paged caches with block_table [B, pages] and
     seqused_k [B] (cu_seqlens_k None; kv_layout 'ND' or 'NZ'). Returns out [Tq, Hq, Dv]
@@ -371,10 +375,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Paged K/V take the key lengths from seqused_k (vLLM) or, without it, from
     cu_seqlens_k (flash-attention 2). alibi_slopes: f32 [Hq] or [B, Hq], a bias of
     -slope * |i + k_len - q_len - j| on the scaled (and softcapped) score.
-    max_seqlen_* are accepted for compatibility and not needed; deterministic is
-    ignored (results never depend on the thread count)."""
+    max_seqlen_* are accepted for compatibility and not needed; deterministic,
+    scheduler_metadata, num_splits and fa_version are ignored (results never depend on the
+    thread count); q_v, q/k/v_descale and s_aux raise NotImplementedError."""
     if dropout_p:
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
+    # vLLM's vllm_flash_attn keywords: scheduling hints are ignored, the rest refused
+    for name, val in (("q_v", q_v), ("q_descale", q_descale), ("k_descale", k_descale),
+                      ("v_descale", v_descale), ("s_aux", s_aux)):
+        if val is not None:
+            raise NotImplementedError("%s: not supported (%s)" % (
+                name, "fp8 attention" if name.endswith("descale") else
+                "attention sinks" if name == "s_aux" else "FlashAttention-3's MLA q_v"))
     lay = _layout(kv_layout)
     if block_table is not None and seqused_k is None and cu_seqlens_k is not None:
         # flash-attention 2's paged form: the key lengths come from cu_seqlens_k

@@ -558,3 +558,25 @@ def test_flash_attn_varlen_alibi(rng, shape):
             lk.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 9, alibi_slopes=bad, out=o)
         assert "alibi_slopes" in str(e.value) and e.value.status == status
     assert np.all(o == 3.0)
+
+
+def test_vllm_flash_attn_keywords(rng):
+    """vLLM's vllm_flash_attn call: keywords only (max_seqlen_q before cu_seqlens_q in its
+    signature), scheduling hints accepted, fp8 / sinks refused naming the argument."""
+    q, k, v, cu_q, cu_k = varlen_inputs(rng, np.float32, [2, 3], [4, 5])
+    kc, vc, table = paged_from_dense(rng, k, v, [4, 5], cu_k[:-1], BS=4, NB=5)
+    out = np.empty_like(q)
+    lk.flash_attn_varlen_func(q=q, k=kc, v=vc, out=out, cu_seqlens_q=cu_q, max_seqlen_q=3,
+                              seqused_k=np.array([4, 5], np.int32), max_seqlen_k=5, softmax_scale=0.2,
+                              causal=True, alibi_slopes=None, window_size=(-1, -1), block_table=table,
+                              softcap=0.0, scheduler_metadata=None, fa_version=2, q_descale=None,
+                              k_descale=None, v_descale=None, num_splits=0, cu_seqlens_k=None)
+    want, _ = ref_attention(q, k, v, cu_q, [4, 5], cu_k[:-1], 0.2, True, (-1, -1), 0.0)
+    close(out, want, 2.0)
+    for kw in ("q_descale", "s_aux", "q_v"):
+        with pytest.raises(NotImplementedError, match=kw):
+            lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, 3, 5, block_table=table,
+                                      seqused_k=np.array([4, 5], np.int32), **{kw: np.ones(1, np.float32)})
+    with pytest.raises(NotImplementedError, match="output_scale"):
+        lk.merge_attn_states(out, q, np.zeros((4, 5), np.float32), q, np.zeros((4, 5), np.float32),
+                             output_scale=np.ones(1, np.float32))
