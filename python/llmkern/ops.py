@@ -231,9 +231,9 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
         _raise(s)
 
 
-def _to_numpy(x):
+def _to_numpy(x, name="cu_seq_lens"):
     if L.is_torch(x):
-        L.info(x, "cu_seq_lens")  # device / dtype check
+        L.info(x, name)  # device / dtype check
         return x.numpy()
     return np.asarray(x)
 
@@ -435,10 +435,11 @@ def _side(like, a):
     return a
 
 
-def _contig(x):
+def _fresh_copy(x):
+    """A contiguous copy of x (never x itself): rotary is applied to it, not to x."""
     if L.is_torch(x):
-        return x.contiguous()
-    return np.ascontiguousarray(x)
+        return x.clone(memory_format=__import__("torch").contiguous_format)
+    return np.array(x, order="C", copy=True)
 
 
 def _tokens_view(x, name, writable=False):
@@ -493,14 +494,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # the cache as pages: a dense cache is one page of S slots per batch row
     if block_table is None:
         bidx = (np.arange(B, dtype=np.int64) if cache_batch_idx is None
-                else _to_numpy(cache_batch_idx).astype(np.int64).reshape(-1))
+                else _to_numpy(cache_batch_idx, "cache_batch_idx").astype(np.int64).reshape(-1))
         if bidx.shape != (B,) or ((bidx < 0) | (bidx >= nb)).any():
             raise ValueError("cache_batch_idx: %s, expected %d entries in [0, %d)" % (bidx.tolist(), B, nb))
         table = bidx.reshape(B, 1).astype(np.int32)
     else:
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx: not with a block_table (paged caches are addressed by it)")
-        table = _to_numpy(block_table)
+        table = _to_numpy(block_table, "block_table")
         if table.ndim != 2 or table.shape[0] != B:
             raise ValueError("block_table: shape %s, expected [%d, max_blocks]" % (tuple(table.shape), B))
         table = table.astype(np.int32)
@@ -510,7 +511,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
         lens = np.full(B, int(cache_seqlens), np.int64)
     else:
-        lens = _to_numpy(cache_seqlens).astype(np.int64).reshape(-1)
+        lens = _to_numpy(cache_seqlens, "cache_seqlens").astype(np.int64).reshape(-1)
     total = lens + s_new
     if lens.shape != (B,) or (lens < 0).any() or (total > cap).any():
         raise ValueError("cache_seqlens: %s with %d new tokens, expected %d lengths in [0, %d]"
@@ -530,15 +531,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cs = torch.cat([rotary_cos, rotary_sin], dim=1).contiguous()
         else:
             cs = np.ascontiguousarray(np.concatenate([rotary_cos, rotary_sin], axis=1))
-        qq = _contig(q)
-        qq = qq.clone() if L.is_torch(qq) and qq is q else (qq.copy() if qq is q else qq)
+        qq = _fresh_copy(q)
         local = causal or (wl, wr) != (-1, -1)
         qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else 0)).reshape(-1)
         rotary_embedding(_side(q, np.broadcast_to(qpos, (B * sq,)).astype(np.int64)),
                          qq.reshape(B * sq, Hq, D), None, D, cs, not rotary_interleaved)
         if k is not None:
-            kk = _contig(k)
-            kk = kk.clone() if L.is_torch(kk) and kk is k else (kk.copy() if kk is k else kk)
+            kk = _fresh_copy(k)
             kpos = (lens[:, None] + np.arange(s_new)[None, :]).reshape(-1).astype(np.int64)
             rotary_embedding(_side(k, kpos), kk.reshape(B * s_new, -1, D), None, D, cs, not rotary_interleaved)
             k = kk
@@ -582,12 +581,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     except BaseException:
         if saved is not None:  # put the appended slots back
             ipg, iof, ok, ov = saved
-            if L.is_torch(k_cache):
-                k_cache[ipg, iof] = ok
-                v_cache[ipg, iof] = ov
-            else:
-                k_cache[ipg, iof] = ok
-                v_cache[ipg, iof] = ov
+            k_cache[ipg, iof] = ok
+            v_cache[ipg, iof] = ov
         raise
     if return_softmax_lse:
         return out, (lse.transpose(1, 2) if L.is_torch(lse) else lse.transpose(0, 2, 1))
@@ -597,7 +592,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def _seqlens_from_cu(cu, name):
     """[B] int32 lengths cu[b + 1] - cu[b] of a cumulative [B + 1] index tensor (a new
     array on cu's side); ValueError naming cu where it is not [B + 1] non-decreasing."""
-    c = _to_numpy(cu)
+    c = _to_numpy(cu, name)
     if c.ndim != 1 or c.shape[0] < 1 or c.dtype.kind not in "iu":
         raise ValueError("%s: shape %s dtype %s, expected [batch + 1] int32"
                          % (name, tuple(c.shape), c.dtype))
