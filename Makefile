@@ -33,11 +33,13 @@ test-sanitize: deps
 
 # every test: the C tests of the optimised build and of the sanitizer build, the Python
 # binding's pytest suite on the package as `pip install ./python` builds it (installed
-# into $(BUILD)/py-install, nothing outside the build directory changes), the fuzz
+# into $(BUILD)/py-install, nothing outside the build directory changes), the installed C
+# package (tests/install_check.sh: cmake --install into $(BUILD)/install-check, the README
+# example built against it with pkg-config and with find_package(llmkern)), the fuzz
 # smoke (fuzz-smoke below: builds the harnesses, clang-14 installed when missing, and
 # runs each for FUZZ_SMOKE_TIME seconds; if clang cannot be installed or a harness fails
 # to build or finds a bug, the suite fails), one grand total at the end
-TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke
+TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|install=./tests/install_check.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)

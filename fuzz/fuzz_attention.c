@@ -7,21 +7,24 @@
  * (validated here from the stored values: cu_seqlens negative / decreasing / beyond the
  * rows, seqused_k beyond the block table, block_table entries of read pages outside
  * [0, num_blocks)), empty caches (0 pages, block size 0 too), API misuse (cu_seqlens_k with a block table, seqused_k without),
- * out aliasing q, NULL params. out is compared with the ref within the test suite's
+ * out aliasing q, NULL params, ALiBi slopes [Hq] / [B, Hq] (wrong shapes and non-finite
+ * values too). out is compared with the ref within the test suite's
  * vs-ref tolerance, lse within 1e-4.
  */
 #include "fuzz_common.h"
 
 typedef struct {
-    int out, lse, q, k, v, cuq, cuk, used, table, null_params;
+    int out, lse, q, k, v, cuq, cuk, used, table, null_params, alibi;
     lk_attn_params p;
 } attn_attrs;
 
 static lk_status call(const fz_world *w, const void *ap) {
     const attn_attrs *a = ap;
+    lk_attn_params p = a->p;
+    p.alibi_slopes = a->alibi < 0 ? NULL : fz_t(w, a->alibi);
     return lk_flash_attn_varlen(fz_t(w, a->out), fz_t(w, a->lse), fz_t(w, a->q), fz_t(w, a->k),
                                 fz_t(w, a->v), fz_t(w, a->cuq), fz_t(w, a->cuk), fz_t(w, a->used),
-                                fz_t(w, a->table), a->null_params ? NULL : &a->p);
+                                fz_t(w, a->table), a->null_params ? NULL : &p);
 }
 
 /* cu_seqlens rules from the stored values: >= 0, non-decreasing, last <= rows */
@@ -40,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_init(&w, &in, "lk_flash_attn_varlen");
     attn_attrs a;
     memset(&a, 0, sizeof a);
-    a.cuk = a.used = a.table = a.lse = -1;
+    a.cuk = a.used = a.table = a.lse = a.alibi = -1;
     int64_t B = fz_range(&in, 0, 3), ql[3], kl[3], Tq = 0, Tk = 0;
     for (int64_t b = 0; b < B; b++) {
         ql[b] = fz_range(&in, 0, 4), kl[b] = fz_range(&in, 0, 12);
@@ -163,6 +166,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned ci = fz_u8(&in) % 6;
     a.p.softcap = CAP[ci];
     if (ci >= 4) fz_fail_expected(&w, "softcap out of domain");
+    unsigned am = fz_u8(&in) % 8; /* ALiBi slopes: 5 [Hq], 6 [B, Hq], 7 a wrong shape */
+    if (am >= 5) {
+        int64_t as[2] = {am == 5 ? Hq : B, Hq};
+        if (am == 7) as[1] = Hq + 1, fz_fail_expected(&w, "alibi_slopes shape");
+        a.alibi = fz_view_new(&w, &in, "alibi_slopes", LK_F32, am == 5 ? 1 : 2, as, FZ_IN);
+        fz_fill(&w, a.alibi, 0, 1);
+        if (fz_usable(&w, a.alibi))
+            for (int64_t i = 0; i < fz_numel(&w.v[a.alibi].t); i++)
+                if (!isfinite(fz_get(&w.v[a.alibi].t, i))) fz_fail_expected(&w, "alibi slope not finite");
+    }
     if (paged && fz_chance(&in, 4)) {
         a.p.kv_layout = (lk_kv_layout)7;
         fz_fail_expected(&w, "unknown kv layout");

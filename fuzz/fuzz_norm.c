@@ -2,7 +2,7 @@
  * Fuzz harness: lk_rms_norm and lk_fused_add_rms_norm (see fuzz_common.h for the
  * checks). Input: op, rank, shape, dtypes of every operand, layouts, aliasing (out = x
  * in place, out and x slices of one buffer, overlapping slices), eps and gemma, rare
- * shape mismatches and NULL tensor pointers.
+ * shape mismatches and NULL tensor pointers; w NULL (no weight) is a valid call.
  */
 #include "fuzz_common.h"
 
@@ -86,13 +86,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_tol(&w, a.res, 0.0);
         if (w.v[a.res].t.dtype != LK_F32) w.v[a.res].atol = w.v[a.res].rtol = 0.0;
     }
+    int noweight = fz_chance(&in, 6); /* w NULL: the weightless form (valid) */
     int64_t ws = D;
-    if (fz_chance(&in, 8)) {
+    if (!noweight && fz_chance(&in, 8)) {
         ws = D + (fz_u8(&in) & 1 ? 1 : -1);
         if (ws < 0) ws = 1;
         if (ws != D) fz_fail_expected(&w, "w shape differs from D");
     }
-    if (alias == 3 && a.fused && fz_usable(&w, a.x)) { /* w slice of x's buffer: x is written, must be rejected */
+    if (noweight) {
+        a.w = -1;
+    } else if (alias == 3 && a.fused && fz_usable(&w, a.x)) { /* w slice of x's buffer: x is written, must be rejected */
         a.w = fz_view_alias(&w, a.x, "w", FZ_IN);
         w.v[a.w].inplace_of = -1;
         w.v[a.w].t.ndim = 1;
@@ -108,11 +111,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (e >= 5) fz_fail_expected(&w, "eps out of domain");
     a.gemma = (int)(fz_u8(&in) % 3); /* any non-zero value means gemma */
     if (fz_chance(&in, 4)) { /* a NULL tensor pointer */
-        int k = (int)(fz_u8(&in) % 3);
+        int k = (int)(fz_u8(&in) % 2);
         if (k == 0) a.x = -1;
-        else if (k == 1 && a.fused) a.res = -1;
-        else if (k == 1) a.out = -1;
-        else a.w = -1;
+        else if (a.fused) a.res = -1;
+        else a.out = -1;
         fz_fail_expected(&w, "NULL tensor pointer");
     }
     fz_run(&w, call, &a);

@@ -24,9 +24,9 @@ extern "C" {
 #endif
 
 #define LLMKERN_VERSION_MAJOR 0
-#define LLMKERN_VERSION_MINOR 1
+#define LLMKERN_VERSION_MINOR 2
 #define LLMKERN_VERSION_PATCH 0
-#define LLMKERN_VERSION_STRING "0.1.0"
+#define LLMKERN_VERSION_STRING "0.2.0"
 
 #if defined(_WIN32) && defined(LLMKERN_SHARED_BUILD)
 #define LK_API __declspec(dllexport)
@@ -114,12 +114,14 @@ LK_API int lk_get_num_threads(void);
 /* out[..., D] = x * rsqrt(mean(x^2) + eps) * w            (gemma = 0)
  *             = x * rsqrt(mean(x^2) + eps) * (1 + w)      (gemma != 0)
  * x, out: [..., D], same shape, any rank >= 1; w: [D]. out may be x itself
- * (identical view); any other overlap is an error. eps >= 0. */
+ * (identical view); any other overlap is an error. eps >= 0.
+ * w == NULL: no weight (vLLM's `Tensor? weight`): out = x * rsqrt(mean(x^2) + eps),
+ * `gemma` is then ignored. Also for lk_fused_add_rms_norm. */
 LK_API lk_status lk_rms_norm(const lk_tensor *out, const lk_tensor *x, const lk_tensor *w,
                              float eps, int gemma);
 
 /* residual = round(x + residual); x = rms_norm(residual) (both in place).
- * x, residual: [..., D] same shape; w: [D]. */
+ * x, residual: [..., D] same shape; w: [D] or NULL (no weight). */
 LK_API lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual,
                                        const lk_tensor *w, float eps, int gemma);
 
@@ -135,6 +137,33 @@ LK_API lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *resi
  * out overlapping x or itself (LK_ERR_ALIAS). */
 LK_API lk_status lk_silu_and_mul(const lk_tensor *out, const lk_tensor *x);
 LK_API lk_status lk_gelu_tanh_and_mul(const lk_tensor *out, const lk_tensor *x);
+
+/* More activations, vLLM's names, the same contract as lk_silu_and_mul (every f32/f16/bf16
+ * pairing, any strides, f32 arithmetic, one rounding per output). Gated forms, x [..., 2d]
+ * -> out [..., d], g = x[..., :d] and u = x[..., d:] unless said:
+ *   gelu_and_mul       gelu(g) * u, gelu(g) = 0.5 g (1 + erf(g / sqrt(2))) (exact GELU,
+ *                      evaluated as 0.5 g erfc(-g / sqrt(2)): no cancellation for g << 0)
+ *   mul_and_silu       g * silu(u) (the activation is on the SECOND half)
+ *   fatrelu_and_mul    (g > threshold ? g : 0) * u (a NaN gate gives 0 * u); threshold finite
+ *   swigluoai_and_mul  gpt-oss, INTERLEAVED halves g = x[..., 0::2], u = x[..., 1::2]:
+ *                      g = min(g, limit), u = clamp(u, -limit, limit),
+ *                      out = (u + 1) * g * sigmoid(alpha * g); vLLM's defaults alpha = 1.702,
+ *                      limit = 7; alpha and limit finite and > 0 (else LK_ERR_VALUE)
+ * Element-wise forms, out shaped like x:
+ *   gelu_new, gelu_fast  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (gelu_fast's
+ *                      constant 0.7978845608 is sqrt(2/pi) in f32: the same function),
+ *                      evaluated as x / (1 + exp(-2u)) like gelu_tanh
+ *   gelu_quick         x * sigmoid(1.702 x)
+ * Special values: every activation's limit at -inf is -0 (so act(-inf) * y = -0 * y),
+ * +inf gives +inf, NaN propagates (clamps keep a NaN; fatrelu's compare maps it to 0).
+ * Errors as lk_silu_and_mul's (odd last dim and out's shape for the gated forms). */
+LK_API lk_status lk_gelu_and_mul(const lk_tensor *out, const lk_tensor *x);
+LK_API lk_status lk_mul_and_silu(const lk_tensor *out, const lk_tensor *x);
+LK_API lk_status lk_fatrelu_and_mul(const lk_tensor *out, const lk_tensor *x, float threshold);
+LK_API lk_status lk_swigluoai_and_mul(const lk_tensor *out, const lk_tensor *x, float alpha, float limit);
+LK_API lk_status lk_gelu_new(const lk_tensor *out, const lk_tensor *x);
+LK_API lk_status lk_gelu_fast(const lk_tensor *out, const lk_tensor *x);
+LK_API lk_status lk_gelu_quick(const lk_tensor *out, const lk_tensor *x);
 
 /* ---------------------------------------------------------------- rotary */
 
@@ -163,6 +192,24 @@ LK_API lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor
 LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
                                             const lk_tensor *k_cache, const lk_tensor *v_cache,
                                             const lk_tensor *slot_mapping);
+
+/* Block copies of paged caches (vLLM's swap_blocks / copy_blocks / copy_blocks_mla).
+ * A cache is any view whose dim 0 indexes blocks ([num_blocks, block_size, H, D], an MLA
+ * cache [num_blocks, block_size, Dl + Dr], an NZ physical view, ...); a block is
+ * everything under one dim-0 index, copied bit for bit (any strides; f32/f16/bf16).
+ * block_mapping [N, 2] i64 or i32: row i copies block block_mapping[i, 0] of the source
+ * to block block_mapping[i, 1] of the destination.
+ * lk_swap_blocks: src [NBs, ...] -> dst [NBd, ...], same dtype, same dims after dim 0;
+ * src and dst must not overlap.
+ * lk_copy_blocks: n >= 1 caches, each copied within itself (caches[c][dst] =
+ * caches[c][src]; key and value caches of every layer are n separate caches); they must
+ * not overlap each other.
+ * Errors before any store: a block index outside its cache (LK_ERR_INDEX, naming
+ * block_mapping and the row), a destination block named twice or also a source of the
+ * same cache (LK_ERR_INDEX: the copies would depend on their order), shapes / dtypes
+ * (LK_ERR_SHAPE / LK_ERR_DTYPE), overlaps (LK_ERR_ALIAS), n < 1 (LK_ERR_VALUE). */
+LK_API lk_status lk_swap_blocks(const lk_tensor *src, const lk_tensor *dst, const lk_tensor *block_mapping);
+LK_API lk_status lk_copy_blocks(int n, const lk_tensor *caches, const lk_tensor *block_mapping);
 
 /* ---------------------------------------------------------------- attention */
 
@@ -240,6 +287,12 @@ LK_API lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache,
 
 /* ---------------------------------------------------------------- flash attention */
 
+/* ABI: fields are only ever appended, never reordered; lk_attn_params_default() sets
+ * every field, so code that starts from it (or zero-initialises the tail with a
+ * designated / brace initializer) keeps its meaning when fields are added. A field added
+ * changes the struct's size: the library's minor version (and soname, libllmkern.so.0.N)
+ * changes with it, so a binary built against an older header keeps loading the library
+ * it was built for. alibi_slopes: since 0.2. */
 typedef struct lk_attn_params {
     float scale;            /* softmax scale, always explicit (no 1/sqrt(D) default)      */
     int causal;             /* bottom-right causal: sets window_right = 0                  */
@@ -247,9 +300,12 @@ typedef struct lk_attn_params {
     int64_t window_right;   /* with off = k_len - q_len; -1 = unbounded                     */
     float softcap;          /* > 0: s = softcap * tanh(s / softcap) on the scaled score     */
     lk_kv_layout kv_layout; /* paged K/V only                                               */
+    const lk_tensor *alibi_slopes; /* NULL, or f32 [Hq] or [B, Hq] (any strides), finite:   */
+                            /* s -= slope[b, h] * |i + off - j| after scale and softcap     */
+                            /* (flash-attention's ALiBi)                                    */
 } lk_attn_params;
 
-/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND} */
+/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND, alibi_slopes = NULL} */
 LK_API lk_attn_params lk_attn_params_default(float scale);
 
 /* Variable-length attention, flash-attention semantics.

@@ -5,8 +5,11 @@
 #  LLMKERN_PY_INSTALL=1: `pip install ./python` first, into <build-dir>/py-install (pip
 #           --target: nothing outside the build directory changes; the package builds its
 #           own copy of the library with cmake), and test that installed package.
-# Installs numpy, pytest and ml_dtypes (NumPy's bf16 dtype) when missing. torch is optional
-# (its tests skip without it: PyPI's torch wheels are ~3 GB).
+# Installs numpy, pytest and ml_dtypes (NumPy's bf16 dtype) when missing, and torch from
+# PyPI (the torch-path tests and the llmkern.torch custom ops need it; PyPI's Linux wheel
+# is a CUDA build: torch ~0.9 GB plus ~2.5 GB of nvidia-* / triton packages, a few minutes
+# on a fast link, see the README). LLMKERN_NO_TORCH=1 skips that install (the torch tests
+# then skip).
 # Prints pytest's summary line ("N passed ..."); exit status non-zero on any failure.
 set -eo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,13 @@ fi
 if ! "$PY" -c 'import ml_dtypes' 2>/dev/null && "$PY" -m pip --version >/dev/null 2>&1; then
   echo "installing: ml_dtypes"
   pip_install ml_dtypes
+fi
+# torch from PyPI (as make bench-torch does); a failed install leaves its tests skipping
+if [ "${LLMKERN_NO_TORCH:-0}" != 1 ] && ! "$PY" -c 'import torch' 2>/dev/null && "$PY" -m pip --version >/dev/null 2>&1; then
+  echo "installing: torch (PyPI; first install downloads ~3.5 GB)"
+  t0=$(date +%s)
+  pip_install torch || echo "torch could not be installed: its tests skip"
+  echo "torch install took $(( $(date +%s) - t0 )) s"
 fi
 
 if [ "${LLMKERN_PY_INSTALL:-0}" = 1 ]; then

@@ -47,6 +47,7 @@ static void make_rms_norm(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "x", LK_BF16, 2, s, 0, 1), -2, 2);
     add(in, "out", LK_BF16, 2, s, 1, 0);
     tu_fill_uniform(add(in, "w", LK_F32, 1, &s[1], 0, 0), -1, 1);
+    in->arg[2].optional = 1; /* NULL: no weight */
     in->eps = 1e-6f;
 }
 static lk_status call_rms_norm(const oc_inst *in) { return lk_rms_norm(T(in, 1), T(in, 0), T(in, 2), in->eps, in->flag); }
@@ -57,6 +58,7 @@ static void make_fused(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "x", LK_F16, 2, s, 1, 0), -2, 2);
     tu_fill_uniform(add(in, "residual", LK_F32, 2, s, 1, 1), -2, 2);
     tu_fill_uniform(add(in, "w", LK_BF16, 1, &s[1], 0, 0), -1, 1);
+    in->arg[2].optional = 1; /* NULL: no weight */
     in->eps = 1e-5f;
     in->flag = 1; /* gemma */
 }
@@ -74,6 +76,21 @@ static void make_act(oc_inst *in, oc_size sz) {
 }
 static lk_status call_silu(const oc_inst *in) { return lk_silu_and_mul(T(in, 0), T(in, 1)); }
 static lk_status call_gelu(const oc_inst *in) { return lk_gelu_tanh_and_mul(T(in, 0), T(in, 1)); }
+static lk_status call_gelu_erf(const oc_inst *in) { return lk_gelu_and_mul(T(in, 0), T(in, 1)); }
+static lk_status call_mul_silu(const oc_inst *in) { return lk_mul_and_silu(T(in, 0), T(in, 1)); }
+static lk_status call_fatrelu(const oc_inst *in) { return lk_fatrelu_and_mul(T(in, 0), T(in, 1), 0.25f); }
+static lk_status call_swigluoai(const oc_inst *in) { return lk_swigluoai_and_mul(T(in, 0), T(in, 1), 1.702f, 7.0f); }
+
+/* element-wise activations: out shaped like x */
+static void make_act_ew(oc_inst *in, oc_size sz) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, d = sz == OC_LARGE ? 1024 : sz ? 520 : 20;
+    int64_t s[2] = {R, d};
+    add(in, "out", LK_BF16, 2, s, 1, 0);
+    tu_fill_uniform(add(in, "x", LK_F16, 2, s, 0, 1), -6, 6);
+}
+static lk_status call_gelu_new(const oc_inst *in) { return lk_gelu_new(T(in, 0), T(in, 1)); }
+static lk_status call_gelu_fast(const oc_inst *in) { return lk_gelu_fast(T(in, 0), T(in, 1)); }
+static lk_status call_gelu_quick(const oc_inst *in) { return lk_gelu_quick(T(in, 0), T(in, 1)); }
 
 /* ---------------------------------------------------------------- rotary */
 
@@ -152,6 +169,35 @@ static void make_softmax(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "x", LK_BF16, 3, s, 0, 0), -6, 6);
 }
 static lk_status call_softmax(const oc_inst *in) { return lk_causal_softmax(T(in, 0), T(in, 1)); }
+
+/* ---------------------------------------------------------------- block copies */
+
+/* mapping [N, 2]: sources in [0, NB / 2), distinct destinations in [NB / 2, NB) */
+static void fill_block_map(tu_buf *m, int64_t N, int64_t NB) {
+    for (int64_t i = 0; i < N; i++) {
+        tu_set(m, 2 * i, (double)tu_randint(0, NB / 2 - 1));
+        tu_set(m, 2 * i + 1, (double)(NB / 2 + (i * 7) % (NB - NB / 2)));
+    }
+}
+static void make_swap(oc_inst *in, oc_size sz) {
+    int64_t NB = sz == OC_LARGE ? 96 : sz == OC_MEDIUM ? 16 : 4, bs = sz == OC_LARGE ? 16 : 4, N = NB / 2;
+    int64_t sh[4] = {NB, bs, 2, sz == OC_LARGE ? 128 : 16};
+    tu_fill_uniform(add(in, "src", LK_BF16, 4, sh, 0, 1), -2, 2);
+    tu_fill_uniform(add(in, "dst", LK_BF16, 4, sh, 1, 0), -2, 2);
+    fill_block_map(add(in, "block_mapping", LK_I64, 2, (int64_t[]){N, 2}, 0, 0), N, NB);
+}
+static lk_status call_swap(const oc_inst *in) { return lk_swap_blocks(T(in, 0), T(in, 1), T(in, 2)); }
+static void make_copy_blocks(oc_inst *in, oc_size sz) {
+    int64_t NB = sz == OC_LARGE ? 96 : sz == OC_MEDIUM ? 16 : 4, bs = sz == OC_LARGE ? 16 : 4, N = NB / 2;
+    tu_fill_uniform(add(in, "caches[0]", LK_F16, 4, (int64_t[]){NB, bs, 2, sz == OC_LARGE ? 128 : 16}, 1, 0), -2, 2);
+    tu_fill_uniform(add(in, "caches[1]", LK_F32, 3, (int64_t[]){NB, bs, 48}, 1, 1), -2, 2); /* an MLA cache */
+    fill_block_map(add(in, "block_mapping", LK_I32, 2, (int64_t[]){N, 2}, 0, 1), N, NB);
+}
+static lk_status call_copy_blocks(const oc_inst *in) {
+    lk_tensor c[2] = {in->arg[0].t, in->arg[1].t};
+    /* a NULL cache is passed as a NULL array */
+    return lk_copy_blocks(2, in->arg[0].is_null || in->arg[1].is_null ? NULL : c, T(in, 2));
+}
 
 /* ---------------------------------------------------------------- MLA caches */
 
@@ -240,6 +286,20 @@ static lk_status call_attn_paged(const oc_inst *in) {
                                 &in->params);
 }
 
+/* paged K/V with ALiBi slopes [B, Hq] (argument 8; NULL: no ALiBi) */
+static void make_attn_alibi(oc_inst *in, oc_size sz) {
+    make_attn_paged(in, sz);
+    int64_t Hq = in->arg[0].t.shape[1], B = 2;
+    tu_fill_uniform(add(in, "alibi_slopes", LK_F32, 2, (int64_t[]){B, Hq}, 0, 1), 0.01, 0.5);
+    in->arg[8].optional = 1;
+}
+static lk_status call_attn_alibi(const oc_inst *in) {
+    lk_attn_params p = in->params;
+    p.alibi_slopes = T(in, 8);
+    return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6), T(in, 7),
+                                &p);
+}
+
 /* ---------------------------------------------------------------- MLA prefix prefill */
 
 /* args: out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, then
@@ -320,15 +380,25 @@ const oc_op OC_OPS[] = {
     {"lk_fused_add_rms_norm", make_fused, call_fused},
     {"lk_silu_and_mul", make_act, call_silu},
     {"lk_gelu_tanh_and_mul", make_act, call_gelu},
+    {"lk_gelu_and_mul", make_act, call_gelu_erf},
+    {"lk_mul_and_silu", make_act, call_mul_silu},
+    {"lk_fatrelu_and_mul", make_act, call_fatrelu},
+    {"lk_swigluoai_and_mul", make_act, call_swigluoai},
+    {"lk_gelu_new", make_act_ew, call_gelu_new},
+    {"lk_gelu_fast", make_act_ew, call_gelu_fast},
+    {"lk_gelu_quick", make_act_ew, call_gelu_quick},
     {"lk_rotary_embedding", make_rotary, call_rotary},
     {"lk_reshape_and_cache_flash", make_kv, call_kv},
     {"lk_merge_attn_states", make_merge2, call_merge2},
     {"lk_merge_attn_states_n", make_merge_n, call_merge_n},
     {"lk_causal_softmax", make_softmax, call_softmax},
+    {"lk_swap_blocks", make_swap, call_swap},
+    {"lk_copy_blocks", make_copy_blocks, call_copy_blocks},
     {"lk_concat_and_cache_mla", make_concat, call_concat},
     {"lk_gather_cache", make_gather, call_gather},
     {"lk_flash_attn_varlen", make_attn_dense, call_attn_dense},      /* dense K/V */
     {"lk_flash_attn_varlen", make_attn_paged, call_attn_paged},      /* paged K/V */
+    {"lk_flash_attn_varlen", make_attn_alibi, call_attn_alibi},      /* paged K/V, ALiBi */
     {"lk_mla_prefix_prefill", make_mla_split, call_mla},             /* split + merge, ND */
     {"lk_mla_prefix_prefill", make_mla_concat, call_mla},            /* concat, NZ two buffers */
     {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */

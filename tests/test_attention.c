@@ -27,16 +27,24 @@ typedef struct {
     lk_kv_layout layout;
     int pad;                     /* strided views */
     int lse_t;                   /* lse as the transpose view of a [H, T] buffer */
+    int alibi;                   /* ALiBi slopes: 0 none, 1 [Hq], 2 [B, Hq] (padded view) */
     const char *name;
 } acase;
 
 typedef struct {
-    tu_buf q, k, v, out, lse, cuq, cuk, used, table;
+    tu_buf q, k, v, out, lse, cuq, cuk, used, table, alibi;
     double *want, *want_lse;     /* [Tq][Hq][Dv], [Tq][Hq] */
     int64_t Tq;
 } abufs;
 
 static double frand(void) { return tu_uniform(-1, 1); }
+
+/* ALiBi slope of (request b, head h): powers of 2 as in the ALiBi paper, per request
+ * scaled for the [B, Hq] form */
+static double slope_of(const acase *c, int64_t b, int64_t h) {
+    double s = pow(2.0, -8.0 * (double)(h + 1) / (double)c->Hq);
+    return c->alibi == 2 ? s * (1.0 + 0.25 * (double)b) : s;
+}
 
 /* flat logical index of (page, slot, h, d) in a cache tu_buf */
 static int64_t cache_index(const acase *c, int64_t nb, int64_t page, int64_t slot, int64_t h,
@@ -131,6 +139,12 @@ static void build(const acase *c, abufs *z) {
         }
         free(perm);
     }
+    if (c->alibi) {
+        z->alibi = c->alibi == 1 ? tu_alloc(LK_F32, 1, (int64_t[]){c->Hq}, 0)
+                                 : tu_alloc(LK_F32, 2, (int64_t[]){B, c->Hq}, 1);
+        for (int64_t b = 0; b < (c->alibi == 2 ? B : 1); b++)
+            for (int64_t h = 0; h < c->Hq; h++) tu_set(&z->alibi, b * c->Hq + h, slope_of(c, b, h));
+    }
     /* float64 dense reference */
     z->want = calloc((size_t)(Tq * c->Hq * c->Dv + 1), sizeof(double));
     z->want_lse = malloc(sizeof(double) * (size_t)(Tq * c->Hq + 1));
@@ -157,6 +171,7 @@ static void build(const acase *c, abufs *z) {
                         dot += tu_get(&z->q, (t * c->Hq + h) * c->Dqk + d) * K[b][(j * c->Hk + kh) * c->Dqk + d];
                     double sc = dot * (double)(float)(1.0 / sqrt((double)c->Dqk));
                     if (c->softcap > 0) sc = c->softcap * tanh(sc / c->softcap);
+                    if (c->alibi) sc -= (double)(float)slope_of(c, b, h) * fabs((double)(i + off - j));
                     s[j] = sc;
                     if (sc > m) m = sc;
                 }
@@ -181,6 +196,7 @@ static void build(const acase *c, abufs *z) {
 static void free_bufs(abufs *z) {
     tu_free(&z->q), tu_free(&z->k), tu_free(&z->v), tu_free(&z->out), tu_free(&z->lse);
     tu_free(&z->cuq), tu_free(&z->cuk), tu_free(&z->used), tu_free(&z->table);
+    if (z->alibi.base) tu_free(&z->alibi);
     free(z->want), free(z->want_lse);
 }
 
@@ -196,6 +212,7 @@ static lk_attn_params params_of(const acase *c) {
 
 static lk_status call(const acase *c, abufs *z, int with_lse) {
     lk_attn_params p = params_of(c);
+    if (c->alibi) p.alibi_slopes = &z->alibi.t;
     return lk_flash_attn_varlen(&z->out.t, with_lse ? &z->lse.t : NULL, &z->q.t, &z->k.t, &z->v.t,
                                 &z->cuq.t, c->paged ? NULL : &z->cuk.t, c->paged ? &z->used.t : NULL,
                                 c->paged ? &z->table.t : NULL, &p);
@@ -319,6 +336,24 @@ static void test_grid(void) {
     c = base_case();
     c.ql[0] = 30, c.kl[0] = 10, c.wl = 2, c.wr = 1, c.name = "window excluding rows";
     free(run_case(&c));
+    /* ALiBi ([Hq] and [B, Hq] slopes): prefill tiles, decode chunks, causal, windows,
+     * softcap, dense and paged, q_len > k_len */
+    for (int al = 1; al <= 2; al++) {
+        c = base_case();
+        c.B = 2, c.ql[0] = 40, c.ql[1] = 3, c.kl[0] = 90, c.kl[1] = 3, c.Hq = 4, c.Hk = 2, c.alibi = al;
+        c.causal = 1, c.name = al == 1 ? "alibi [Hq] causal" : "alibi [B, Hq] causal";
+        free(run_case(&c));
+        c.causal = 0, c.name = "alibi non-causal";
+        free(run_case(&c));
+        c.wl = 7, c.wr = 2, c.softcap = 3.0f, c.qt = c.kt = c.ot = LK_F32, c.name = "alibi window softcap f32";
+        free(run_case(&c));
+        c = base_case();
+        c.B = 3, c.ql[0] = 1, c.ql[1] = 2, c.ql[2] = 1, c.kl[0] = 700, c.kl[1] = 33, c.kl[2] = 0, c.paged = 1;
+        c.Hq = 8, c.Hk = 2, c.causal = 1, c.alibi = al, c.name = "alibi decode paged";
+        free(run_case(&c));
+        c.ql[1] = 5, c.kl[1] = 2, c.paged = 0, c.name = "alibi q > k";
+        free(run_case(&c));
+    }
     /* softcap */
     c = base_case();
     c.ql[0] = 40, c.kl[0] = 90, c.softcap = 2.0f, c.causal = 1, c.name = "softcap";
@@ -702,12 +737,37 @@ static void test_regress_empty_cache_block_size_0(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* ALiBi slopes of a wrong shape, dtype, rank or value: named, nothing written */
+static void test_alibi_bad(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 3, c.ql[1] = 2, c.kl[0] = 5, c.kl[1] = 4, c.Hq = 4, c.Hk = 2, c.alibi = 2;
+    abufs z;
+    build(&c, &z);
+    tu_buf bad[5] = {tu_alloc(LK_F32, 1, (int64_t[]){5}, 0), tu_alloc(LK_F32, 2, (int64_t[]){3, 4}, 0),
+                     tu_alloc(LK_F16, 1, (int64_t[]){4}, 0), tu_alloc(LK_F32, 3, (int64_t[]){2, 4, 1}, 0),
+                     tu_alloc(LK_F32, 1, (int64_t[]){4}, 0)};
+    lk_status want[5] = {LK_ERR_SHAPE, LK_ERR_SHAPE, LK_ERR_DTYPE, LK_ERR_RANK, LK_ERR_VALUE};
+    for (int i = 0; i < 5; i++) tu_fill_uniform(&bad[i], 0.1, 1);
+    tu_set(&bad[4], 2, NAN);
+    for (int i = 0; i < 5; i++) {
+        lk_attn_params p = params_of(&c);
+        p.alibi_slopes = &bad[i].t;
+        tu_snapshot(&z.out), tu_snapshot(&z.lse);
+        lk_status st = lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, &z.cuk.t, NULL, NULL, &p);
+        tu_check(st == want[i] && strstr(lk_last_error(), "alibi_slopes") && tu_intact(&z.out) && tu_intact(&z.lse),
+                 "alibi bad case %d -> %s (%s)", i, lk_status_str(st), lk_last_error());
+        tu_free(&bad[i]);
+    }
+    free_bufs(&z);
+}
+
 int main(void) {
     tu_init();
     test_grid();
     test_paged();
     test_threads();
     test_bad_inputs();
+    test_alibi_bad();
     test_regress_masked_inf_value();
     test_regress_visible_inf_value();
     test_regress_nz_unit_dim_strides();

@@ -128,6 +128,70 @@ static void test_act(void) {
         }
 }
 
+/* the extra activations: the same limits (act(-inf) = -0, act(inf) = inf, NaN and -0
+ * propagate, exp overflow gives -0); mul_and_silu's activation is on the second half,
+ * fatrelu maps NaN (and everything <= threshold) to 0, swigluoai clamps +inf to limit */
+static lk_status fatrelu0(const lk_tensor *o, const lk_tensor *x) { return lk_fatrelu_and_mul(o, x, 0.0f); }
+static lk_status swiglu7(const lk_tensor *o, const lk_tensor *x) { return lk_swigluoai_and_mul(o, x, 1.702f, 7.0f); }
+static void test_act_ext(void) {
+    lk_status (*ops[5])(const lk_tensor *, const lk_tensor *) = {lk_gelu_and_mul, lk_gelu_new, lk_gelu_fast,
+                                                                  lk_gelu_quick, lk_mul_and_silu};
+    const char *names[5] = {"gelu_and_mul", "gelu_new", "gelu_fast", "gelu_quick", "mul_and_silu"};
+    float x[2 * D], out[D];
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int k = 0; k < 5; k++) {
+            int gated = k == 0 || k == 4;
+            float *g = k == 4 ? x + D : x; /* where the activation's inputs are */
+            for (int i = 0; i < D; i++) x[i] = 2.0f, x[D + i] = 2.0f;
+            g[0] = -INFINITY, g[1] = INFINITY, g[2] = NAN, g[3] = -0.0f, g[4] = -100.0f;
+            lk_tensor tx = t2(x, LK_F32, 1, gated ? 2 * D : D), to = t2(out, LK_F32, 1, D);
+            lk_status st = ops[k](&to, &tx);
+            int ok = st == LK_OK && is_negzero(out[0]) && out[1] == INFINITY && isnan(out[2]) && is_negzero(out[3]) &&
+                     is_negzero(out[4]);
+            tu_check(ok, "%s %s: act(-inf) = -0, act(inf) = inf, NaN propagates, act(-0) = -0, act(-100) = -0 "
+                         "(%g %g %g %g %g)",
+                     lk_isa_name(isas[ii]), names[k], (double)out[0], (double)out[1], (double)out[2], (double)out[3],
+                     (double)out[4]);
+        }
+        for (int i = 0; i < D; i++) x[i] = 2.0f, x[D + i] = 2.0f;
+        x[0] = NAN, x[1] = -0.0f, x[2] = -INFINITY, x[3] = INFINITY;
+        lk_tensor tx = t2(x, LK_F32, 1, 2 * D), to = t2(out, LK_F32, 1, D);
+        fatrelu0(&to, &tx);
+        tu_check(is_poszero(out[0]) && is_poszero(out[1]) && is_poszero(out[2]) && out[3] == INFINITY,
+                 "%s fatrelu_and_mul: NaN, -0 and -inf gates give +0, +inf passes", lk_isa_name(isas[ii]));
+        for (int i = 0; i < 2 * D; i++) x[i] = 1.0f;
+        x[0] = INFINITY, x[2] = NAN, x[4] = -INFINITY, x[7] = INFINITY; /* pairs (g, u) interleaved */
+        swiglu7(&to, &tx);
+        float at7 = 2.0f * 7.0f / (1.0f + expf(-1.702f * 7.0f));
+        tu_check(fabsf(out[0] - at7) <= 1e-5f * at7 && isnan(out[1]) && is_negzero(out[2]) &&
+                     fabsf(out[3] - 8.0f / (1.0f + expf(-1.702f))) < 1e-5f,
+                 "%s swigluoai_and_mul: gate +inf clamps to limit, NaN propagates, gate -inf gives -0, up +inf "
+                 "clamps to limit (%g %g %g %g)",
+                 lk_isa_name(isas[ii]), (double)out[0], (double)out[1], (double)out[2], (double)out[3]);
+    }
+}
+
+/* swap_blocks / copy_blocks copy bits: NaN payloads, -0 and infinities unchanged */
+static void test_block_bits(void) {
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        float src[2][D], dst[2][D];
+        for (int i = 0; i < D; i++) src[0][i] = src[1][i] = 1.0f, dst[0][i] = dst[1][i] = 0.0f;
+        src[1][0] = from_bits(0x7fc12345u), src[1][1] = from_bits(0xffa00001u), src[1][2] = -0.0f, src[1][3] = -INFINITY;
+        int64_t map[2] = {1, 0};
+        lk_tensor ts = t2(src, LK_F32, 2, D), td = t2(dst, LK_F32, 2, D), tm = t2(map, LK_I64, 1, 2);
+        lk_status st = lk_swap_blocks(&ts, &td, &tm);
+        int ok = st == LK_OK && !memcmp(dst[0], src[1], sizeof dst[0]);
+        int64_t map2[2] = {0, 1};
+        lk_tensor tm2 = t2(map2, LK_I64, 1, 2);
+        st = lk_copy_blocks(1, &td, &tm2);
+        ok &= st == LK_OK && !memcmp(dst[1], src[1], sizeof dst[1]);
+        tu_check(ok, "%s swap_blocks / copy_blocks: bits copied (NaN payloads, signalling NaN, -0, -inf)",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
 /* ---------------------------------------------------------------- rotary */
 
 static void test_rotary(void) {
@@ -636,6 +700,8 @@ int main(void) {
     test_rms_norm();
     test_fused();
     test_act();
+    test_act_ext();
+    test_block_bits();
     test_rotary();
     test_copies();
     test_merge();

@@ -585,6 +585,66 @@ static void test_special_values_fused(void) {
     tu_free(&x0), tu_free(&r0), tu_free(&w), tu_free(&rx), tu_free(&rr);
 }
 
+/* w == NULL (weightless RMSNorm): bit for bit the call with a weight of ones, on every
+ * ISA, for few rows (raw weight path) and many (the f32 copy), every x dtype, gemma
+ * ignored; the fused form likewise */
+static void test_weightless(void) {
+    lk_isa isas[8];
+    int ni = tu_isas(isas);
+    static const lk_dtype DT[3] = {LK_F32, LK_F16, LK_BF16};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int di = 0; di < 3; di++)
+            for (int R = 3; R <= 40; R += 37) {
+                int64_t D = 77, s[2] = {R, D};
+                tu_buf x = tu_alloc(DT[di], 2, s, 1), o1 = tu_alloc(DT[di], 2, s, 0), o2 = tu_alloc(DT[di], 2, s, 1);
+                tu_buf ones = tu_alloc(LK_F32, 1, &D, 0);
+                tu_fill_uniform(&x, -3, 3);
+                for (int64_t i = 0; i < D; i++) tu_set(&ones, i, 1.0);
+                lk_status s1 = lk_rms_norm(&o1.t, &x.t, &ones.t, 1e-6f, 0);
+                lk_status s2 = lk_rms_norm(&o2.t, &x.t, NULL, 1e-6f, 1);
+                tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_bits(&o1, &o2), "weightless rms_norm %s %s R=%d",
+                         lk_isa_name(isas[ii]), lk_dtype_name(DT[di]), R);
+                /* against float64 */
+                double *xv = tu_values(&x), *ov = tu_values(&o2), err = 0;
+                for (int r = 0; r < R; r++) {
+                    double ss = 0;
+                    for (int64_t i = 0; i < D; i++) ss += xv[r * D + i] * xv[r * D + i];
+                    double inv = 1.0 / sqrt(ss / (double)D + 1e-6);
+                    for (int64_t i = 0; i < D; i++) {
+                        double want = xv[r * D + i] * inv, e = fabs(ov[r * D + i] - want) / (fabs(want) + 1e-3);
+                        if (e > err) err = e;
+                    }
+                }
+                tu_check(err <= tu_tol(DT[di]).rtol, "weightless rms_norm vs f64 %s %s: %g", lk_isa_name(isas[ii]),
+                         lk_dtype_name(DT[di]), err);
+                free(xv);
+                free(ov);
+                /* fused: residual and x updated like the call with ones */
+                tu_buf xa = tu_alloc(DT[di], 2, s, 0), ra = tu_alloc(LK_F32, 2, s, 1);
+                tu_buf xb = tu_alloc(DT[di], 2, s, 1), rb = tu_alloc(LK_F32, 2, s, 0);
+                tu_fill_uniform(&xa, -2, 2);
+                tu_fill_uniform(&ra, -2, 2);
+                for (int64_t i = 0; i < R * D; i++) tu_set(&xb, i, tu_get(&xa, i)), tu_set(&rb, i, tu_get(&ra, i));
+                s1 = lk_fused_add_rms_norm(&xa.t, &ra.t, &ones.t, 1e-5f, 0);
+                s2 = lk_fused_add_rms_norm(&xb.t, &rb.t, NULL, 1e-5f, 0);
+                tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_bits(&xa, &xb) && tu_same_bits(&ra, &rb),
+                         "weightless fused_add_rms_norm %s %s R=%d", lk_isa_name(isas[ii]), lk_dtype_name(DT[di]), R);
+                tu_free(&xa), tu_free(&ra), tu_free(&xb), tu_free(&rb);
+                tu_free(&x), tu_free(&o1), tu_free(&o2), tu_free(&ones);
+            }
+    }
+    lk_set_isa(lk_isa_best());
+    /* a bad x with w NULL still names x, nothing written */
+    int64_t s[2] = {2, 8}, s3[2] = {2, 9};
+    tu_buf x = tu_alloc(LK_F32, 2, s, 0), o = tu_alloc(LK_F32, 2, s3, 0);
+    tu_snapshot(&o);
+    lk_status st = lk_rms_norm(&o.t, &x.t, NULL, 1e-6f, 0);
+    tu_check(st == LK_ERR_SHAPE && strstr(lk_last_error(), "out") && tu_intact(&o), "weightless bad out -> %s (%s)",
+             lk_status_str(st), lk_last_error());
+    tu_free(&x), tu_free(&o);
+}
+
 int main(void) {
     tu_init();
     test_rms_norm_cases();
@@ -598,6 +658,7 @@ int main(void) {
     test_special_values_fused();
     test_empty();
     test_bad_inputs();
+    test_weightless();
     test_regress_empty_huge_stride();
     test_regress_disjoint_huge_stride();
     return tu_finish("test_rms_norm");

@@ -29,8 +29,19 @@ from .ops import (
     silu_and_mul,
     version,
 )
+from .ops import copy_blocks, copy_blocks_mla, swap_blocks  # noqa: E402  (cache management)
+from .ops import flash_attn_with_kvcache  # noqa: E402
+from .ops import (  # vLLM's other activations
+    fatrelu_and_mul,
+    gelu_and_mul,
+    gelu_fast,
+    gelu_new,
+    gelu_quick,
+    mul_and_silu,
+    swigluoai_and_mul,
+)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",
@@ -38,4 +49,6 @@ __all__ = [
     "reshape_and_cache_flash", "concat_and_cache_mla", "gather_cache", "merge_attn_states",
     "flash_attn_varlen_func", "mla_prefix_prefill", "mla_last_trace", "causal_softmax", "set_num_threads",
     "get_num_threads", "isa", "best_isa", "set_isa", "version",
+    "gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast",
+    "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla", "flash_attn_with_kvcache",
 ]

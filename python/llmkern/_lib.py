@@ -62,7 +62,8 @@ class LkTensor(ctypes.Structure):
 class LkAttnParams(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int),
                 ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
-                ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int)]
+                ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int),
+                ("alibi_slopes", ctypes.c_void_p)]
 
 
 class LkMlaParams(ctypes.Structure):
@@ -73,10 +74,10 @@ class LkMlaParams(ctypes.Structure):
 # _PACK[nd](ptr, dtype, nd, *shape, *strides) -> the bytes of one lk_tensor (unused dims 0)
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
-_PACK_PARAMS = struct.Struct("@fiqqfi").pack
+_PACK_PARAMS = struct.Struct("@fiqqfiP").pack
 _PACK_MLA_PARAMS = struct.Struct("@fiii").pack
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
-assert struct.calcsize("@fiqqfi") == ctypes.sizeof(LkAttnParams)
+assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
 
 # ---------------------------------------------------------------- errors
@@ -134,6 +135,13 @@ rms_norm = cfunc("lk_rms_norm", [_T, _T, _T, _f, _i])
 fused_add_rms_norm = cfunc("lk_fused_add_rms_norm", [_T, _T, _T, _f, _i])
 silu_and_mul = cfunc("lk_silu_and_mul", [_T, _T])
 gelu_tanh_and_mul = cfunc("lk_gelu_tanh_and_mul", [_T, _T])
+gelu_and_mul = cfunc("lk_gelu_and_mul", [_T, _T])
+mul_and_silu = cfunc("lk_mul_and_silu", [_T, _T])
+fatrelu_and_mul = cfunc("lk_fatrelu_and_mul", [_T, _T, _f])
+swigluoai_and_mul = cfunc("lk_swigluoai_and_mul", [_T, _T, _f, _f])
+gelu_new = cfunc("lk_gelu_new", [_T, _T])
+gelu_fast = cfunc("lk_gelu_fast", [_T, _T])
+gelu_quick = cfunc("lk_gelu_quick", [_T, _T])
 rotary_embedding = cfunc("lk_rotary_embedding", [_T, _T, _T, _T, _i])
 reshape_and_cache_flash = cfunc("lk_reshape_and_cache_flash", [_T, _T, _T, _T, _T])
 merge_attn_states = cfunc("lk_merge_attn_states", [_T, _T, _T, _T, _T, _T])
@@ -141,6 +149,8 @@ merge_attn_states_n = cfunc("lk_merge_attn_states_n", [_T, _T, _i, _T, _T])
 causal_softmax = cfunc("lk_causal_softmax", [_T, _T])
 concat_and_cache_mla = cfunc("lk_concat_and_cache_mla", [_T, _T, _T, _T, _T, _i])
 gather_cache = cfunc("lk_gather_cache", [_T, _T, _T, _T, _i])
+swap_blocks = cfunc("lk_swap_blocks", [_T, _T, _T])
+copy_blocks = cfunc("lk_copy_blocks", [_i, ctypes.c_char_p, _T])
 flash_attn_varlen = cfunc("lk_flash_attn_varlen", [_T] * 9 + [ctypes.c_char_p])
 mla_prefix_prefill = cfunc("lk_mla_prefix_prefill", [_T] * 10 + [ctypes.c_char_p])
 mla_last_trace = cfunc("lk_mla_last_trace", [], ctypes.c_char_p)
@@ -363,8 +373,14 @@ def is_torch(x):
     return fn is _torch_info
 
 
-def attn_params(scale, causal, window_left, window_right, softcap, layout):
-    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout)
+def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi=None):
+    """The packed lk_attn_params; alibi: the packed lk_tensor of the slopes or None. With
+    alibi, returns (params, keep): keep holds the tensor's buffer, which must outlive the
+    call."""
+    if alibi is None:
+        return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, 0)
+    keep = ctypes.create_string_buffer(alibi, len(alibi))
+    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, ctypes.addressof(keep)), keep
 
 
 def mla_params(scale, strategy, layout, dedup):

@@ -18,14 +18,16 @@ _raise = L.raise_status
 
 
 def rms_norm(out, input, weight, epsilon):
-    """out = input * rsqrt(mean(input^2) + epsilon) * weight (last dim); out may be input."""
+    """out = input * rsqrt(mean(input^2) + epsilon) * weight (last dim); out may be input.
+    weight None: no weight (vLLM's `Tensor? weight`)."""
     s = L.rms_norm(_out(out, "out"), _view(input, "input"), _view(weight, "weight"), epsilon, 0)
     if s:
         _raise(s)
 
 
 def fused_add_rms_norm(input, residual, weight, epsilon):
-    """residual = input + residual; input = rms_norm(residual) (both in place)."""
+    """residual = input + residual; input = rms_norm(residual) (both in place); weight
+    may be None (no weight)."""
     s = L.fused_add_rms_norm(_out(input, "input"), _out(residual, "residual"),
                              _view(weight, "weight"), epsilon, 0)
     if s:
@@ -63,15 +65,81 @@ def gelu_tanh_and_mul(out, input):
         _raise(s)
 
 
+def gelu_and_mul(out, input):
+    """out[..., d] = gelu(input[..., :d]) * input[..., d:], exact (erf) GELU."""
+    s = L.gelu_and_mul(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def mul_and_silu(out, input):
+    """out[..., d] = input[..., :d] * silu(input[..., d:]) (the activation on the second half)."""
+    s = L.mul_and_silu(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def fatrelu_and_mul(out, input, threshold=0.0):
+    """out[..., d] = (g > threshold ? g : 0) * input[..., d:], g = input[..., :d]."""
+    s = L.fatrelu_and_mul(_out(out, "out"), _view(input, "input"), threshold)
+    if s:
+        _raise(s)
+
+
+def swigluoai_and_mul(out, input, alpha=1.702, limit=7.0):
+    """gpt-oss: g = min(input[..., 0::2], limit), u = clamp(input[..., 1::2], -limit, limit),
+    out[..., d] = (u + 1) * g * sigmoid(alpha * g)."""
+    s = L.swigluoai_and_mul(_out(out, "out"), _view(input, "input"), alpha, limit)
+    if s:
+        _raise(s)
+
+
+def gelu_new(out, input):
+    """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), element-wise."""
+    s = L.gelu_new(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def gelu_fast(out, input):
+    """out = 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), element-wise."""
+    s = L.gelu_fast(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
+def gelu_quick(out, input):
+    """out = x * sigmoid(1.702 x), element-wise."""
+    s = L.gelu_quick(_out(out, "out"), _view(input, "input"))
+    if s:
+        _raise(s)
+
+
 # ---------------------------------------------------------------- rotary
 
 
-def _heads_view(x, head_size, name):
-    """vLLM passes q/k as [T, H * head_size]: the [T, H, head_size] view of the same memory.
-    A 3-D [T, H, head_size] tensor (and any other rank, for C to judge) passes as it is;
-    vLLM's batched [B, S, H * head_size] form is not mapped (refused: last dim != head_size)."""
+def _merge_lead(shape, st, name):
+    """[B, S, ...] -> [B * S, ...] without a copy: needs stride[0] == S * stride[1] (what a
+    contiguous batch, or a column slice of one, has); else ValueError naming the argument."""
+    if shape[0] > 1 and shape[1] > 1 and st[0] != shape[1] * st[1]:
+        raise ValueError("%s: shape %s with strides %s: the [batch, seq] dims cannot be viewed "
+                         "as one token dim without a copy" % (name, tuple(shape), tuple(st)))
+    return (shape[0] * shape[1],) + tuple(shape[2:]), (st[1] if shape[1] > 1 else st[0],) + tuple(st[2:])
+
+
+def _heads_view(x, head_size, name, batched):
+    """vLLM passes q/k as [T, H * head_size] (the [T, H, head_size] view of the same memory)
+    or batched as [B, S, H * head_size] / [B, S, H, head_size] (batched: positions [B, S];
+    B and S merge into one token dim). [T, H, head_size] passes as it is; anything else
+    goes to C to judge."""
     L._writable(x, name)
     p, dt, shape, st = L.info(x, name)
+    shape, st = tuple(shape), tuple(st)
+    if batched:
+        if len(shape) not in (3, 4):
+            raise ValueError("%s: shape %s; with positions [B, S] expected [B, S, H * head_size] "
+                             "or [B, S, H, head_size]" % (name, shape))
+        shape, st = _merge_lead(shape, st, name)
     if len(shape) == 2:
         if shape[1] % head_size:
             raise ValueError("%s: last dim %d is not a multiple of head_size %d"
@@ -86,11 +154,18 @@ def _heads_view(x, head_size, name):
 
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     """In place. positions [T]; query [T, Hq * head_size] or [T, Hq, head_size]; key likewise
-    or None; cos_sin_cache [max_pos, rot] = [cos | sin]; is_neox: NeoX or GPT-J pairs."""
+    or None; batched (vLLM): positions [B, S], query/key [B, S, H * head_size] or
+    [B, S, H, head_size]; cos_sin_cache [max_pos, rot] = [cos | sin]; is_neox: NeoX or
+    GPT-J pairs."""
     if head_size < 1:
         raise ValueError("head_size: must be >= 1, got %r" % (head_size,))
-    k = None if key is None else _heads_view(key, head_size, "key")
-    s = L.rotary_embedding(_view(positions, "positions"), _heads_view(query, head_size, "query"),
+    pp, pdt, pshape, pst = L.info(positions, "positions")
+    batched = len(pshape) == 2
+    if batched:
+        pshape, pst = _merge_lead(tuple(pshape), tuple(pst), "positions")
+    pos = L.pack(pp, pdt, pshape, pst, "positions")
+    k = None if key is None else _heads_view(key, head_size, "key", batched)
+    s = L.rotary_embedding(pos, _heads_view(query, head_size, "query", batched),
                            k, _view(cos_sin_cache, "cos_sin_cache"), is_neox)
     if s:
         _raise(s)
@@ -105,13 +180,18 @@ def _check_auto(kv_cache_dtype):
                                   "supported; fp8 caches are not" % (kv_cache_dtype,))
 
 
-def _check_unit_scale(scale, name):
-    if scale is None:
+def _check_scale(scale, name, heads=None):
+    """With kv_cache_dtype 'auto' the cache holds values as they are and vLLM ignores the
+    scales; they must still be a scale vLLM could pass: None, a number, or a float tensor of
+    one element or (per head, reshape_and_cache_flash) [H]."""
+    if scale is None or isinstance(scale, (int, float)):
         return
-    v = scale.item() if hasattr(scale, "item") else scale
-    if v != 1.0:
-        raise NotImplementedError("%s: %r; with kv_cache_dtype='auto' the cache is not scaled, "
-                                  "so the scale must be 1.0 or None" % (name, v))
+    shape = tuple(getattr(scale, "shape", ()))
+    n = int(np.prod(shape)) if shape else 1
+    if n == 1 or (heads is not None and shape == (heads,)):
+        return
+    want = "one element" + (" or [%d] (per head)" % heads if heads is not None else "")
+    raise ValueError("%s: shape %s, expected %s" % (name, shape, want))
 
 
 def _layout(layout):
@@ -124,10 +204,12 @@ def _layout(layout):
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale=None, v_scale=None):
     """key, value [T, H, D] -> key_cache, value_cache [num_blocks, block_size, H, D] at
-    slot_mapping [N <= T] (slot < 0 skipped)."""
+    slot_mapping [N <= T] (slot < 0 skipped). kv_cache_dtype 'auto' only: the cache is in
+    its own dtype and k_scale / v_scale (scalars or per-head [H]) are ignored, as in vLLM."""
     _check_auto(kv_cache_dtype)
-    _check_unit_scale(k_scale, "k_scale")
-    _check_unit_scale(v_scale, "v_scale")
+    heads = key.shape[1] if len(key.shape) == 3 else None
+    _check_scale(k_scale, "k_scale", heads)
+    _check_scale(v_scale, "v_scale", heads)
     s = L.reshape_and_cache_flash(_view(key, "key"), _view(value, "value"),
                                   _out(key_cache, "key_cache"), _out(value_cache, "value_cache"),
                                   _view(slot_mapping, "slot_mapping"))
@@ -141,7 +223,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     ND [num_blocks, block_size, Dl + Dr] or NZ physical [num_blocks, (Dl + Dr)/16,
     block_size, 16]. With k_pe_cache given, kv_cache holds only the latent part."""
     _check_auto(kv_cache_dtype)
-    _check_unit_scale(scale, "scale")
+    _check_scale(scale, "scale")
     s = L.concat_and_cache_mla(_view(kv_c, "kv_c"), _view(k_pe, "k_pe"), _out(kv_cache, "kv_cache"),
                                _out(k_pe_cache, "k_pe_cache"), _view(slot_mapping, "slot_mapping"),
                                _layout(layout))
@@ -149,9 +231,9 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
         _raise(s)
 
 
-def _to_numpy(x):
+def _to_numpy(x, name="cu_seq_lens"):
     if L.is_torch(x):
-        L.info(x, "cu_seq_lens")  # device / dtype check
+        L.info(x, name)  # device / dtype check
         return x.numpy()
     return np.asarray(x)
 
@@ -173,18 +255,94 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
         _raise(s)
 
 
+def swap_blocks(src, dst, block_mapping):
+    """vLLM's swap_blocks: dst[block_mapping[i, 1]] = src[block_mapping[i, 0]] for every
+    row of block_mapping [N, 2] (int64 or int32); whole blocks (dim 0), bits."""
+    s = L.swap_blocks(_view(src, "src"), _out(dst, "dst"), _view(block_mapping, "block_mapping"))
+    if s:
+        _raise(s)
+
+
+def _caches_array(caches, name):
+    caches = list(caches)
+    return len(caches), b"".join(_out(c, "%s[%d]" % (name, i)) for i, c in enumerate(caches))
+
+
+def copy_blocks(key_caches, value_caches, block_mapping):
+    """vLLM's copy_blocks: for every layer's key and value cache,
+    cache[block_mapping[i, 1]] = cache[block_mapping[i, 0]] (block_mapping [N, 2])."""
+    if len(key_caches) != len(value_caches):
+        raise ValueError("value_caches: %d caches, key_caches has %d" % (len(value_caches), len(key_caches)))
+    n, arr = _caches_array(list(key_caches) + list(value_caches), "caches")
+    if n == 0:
+        return
+    s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
+    if s:
+        _raise(s)
+
+
+def copy_blocks_mla(kv_caches, block_mapping):
+    """vLLM's copy_blocks_mla: the same on MLA latent caches [num_blocks, block_size, Dl + Dr]."""
+    n, arr = _caches_array(kv_caches, "caches")
+    if n == 0:
+        return
+    s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
+    if s:
+        _raise(s)
+
+
 # ---------------------------------------------------------------- attention
 
 
+def _copy_into(dst, src):
+    """dst[...] = src, rounded once to dst's dtype (NumPy or torch on both sides)."""
+    if L.is_torch(dst):
+        import torch
+        dst.copy_(src if L.is_torch(src) else torch.from_numpy(np.ascontiguousarray(src)))
+    else:
+        dst[...] = src.numpy() if L.is_torch(src) else src
+
+
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
-                      output_lse=None):
+                      output_lse=None, prefill_tokens_with_context=None, output_scale=None):
     """output [T, H, D] = LSE merge of (prefix_output, prefix_lse) and (suffix_output,
-    suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes)."""
-    s = L.merge_attn_states(_out(output, "output"), _tview(output_lse, "output_lse", True),
-                            _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
-                            _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
+    suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes).
+    prefill_tokens_with_context = N (vLLM): only tokens < N have a prefix state; tokens
+    >= N take the suffix as it is (output = suffix_output rounded to output's dtype,
+    output_lse = suffix_lse), their prefix state is not read."""
+    if output_scale is not None:
+        raise NotImplementedError("output_scale: fp8 outputs are not supported")
+    n = prefill_tokens_with_context
+    T = output.shape[0] if len(output.shape) else 0
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= T:
+            raise ValueError("prefill_tokens_with_context: %r, expected an int in [0, %d] "
+                             "(output's tokens)" % (n, T))
+        n = int(n)
+        for x, name, dim in ((prefix_output, "prefix_output", 0), (suffix_output, "suffix_output", 0),
+                             (prefix_lse, "prefix_lse", -1), (suffix_lse, "suffix_lse", -1),
+                             (output_lse, "output_lse", -1)):
+            if x is not None and (len(x.shape) < 1 or x.shape[dim] != T):
+                raise ValueError("%s: shape %s, expected %d tokens like output"
+                                 % (name, tuple(x.shape), T))
+    if n is None or n == T:
+        s = L.merge_attn_states(_out(output, "output"), _tview(output_lse, "output_lse", True),
+                                _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
+                                _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
+        if s:
+            _raise(s)
+        return
+    # tokens [0, n): the merge (validates everything the copies below rely on: dtypes,
+    # heads, head size, overlaps) over views of the first n tokens; then the copies
+    lse_head = (lambda x: None if x is None else x[:, :n])
+    s = L.merge_attn_states(_out(output[:n], "output"), _tview(lse_head(output_lse), "output_lse", True),
+                            _view(prefix_output[:n], "prefix_output"), _tview(lse_head(prefix_lse), "prefix_lse"),
+                            _view(suffix_output[:n], "suffix_output"), _tview(lse_head(suffix_lse), "suffix_lse"))
     if s:
         _raise(s)
+    _copy_into(output[n:], suffix_output[n:])
+    if output_lse is not None:
+        _copy_into(output_lse[:, n:], suffix_lse[:, n:])
 
 
 def causal_softmax(out, x):
@@ -206,20 +364,37 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *,
-                           return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND"):
+                           return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND",
+                           scheduler_metadata=None, num_splits=0, fa_version=None, q_v=None,
+                           q_descale=None, k_descale=None, v_descale=None, s_aux=None):
     """flash-attention's varlen attention. q [Tq, Hq, Dqk]; dense k [Tk, Hk, Dqk],
     v [Tk, Hk, Dv] with cu_seqlens_k, or paged caches with block_table [B, pages] and
     seqused_k [B] (cu_seqlens_k None; kv_layout 'ND' or 'NZ'). Returns out [Tq, Hq, Dv]
-    (allocated like q when None), or (out, lse [Hq, Tq] f32) with return_softmax_lse.
-    max_seqlen_* are accepted for compatibility and not needed; deterministic is
-    ignored (results never depend on the thread count)."""
+    (allocated like q when None), or (out, lse [Hq, Tq] f32) with return_softmax_lse, or
+    (out, lse, None) with return_attn_probs (dropout 0: no probabilities are formed).
+    Paged K/V take the key lengths from seqused_k (vLLM) or, without it, from
+    cu_seqlens_k (flash-attention 2). alibi_slopes: f32 [Hq] or [B, Hq], a bias of
+    -slope * |i + k_len - q_len - j| on the scaled (and softcapped) score.
+    max_seqlen_* are accepted for compatibility and not needed; deterministic,
+    scheduler_metadata, num_splits and fa_version are ignored (results never depend on the
+    thread count); q_v, q/k/v_descale and s_aux raise NotImplementedError."""
     if dropout_p:
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not supported")
-    if return_attn_probs:
-        raise NotImplementedError("return_attn_probs: the attention matrix is never formed")
+    # vLLM's vllm_flash_attn keywords: scheduling hints are ignored, the rest refused
+    for name, val in (("q_v", q_v), ("q_descale", q_descale), ("k_descale", k_descale),
+                      ("v_descale", v_descale), ("s_aux", s_aux)):
+        if val is not None:
+            raise NotImplementedError("%s: not supported (%s)" % (
+                name, "fp8 attention" if name.endswith("descale") else
+                "attention sinks" if name == "s_aux" else "FlashAttention-3's MLA q_v"))
     lay = _layout(kv_layout)
+    if block_table is not None and seqused_k is None and cu_seqlens_k is not None:
+        # flash-attention 2's paged form: the key lengths come from cu_seqlens_k
+        seqused_k = _seqlens_from_cu(cu_seqlens_k, "cu_seqlens_k")
+    if block_table is not None:
+        cu_seqlens_k = None  # with seqused_k given, flash-attention reads the lengths there
+    if return_attn_probs:
+        return_softmax_lse = True  # dropout 0: (out, lse, None) as flash-attention returns
     dqk = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(dqk)
@@ -235,14 +410,200 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out = _empty(q, (tq, hq, dv))
     lse = _empty(q, (hq, tq), f32=True) if return_softmax_lse else None
     wl, wr = (-1, -1) if window_size is None else window_size
-    params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, lay)
+    params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, lay,
+                           _view(alibi_slopes, "alibi_slopes"))
+    keep = None
+    if alibi_slopes is not None:
+        params, keep = params
     s = L.flash_attn_varlen(_out(out, "out"), _tview(lse, "lse"), _view(q, "q"), _view(k, "k"),
                             _view(v, "v"), _view(cu_seqlens_q, "cu_seqlens_q"),
                             _view(cu_seqlens_k, "cu_seqlens_k"), _view(seqused_k, "seqused_k"),
                             _view(block_table, "block_table"), params)
+    del keep
     if s:
         _raise(s)
+    if return_attn_probs:
+        return out, lse, None
     return (out, lse) if return_softmax_lse else out
+
+
+def _side(like, a):
+    """NumPy array a as an array on like's side (a torch tensor when like is one)."""
+    if L.is_torch(like):
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(a))
+    return a
+
+
+def _fresh_copy(x):
+    """A contiguous copy of x (never x itself): rotary is applied to it, not to x."""
+    if L.is_torch(x):
+        return x.clone(memory_format=__import__("torch").contiguous_format)
+    return np.array(x, order="C", copy=True)
+
+
+def _tokens_view(x, name, writable=False):
+    """[B, S, H, D] -> the packed [B * S, H, D] view (ValueError naming x if the batch
+    and sequence dims cannot merge without a copy)."""
+    if writable:
+        L._writable(x, name)
+    p, dt, shape, st = L.info(x, name)
+    if len(shape) != 4:
+        raise ValueError("%s: shape %s, expected [batch, seqlen, heads, head_dim]" % (name, tuple(shape)))
+    shape, st = _merge_lead(tuple(shape), tuple(st), name)
+    return L.pack(p, dt, shape, st, name)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                            softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None):
+    """flash-attention's decode entry point. q [B, s_q, Hq, D]; k_cache, v_cache dense
+    [B_cache, S, Hk, D] (request b uses row cache_batch_idx[b], default b) or paged
+    [num_blocks, block_size, Hk, D] with block_table [B, max_blocks]; cache_seqlens (int or
+    [B]): keys already cached (None: the whole cache). k, v [B, s_new, Hk, D] (optional) are
+    appended at positions cache_seqlens[b] .. + s_new before attending; with rotary_cos /
+    rotary_sin [seqlen_ro, rot / 2] the new k is rotated at those positions (and q at
+    cache_seqlens + i when causal or local, else at cache_seqlens), GPT-J pairs when
+    rotary_interleaved, else NeoX; q and k themselves are not modified. Attention over
+    cache_seqlens + s_new keys per request, bottom-right aligned (causal, window_size,
+    softcap, alibi_slopes [Hq] / [B, Hq] as flash_attn_varlen_func). Returns out
+    [B, s_q, Hq, Dv] (allocated like q when None), or (out, lse [B, Hq, s_q]) with
+    return_softmax_lse. On any error nothing is written: the cache slots of the append
+    are put back. num_splits is ignored; cache_leftpad is not supported."""
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new keys and new values, or neither")
+    if len(q.shape) != 4:
+        raise ValueError("q: shape %s, expected [batch, seqlen, heads, head_dim]" % (tuple(q.shape),))
+    if len(k_cache.shape) != 4 or len(v_cache.shape) != 4:
+        raise ValueError("k_cache / v_cache: shapes %s / %s, expected 4-D caches"
+                         % (tuple(k_cache.shape), tuple(v_cache.shape)))
+    B, sq, Hq, D = (int(d) for d in q.shape)
+    nb, bs = int(k_cache.shape[0]), int(k_cache.shape[1])
+    s_new = 0
+    if k is not None:
+        if len(k.shape) != 4 or int(k.shape[0]) != B:
+            raise ValueError("k: shape %s, expected [%d, seqlen_new, heads, head_dim]" % (tuple(k.shape), B))
+        if tuple(v.shape[:2]) != tuple(k.shape[:2]):
+            raise ValueError("v: shape %s, expected [%d, %d, heads, head_dim] like k"
+                             % (tuple(v.shape), B, int(k.shape[1])))
+        s_new = int(k.shape[1])
+    # the cache as pages: a dense cache is one page of S slots per batch row
+    if block_table is None:
+        bidx = (np.arange(B, dtype=np.int64) if cache_batch_idx is None
+                else _to_numpy(cache_batch_idx, "cache_batch_idx").astype(np.int64).reshape(-1))
+        if bidx.shape != (B,) or ((bidx < 0) | (bidx >= nb)).any():
+            raise ValueError("cache_batch_idx: %s, expected %d entries in [0, %d)" % (bidx.tolist(), B, nb))
+        table = bidx.reshape(B, 1).astype(np.int32)
+    else:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: not with a block_table (paged caches are addressed by it)")
+        table = _to_numpy(block_table, "block_table")
+        if table.ndim != 2 or table.shape[0] != B:
+            raise ValueError("block_table: shape %s, expected [%d, max_blocks]" % (tuple(table.shape), B))
+        table = table.astype(np.int32)
+    cap = table.shape[1] * bs
+    if cache_seqlens is None:
+        lens = np.full(B, cap - s_new, np.int64)
+    elif isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        lens = np.full(B, int(cache_seqlens), np.int64)
+    else:
+        lens = _to_numpy(cache_seqlens, "cache_seqlens").astype(np.int64).reshape(-1)
+    total = lens + s_new
+    if lens.shape != (B,) or (lens < 0).any() or (total > cap).any():
+        raise ValueError("cache_seqlens: %s with %d new tokens, expected %d lengths in [0, %d]"
+                         % (lens.tolist(), s_new, B, cap - s_new))
+    used_pages = [table[b, :(int(total[b]) + bs - 1) // bs] for b in range(B)]
+    if any(((p < 0) | (p >= nb)).any() for p in used_pages):
+        raise ValueError("block_table: a page of the used keys is outside [0, %d)" % nb)
+    # rotary on copies of q and the new k
+    wl, wr = (-1, -1) if window_size is None else window_size
+    qq = q
+    if rotary_cos is not None:
+        if rotary_sin is None or tuple(rotary_sin.shape) != tuple(rotary_cos.shape):
+            raise ValueError("rotary_sin: shape %s, expected rotary_cos's %s"
+                             % (None if rotary_sin is None else tuple(rotary_sin.shape), tuple(rotary_cos.shape)))
+        if L.is_torch(rotary_cos):
+            import torch
+            cs = torch.cat([rotary_cos, rotary_sin], dim=1).contiguous()
+        else:
+            cs = np.ascontiguousarray(np.concatenate([rotary_cos, rotary_sin], axis=1))
+        qq = _fresh_copy(q)
+        local = causal or (wl, wr) != (-1, -1)
+        qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else 0)).reshape(-1)
+        rotary_embedding(_side(q, np.broadcast_to(qpos, (B * sq,)).astype(np.int64)),
+                         qq.reshape(B * sq, Hq, D), None, D, cs, not rotary_interleaved)
+        if k is not None:
+            kk = _fresh_copy(k)
+            kpos = (lens[:, None] + np.arange(s_new)[None, :]).reshape(-1).astype(np.int64)
+            rotary_embedding(_side(k, kpos), kk.reshape(B * s_new, -1, D), None, D, cs, not rotary_interleaved)
+            k = kk
+    # the append, with the old contents of its slots kept to put back on an error
+    saved = None
+    if s_new:
+        pos = lens[:, None] + np.arange(s_new)[None, :]
+        pages = np.take_along_axis(table.astype(np.int64), pos // bs, axis=1)
+        offs = pos % bs
+        pg, of = pages.reshape(-1), offs.reshape(-1)
+        slots = pg * bs + of
+        ipg, iof = _side(k_cache, pg), _side(k_cache, of)
+        saved = (ipg, iof, k_cache[ipg, iof].clone() if L.is_torch(k_cache) else k_cache[pg, of].copy(),
+                 v_cache[ipg, iof].clone() if L.is_torch(v_cache) else v_cache[pg, of].copy())
+        s = L.reshape_and_cache_flash(_tokens_view(k, "k"), _tokens_view(v, "v"), _out(k_cache, "k_cache"),
+                                      _out(v_cache, "v_cache"), _view(_side(k, slots.astype(np.int64)), "slot_mapping"))
+        if s:
+            _raise(s)
+    try:
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        dv = int(v_cache.shape[-1])
+        if out is None:
+            out = _empty(q, (B, sq, Hq, dv))
+        lse = _empty(q, (B, sq, Hq), f32=True) if return_softmax_lse else None
+        params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, 0,
+                               _view(alibi_slopes, "alibi_slopes"))
+        keep = None
+        if alibi_slopes is not None:
+            params, keep = params
+        cu_q = _side(q, (np.arange(B + 1) * sq).astype(np.int32))
+        st = L.flash_attn_varlen(_tokens_view(out, "out", True),
+                                 None if lse is None else _view(lse.reshape(B * sq, Hq), "lse"),
+                                 _tokens_view(qq, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"),
+                                 _view(cu_q, "cu_seqlens_q"), None,
+                                 _view(_side(q, total.astype(np.int32)), "cache_seqlens"),
+                                 _view(_side(q, table), "block_table"), params)
+        del keep
+        if st:
+            _raise(st)
+    except BaseException:
+        if saved is not None:  # put the appended slots back
+            ipg, iof, ok, ov = saved
+            k_cache[ipg, iof] = ok
+            v_cache[ipg, iof] = ov
+        raise
+    if return_softmax_lse:
+        return out, (lse.transpose(1, 2) if L.is_torch(lse) else lse.transpose(0, 2, 1))
+    return out
+
+
+def _seqlens_from_cu(cu, name):
+    """[B] int32 lengths cu[b + 1] - cu[b] of a cumulative [B + 1] index tensor (a new
+    array on cu's side); ValueError naming cu where it is not [B + 1] non-decreasing."""
+    c = _to_numpy(cu, name)
+    if c.ndim != 1 or c.shape[0] < 1 or c.dtype.kind not in "iu":
+        raise ValueError("%s: shape %s dtype %s, expected [batch + 1] int32"
+                         % (name, tuple(c.shape), c.dtype))
+    d = np.diff(c.astype(np.int64))
+    if (d < 0).any():
+        raise ValueError("%s: not non-decreasing" % name)
+    d = np.ascontiguousarray(d, dtype=np.int32)
+    if L.is_torch(cu):
+        import torch
+        return torch.from_numpy(d)
+    return d
 
 
 def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,

@@ -52,6 +52,8 @@ static void fill_ref(lk_kernel_table *r) {
     r->fused_add_rms_norm = lk_ref_fused_add_rms_norm;
     r->silu_and_mul = lk_ref_silu_and_mul;
     r->gelu_tanh_and_mul = lk_ref_gelu_tanh_and_mul;
+    r->act_ext = lk_ref_act_ext;
+    r->block_copy = lk_ref_block_copy;
     r->rotary_embedding = lk_ref_rotary_embedding;
     r->reshape_and_cache_flash = lk_ref_reshape_and_cache_flash;
     r->merge_attn_states = lk_ref_merge_attn_states;

@@ -33,6 +33,35 @@ typedef struct {
     lk_tensor out, x; /* out: [..., d]; x: [..., 2d] */
 } lk_act_args;
 
+/* the extra activations (src/ops/act_ext.c): one table entry, `kind` says which */
+typedef enum {
+    LK_ACT_GELU_ERF_MUL = 0, /* gelu_and_mul */
+    LK_ACT_MUL_SILU,         /* mul_and_silu */
+    LK_ACT_FATRELU_MUL,      /* fatrelu_and_mul, p0 = threshold */
+    LK_ACT_SWIGLUOAI_MUL,    /* swigluoai_and_mul, p0 = alpha, p1 = limit */
+    LK_ACT_GELU_NEW,         /* gelu_new and gelu_fast (element-wise) */
+    LK_ACT_GELU_QUICK        /* gelu_quick (element-wise) */
+} lk_act_kind;
+
+typedef struct {
+    lk_tensor out, x; /* out: [..., d]; x: [..., 2d] (gated kinds) or [..., d] */
+    lk_act_kind kind;
+    float p0, p1;
+} lk_act_ext_args;
+
+/* swap_blocks / copy_blocks (src/ops/block_copy.c): for every cache pair c < n and
+ * every mapping row i, block dst[c][map[i, 1]] = block src[c][map[i, 0]] (dim 0 indexes
+ * blocks; the rest of each block is copied as it is, same dtype: bits). Validated: the
+ * indices in range, no destination block twice, no destination block also a source of
+ * the same cache, the tensors disjoint, so the copies are independent. */
+typedef struct {
+    int n;                    /* cache pairs */
+    const lk_tensor *src;     /* n x [NBs, ...] */
+    const lk_tensor *dst;     /* n x [NBd, ...]; copy_blocks: the same tensors as src */
+    const int64_t *map;       /* [npairs, 2] (src block, dst block), a contiguous copy */
+    int64_t npairs;
+} lk_block_copy_args;
+
 typedef struct {
     lk_tensor positions;  /* [T] i32/i64, validated in [0, max_pos) */
     lk_tensor q;          /* [T, Hq, D] */
@@ -78,7 +107,18 @@ typedef struct {
     float scale, softcap;
     int64_t wl, wr;        /* window; -1 unbounded; causal already folded into wr = 0 */
     int has_lse;
+    const float *alibi;    /* NULL, or ALiBi slopes: request b, head h at alibi[b * alibi_bstride + h] */
+    int64_t alibi_bstride; /* Hq ([B, Hq] slopes) or 0 ([Hq]) */
 } lk_attn_args;
+
+/* ALiBi: s[jj] -= slope * |i + k_len - q_len - (j0 + jj)| for keys j0 .. j0 + n - 1 of
+ * query i of request b, head h (f32; the SIMD kernels' one place for it) */
+static inline void lk_attn_alibi_add(const lk_attn_args *a, int64_t b, int64_t h, int64_t i, int64_t q_len,
+                                     int64_t k_len, int64_t j0, int64_t n, float *s) {
+    float slope = a->alibi[b * a->alibi_bstride + h];
+    int64_t pos = i + k_len - q_len - j0;
+    for (int64_t jj = 0; jj < n; jj++) s[jj] -= slope * (float)(pos > jj ? pos - jj : jj - pos);
+}
 
 /* element offset of (request b, key j, kv head h, dim d) in kc or vc */
 static inline int64_t lk_attn_key_off(const lk_attn_args *a, const lk_paged *c, int64_t b,
@@ -190,6 +230,8 @@ typedef struct {
     lk_status (*gather_cache)(const lk_gather_cache_args *a);
     lk_status (*mla_softmax_block)(const lk_mla_softmax_args *a);
     lk_status (*mla_prefix_prefill)(const struct lk_mla_args *a, lk_mla_strategy strategy);
+    lk_status (*act_ext)(const lk_act_ext_args *a);
+    lk_status (*block_copy)(const lk_block_copy_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -208,6 +250,8 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a);
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
 lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
+lk_status lk_ref_act_ext(const lk_act_ext_args *a);
+lk_status lk_ref_block_copy(const lk_block_copy_args *a);
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

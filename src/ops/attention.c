@@ -12,7 +12,7 @@
 #include "../cpu/kernels.h"
 
 lk_attn_params lk_attn_params_default(float scale) {
-    lk_attn_params p = {scale, 0, -1, -1, 0.0f, LK_KV_ND};
+    lk_attn_params p = {scale, 0, -1, -1, 0.0f, LK_KV_ND, NULL};
     return p;
 }
 
@@ -32,6 +32,7 @@ static int32_t *copy_index(const lk_tensor *t) {
 
 typedef struct {
     int32_t *cu_q, *cu_k, *used, *table;
+    float *alibi;
 } idx_copies;
 
 static void free_copies(idx_copies *c) {
@@ -39,6 +40,30 @@ static void free_copies(idx_copies *c) {
     free(c->cu_k);
     free(c->used);
     free(c->table);
+    free(c->alibi);
+}
+
+/* ALiBi slopes [Hq] or [B, Hq] f32, finite: a contiguous copy (bstride 0 or Hq) */
+static lk_status check_alibi(const lk_tensor *t, int64_t B, int64_t Hq, idx_copies *cp, int64_t *bstride) {
+    lk_status s = lk_check_view(t, "alibi_slopes", 1, 2);
+    if (s) return s;
+    if (t->dtype != LK_F32)
+        return lk_fail(LK_ERR_DTYPE, "alibi_slopes: must be f32, got %s", lk_dtype_name(t->dtype));
+    if (t->shape[t->ndim - 1] != Hq || (t->ndim == 2 && t->shape[0] != B))
+        return lk_fail(LK_ERR_SHAPE, "alibi_slopes: shape %s, expected [%lld] or [%lld, %lld] (query heads)",
+                       lk_shape_str(t), (long long)Hq, (long long)B, (long long)Hq);
+    int64_t rows = t->ndim == 2 ? B : 1;
+    if (!(cp->alibi = malloc(sizeof(float) * (size_t)(rows * Hq > 0 ? rows * Hq : 1)))) return LK_ERR_NOMEM;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < Hq; h++) {
+            float v = ((const float *)t->data)[(t->ndim == 2 ? r * t->stride[0] : 0) + h * t->stride[t->ndim - 1]];
+            if (!isfinite(v))
+                return lk_fail(LK_ERR_VALUE, "alibi_slopes: entry [%lld, %lld] is not finite (%g)", (long long)r,
+                               (long long)h, (double)v);
+            cp->alibi[r * Hq + h] = v;
+        }
+    *bstride = t->ndim == 2 ? Hq : 0;
+    return LK_OK;
 }
 
 static lk_status check_cu(const int32_t *cu, int64_t n1, int64_t total, const char *name,
@@ -158,6 +183,12 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         if ((s = lk_check_no_self_overlap(lse, "lse"))) return s;
         if ((s = check_overlaps(lse, "lse", ins, names, 7))) return s;
         if ((s = lk_check_disjoint(lse, "lse", out, "out"))) return s;
+    }
+    if (p->alibi_slopes) {
+        if ((s = check_alibi(p->alibi_slopes, B, Hq, cp, &a->alibi_bstride))) return s;
+        if ((s = lk_check_disjoint(out, "out", p->alibi_slopes, "alibi_slopes"))) return s;
+        if (lse && (s = lk_check_disjoint(lse, "lse", p->alibi_slopes, "alibi_slopes"))) return s;
+        a->alibi = cp->alibi;
     }
     /* index values */
     if (!(cp->cu_q = copy_index(cu_q))) return LK_ERR_NOMEM;

@@ -6,6 +6,16 @@
 
 #include "../cpu/kernels.h"
 
+/* w == NULL (weightless RMSNorm): the kernels see a broadcast view of 1.0 (stride 0),
+ * so out = x * rsqrt(mean(x^2) + eps) * 1, bit for bit the product without a weight */
+static float lk_unit_weight = 1.0f;
+
+static lk_tensor unit_weight(int64_t D) {
+    lk_tensor w = lk_tensor_make(&lk_unit_weight, LK_F32, 1, (int64_t[]){D});
+    w.stride[0] = 0;
+    return w;
+}
+
 static lk_status check_weight(const lk_tensor *w, int64_t D, float eps) {
     lk_status s = lk_check_float(w, "w", 1, 1);
     if (s) return s;
@@ -34,9 +44,10 @@ lk_status lk_rms_norm(const lk_tensor *out, const lk_tensor *x, const lk_tensor 
                       int gemma) {
     lk_clear_error();
     lk_set_op("lk_rms_norm");
-    if (!out || !x || !w)
-        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !x ? "x" : "w");
-    lk_rms_norm_args a = {*out, *x, *w, eps, gemma};
+    if (!out || !x) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : "x");
+    lk_rms_norm_args a = {*out, *x, {0}, eps, w ? gemma : 0};
+    if (w) a.w = *w;
+    else if (x->ndim >= 1 && x->ndim <= LK_MAX_DIMS) a.w = unit_weight(x->shape[x->ndim - 1]);
     lk_status s = check_rms_norm(&a);
     if (s) return s;
     if (lk_numel(x) == 0) return LK_OK;
@@ -61,10 +72,11 @@ lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual, c
                                 float eps, int gemma) {
     lk_clear_error();
     lk_set_op("lk_fused_add_rms_norm");
-    if (!x || !residual || !w)
-        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
-                       !x ? "x" : !residual ? "residual" : "w");
-    lk_fused_add_rms_norm_args a = {*x, *residual, *w, eps, gemma};
+    if (!x || !residual)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !x ? "x" : "residual");
+    lk_fused_add_rms_norm_args a = {*x, *residual, {0}, eps, w ? gemma : 0};
+    if (w) a.w = *w;
+    else if (x->ndim >= 1 && x->ndim <= LK_MAX_DIMS) a.w = unit_weight(x->shape[x->ndim - 1]);
     lk_status s = check_fused(&a);
     if (s) return s;
     if (lk_numel(x) == 0) return LK_OK;

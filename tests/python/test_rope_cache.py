@@ -80,8 +80,7 @@ def test_rotary_3d_key_none_and_errors(rng):
         lk.rotary_embedding(pos, q.reshape(T, H * D), None, 5, cache, True)
     with pytest.raises(ValueError, match="head_size"):
         lk.rotary_embedding(pos, q, None, D // 2, cache, True)
-    with pytest.raises(ValueError, match="head_size"):  # vLLM's batched [B, S, H * D] form
-        lk.rotary_embedding(pos.reshape(1, T), q.reshape(1, T, H * D), None, D, cache, True)
+    # vLLM's batched [B, S, H * D] form is accepted (tests in test_compat.py)
     with pytest.raises(lk.LlmkernError) as e:  # positions [B, S] with q [B * S, H, D]
         lk.rotary_embedding(pos.reshape(1, T), q, None, D, cache, True)
     assert "lk_rotary_embedding" in str(e.value) and "positions" in str(e.value)
@@ -130,10 +129,10 @@ def test_reshape_and_cache_flash_args(rng):
     slots = np.array([1, 2], np.int32)
     with pytest.raises(NotImplementedError, match="fp8"):
         lk.reshape_and_cache_flash(k, k, kc, vc, slots, "fp8", 1.0, 1.0)
-    with pytest.raises(NotImplementedError, match="k_scale"):
-        lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", 2.0, 1.0)
-    with pytest.raises(NotImplementedError, match="v_scale"):
-        lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", 1.0, np.array([0.5], np.float32))
+    with pytest.raises(ValueError, match="k_scale"):  # 'auto' ignores scales of a valid shape only
+        lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", np.ones(3, np.float32), 1.0)
+    with pytest.raises(ValueError, match="v_scale"):
+        lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", 1.0, np.ones((1, 2), np.float32))
     assert not kc.any() and not vc.any()
     lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", np.array([1.0], np.float32), 1.0)
     assert np.array_equal(kc[0, 1], k[0]) and np.array_equal(vc[1, 0], k[1])
@@ -190,8 +189,8 @@ def test_concat_and_cache_mla(rng, layout, dt):
     assert np.array_equal(got, want)
     with pytest.raises(NotImplementedError):
         lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_e4m3", 1.0, layout=layout)
-    with pytest.raises(NotImplementedError, match="scale"):
-        lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", 0.5, layout=layout)
+    with pytest.raises(ValueError, match="scale"):  # 'auto': a scale of one element, ignored
+        lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", np.ones(2, np.float32), layout=layout)
     with pytest.raises(ValueError, match="layout"):
         lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", 1.0, layout="HND")
 

@@ -5,6 +5,7 @@
  * head h (KV head h / (Hq / Hk)), query i:
  *   s_j = scale * q_i . k_j             for keys j in the visible window of i
  *   s_j = softcap * tanh(s_j / softcap) if softcap > 0
+ *   s_j -= slope[b, h] * |i + k_len - q_len - j|   with ALiBi slopes
  *   out_i = sum_j softmax(s)_j v_j,  lse_i = log(sum_j exp(s_j))   (natural log)
  * A row that sees no key gets out = 0 and lse = -inf; query rows outside every request
  * (padding) likewise. Two passes over the scores (max, then exp-sum and PV); dot
@@ -65,6 +66,8 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
                                (double)lk_load_f(a->kc.data, a->kc.dtype, lk_attn_key_off(a, &a->kc, b, j, kh, d));
                     double sc = dot * (double)a->scale;
                     if (a->softcap > 0) sc = (double)a->softcap * tanh(sc / (double)a->softcap);
+                    if (a->alibi) /* ALiBi: -slope * |i + k_len - q_len - j| */
+                        sc -= (double)a->alibi[b * a->alibi_bstride + h] * (double)llabs(i + k_len - q_len - j);
                     s[j] = sc;
                     if (sc > m || isnan(sc)) m = sc; /* NaN sticks and propagates */
                 }

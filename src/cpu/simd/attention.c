@@ -4,6 +4,7 @@
  *
  * Maths (per request b, query i, query head h, KV head kh = h / G, G = Hq / Hk):
  *   s_j = scale * q_i . k_j (softcap: c * tanh(s / c)), keys j in i's window;
+ *   with ALiBi slopes s_j -= slope * |i + k_len - q_len - j| (lk_attn_alibi_add);
  *   out_i = sum_j exp(s_j - m) v_j / l,  l = sum_j exp(s_j - m),  lse = m + log(l).
  *
  * Prefill path, unit = (request, KV head, query tile). A query tile holds `qt` tokens
@@ -493,6 +494,8 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
             }
             if (a->softcap > 0)
                 for (int jj = 0; jj < KB; jj += LKV_W) lkv_storeu(s + jj, softcap_v(lkv_loadu(s + jj), a->softcap));
+            if (a->alibi) /* row r: token t0 + r / G, head kh * G + r % G */
+                lk_attn_alibi_add(a, b, kh * G + r % G, t0 + r / G, q_len, k_len, j0, KB, s);
             if (lo[r] > j0 || hi[r] < j0 + KB - 1)
                 for (int64_t jj = 0; jj < KB; jj++)
                     if (j0 + jj < lo[r] || j0 + jj > hi[r]) s[jj] = -INFINITY;
@@ -970,6 +973,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 }
             for (int64_t h = 0; h < Hq; h++) {
                 float *sh = sc + h * DB;
+                if (a->alibi) lk_attn_alibi_add(a, b, h, i, q_len, k_len, jb, nb, sh);
                 for (int64_t jj = nb; jj < DB; jj++) sh[jj] = -INFINITY;
                 float alpha = online_block(sh, DB, &st[h]);
                 if (alpha != 1.0f) scale_row(o + h * Dv, Dv, alpha);

@@ -16,6 +16,8 @@ void LKV_FN(register_mla_cache)(lk_kernel_table *t);
 void LKV_FN(register_merge)(lk_kernel_table *t);
 void LKV_FN(register_rotary)(lk_kernel_table *t);
 void LKV_FN(register_attention)(lk_kernel_table *t);
+void LKV_FN(register_act_ext)(lk_kernel_table *t);
+void LKV_FN(register_block_copy)(lk_kernel_table *t);
 
 void LKV_FN(register)(lk_kernel_table *t);
 void LKV_FN(register)(lk_kernel_table *t) {
@@ -28,4 +30,6 @@ void LKV_FN(register)(lk_kernel_table *t) {
     LKV_FN(register_merge)(t);
     LKV_FN(register_rotary)(t);
     LKV_FN(register_attention)(t);
+    LKV_FN(register_act_ext)(t);
+    LKV_FN(register_block_copy)(t);
 }

@@ -5,7 +5,8 @@
  *   fused: residual = round(x + residual); x = rms_norm(residual)
  *
  * Shapes: x, out, residual [..., D]; w [D]. Fast path needs last-dim stride 1 on every
- * operand and w; other layouts go to the reference. g is converted to f32 once per call
+ * operand and w (or w's stride 0: a broadcast weight, copied once, which is how the
+ * weightless form arrives); other layouts go to the reference. g is converted to f32 once per call
  * when there are 16 rows or more (unless w is f32 and not gemma with f32 / f16 rows, or
  * bf16 with bf16 rows). Work split: rows, contiguous chunks per thread (lk_parallel_for).
  * Per row, pass 1 accumulates squares in 4 x W f32 lanes, pass 2 re-reads the row (from
@@ -215,7 +216,10 @@ static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t
     c->wt = w->dtype;
     c->one = gemma ? 1.0f : 0.0f;
     c->g_eo = NULL;
-    if (rows < 16 || (w->dtype == LK_F32 && !gemma && !bf16) || (bf16 && w->dtype == LK_BF16)) return LK_OK;
+    /* a broadcast weight (stride 0: the weightless form) is always copied */
+    if (w->stride[0] == 1 &&
+        (rows < 16 || (w->dtype == LK_F32 && !gemma && !bf16) || (bf16 && w->dtype == LK_BF16)))
+        return LK_OK;
     if (!(owned[0] = lk_weights_f32(w, gemma))) return LK_ERR_NOMEM;
     const float *g = owned[0];
     c->w = (const char *)g;
@@ -241,7 +245,8 @@ static lk_status set_weights(rows_ctx *c, const lk_tensor *w, int gemma, int64_t
 
 static lk_status rms_norm(const lk_rms_norm_args *a) {
     int nd = a->x.ndim;
-    if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1 || a->w.stride[0] != 1) return lk_ref_rms_norm(a);
+    if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1 || (a->w.stride[0] != 1 && a->w.stride[0] != 0))
+        return lk_ref_rms_norm(a);
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1), oes = lk_esize(a->out.dtype);
     float *owned[2];
     rows_ctx c = {&a->x, &a->out, NULL, LK_F32, 0.0f, a->eps, 0, 0, NULL};
@@ -320,7 +325,8 @@ static void fused_rows(void *ctx, int64_t r0, int64_t r1) {
 
 static lk_status fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
     int nd = a->x.ndim;
-    if (a->x.stride[nd - 1] != 1 || a->residual.stride[nd - 1] != 1 || a->w.stride[0] != 1)
+    if (a->x.stride[nd - 1] != 1 || a->residual.stride[nd - 1] != 1 ||
+        (a->w.stride[0] != 1 && a->w.stride[0] != 0))
         return lk_ref_fused_add_rms_norm(a);
     int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
     float *owned[2];

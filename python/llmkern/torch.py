@@ -1,0 +1,169 @@
+"""torch custom ops: `import llmkern.torch` registers every llmkern operator with
+torch.library under the `llmkern` namespace (torch.ops.llmkern.<name>).
+
+Schemas are vLLM's `_C` / `_C_cache_ops` ones where vLLM has the op (the same argument
+names, order, defaults and mutation marks: `Tensor!` is written in place), so a model that
+calls torch.ops._C.rms_norm(...) can call torch.ops.llmkern.rms_norm(...) instead; the
+flash-attention entry points, MLA prefix prefill and causal_softmax are functional ops
+returning new tensors. Every op has a fake (meta) implementation, so it traces under
+torch.compile(fullgraph=True) and passes torch.library.opcheck. The CPU implementations
+are the binding's functions (python/llmkern/ops.py): nothing is copied, errors raise
+llmkern.LlmkernError.
+
+Not registered as custom ops: set_num_threads / set_isa and the other runtime settings
+(plain Python functions of the package).
+"""
+import torch
+
+from . import ops as _ops
+
+LIB = torch.library.Library("llmkern", "DEF")
+OPS = []  # the names registered, in order
+
+
+def _none_fake(*args, **kwargs):
+    return None
+
+
+def _register(name, schema, impl, fake=None):
+    LIB.define(name + schema)
+    LIB.impl(name, impl, "CPU")
+    torch.library.register_fake("llmkern::" + name, fake or _none_fake, lib=LIB)
+    OPS.append(name)
+
+
+# ---------------------------------------------------------------- normalisation, activations
+
+_register("rms_norm", "(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+          lambda result, input, weight, epsilon: _ops.rms_norm(result, input, weight, epsilon))
+_register("fused_add_rms_norm", "(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
+          lambda input, residual, weight, epsilon: _ops.fused_add_rms_norm(input, residual, weight, epsilon))
+_register("gemma_rms_norm", "(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()",
+          lambda result, input, weight, epsilon: _ops.gemma_rms_norm(result, input, weight, epsilon))
+_register("gemma_fused_add_rms_norm", "(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
+          lambda input, residual, weight, epsilon: _ops.gemma_fused_add_rms_norm(input, residual, weight, epsilon))
+
+_register("silu_and_mul", "(Tensor! result, Tensor input) -> ()", lambda result, input: _ops.silu_and_mul(result, input))
+for _name in ("mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "gelu_new", "gelu_fast", "gelu_quick"):
+    _register(_name, "(Tensor! out, Tensor input) -> ()",
+              (lambda f: lambda out, input: f(out, input))(getattr(_ops, _name)))
+_register("fatrelu_and_mul", "(Tensor! out, Tensor input, float threshold) -> ()",
+          lambda out, input, threshold: _ops.fatrelu_and_mul(out, input, threshold))
+_register("swigluoai_and_mul", "(Tensor! out, Tensor input, float alpha=1.702, float limit=7.0) -> ()",
+          lambda out, input, alpha=1.702, limit=7.0: _ops.swigluoai_and_mul(out, input, alpha, limit))
+
+# ---------------------------------------------------------------- rotary, caches
+
+_register("rotary_embedding",
+          "(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, bool is_neox) -> ()",
+          lambda positions, query, key, head_size, cos_sin_cache, is_neox:
+          _ops.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox))
+_register("reshape_and_cache_flash",
+          "(Tensor key, Tensor value, Tensor! key_cache, Tensor! value_cache, Tensor slot_mapping, "
+          "str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()",
+          lambda key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale:
+          _ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                       k_scale, v_scale))
+_register("concat_and_cache_mla",
+          "(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor scale) -> ()",
+          lambda kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale:
+          _ops.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale))
+_register("gather_cache",
+          "(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor cu_seq_lens, int batch_size, "
+          "Tensor? seq_starts=None) -> ()",
+          lambda src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None:
+          _ops.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts))
+_register("swap_blocks", "(Tensor src, Tensor! dst, Tensor block_mapping) -> ()",
+          lambda src, dst, block_mapping: _ops.swap_blocks(src, dst, block_mapping))
+_register("copy_blocks", "(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()",
+          lambda key_caches, value_caches, block_mapping: _ops.copy_blocks(key_caches, value_caches, block_mapping))
+_register("copy_blocks_mla", "(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
+          lambda kv_caches, block_mapping: _ops.copy_blocks_mla(kv_caches, block_mapping))
+
+# ---------------------------------------------------------------- attention
+
+_register("merge_attn_states",
+          "(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, "
+          "Tensor suffix_lse, int? prefill_tokens_with_context=None) -> ()",
+          lambda output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+          prefill_tokens_with_context=None:
+          _ops.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
+                                 prefill_tokens_with_context))
+_register("causal_softmax", "(Tensor! out, Tensor x) -> ()", lambda out, x: _ops.causal_softmax(out, x))
+
+
+def _varlen_dv(q, k, v, block_table, kv_layout):
+    if block_table is not None and kv_layout == "NZ":  # [blocks, C/16, bs, 16], C = Hk * D
+        hk = k.shape[1] * 16 // q.shape[-1]
+        return v.shape[1] * 16 // hk
+    return v.shape[-1]
+
+
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, block_table=None, softmax_scale=None,
+                 causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, kv_layout="ND"):
+    out, lse = _ops.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, 0, 0, softmax_scale=softmax_scale,
+                                           causal=causal, window_size=tuple(window_size), softcap=softcap,
+                                           alibi_slopes=alibi_slopes, block_table=block_table,
+                                           return_softmax_lse=True, seqused_k=seqused_k, kv_layout=kv_layout)
+    return out, lse
+
+
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, block_table=None, softmax_scale=None,
+                 causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, kv_layout="ND"):
+    dv = _varlen_dv(q, k, v, block_table, kv_layout)
+    return q.new_empty((q.shape[0], q.shape[1], dv)), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+_register("flash_attn_varlen_func",
+          "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k=None, "
+          "Tensor? block_table=None, float? softmax_scale=None, bool causal=False, int[] window_size=[-1, -1], "
+          "float softcap=0.0, Tensor? alibi_slopes=None, str kv_layout=\"ND\") -> (Tensor, Tensor)",
+          _varlen_impl, _varlen_fake)
+
+
+def _kvcache_impl(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                  cache_batch_idx=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                  softcap=0.0, rotary_interleaved=True, alibi_slopes=None):
+    out, lse = _ops.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, None, block_table,
+        softmax_scale, causal, tuple(window_size), softcap, rotary_interleaved, alibi_slopes,
+        return_softmax_lse=True)
+    return out, lse.contiguous()
+
+
+def _kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                  cache_batch_idx=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                  softcap=0.0, rotary_interleaved=True, alibi_slopes=None):
+    B, sq, Hq = q.shape[0], q.shape[1], q.shape[2]
+    return (q.new_empty((B, sq, Hq, v_cache.shape[-1])),
+            q.new_empty((B, Hq, sq), dtype=torch.float32))
+
+
+_register("flash_attn_with_kvcache",
+          "(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, Tensor? v=None, "
+          "Tensor? rotary_cos=None, Tensor? rotary_sin=None, Tensor? cache_seqlens=None, "
+          "Tensor? cache_batch_idx=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
+          "int[] window_size=[-1, -1], float softcap=0.0, bool rotary_interleaved=True, "
+          "Tensor? alibi_slopes=None) -> (Tensor, Tensor)",
+          _kvcache_impl, _kvcache_fake)
+
+
+def _mla_impl(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj, softmax_scale, kv_layout="ND",
+              strategy="auto", k_pe_cache=None, dedup=True):
+    return _ops.mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,
+                                   softmax_scale, kv_layout=kv_layout, strategy=strategy, k_pe_cache=k_pe_cache,
+                                   dedup=dedup)
+
+
+def _mla_fake(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj, softmax_scale, kv_layout="ND",
+              strategy="auto", k_pe_cache=None, dedup=True):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
+
+
+_register("mla_prefix_prefill",
+          "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor prefix_lens, Tensor block_table, "
+          "Tensor kv_cache, Tensor kv_b_proj, float softmax_scale, str kv_layout=\"ND\", str strategy=\"auto\", "
+          "Tensor? k_pe_cache=None, bool dedup=True) -> Tensor",
+          _mla_impl, _mla_fake)
+
+ops = torch.ops.llmkern

@@ -1,0 +1,189 @@
+"""llmkern.torch: every operator registered with torch.library under `llmkern`, with
+vLLM's schemas; torch.library.opcheck on each (schema / mutation marks, fake tensors,
+autograd registration, AOT dispatch) and a model calling them under
+torch.compile(fullgraph=True) on the CPU, against the eager results."""
+import math
+
+import numpy as np
+import pytest
+
+from helpers import close, f64, torch_or_skip
+
+torch = torch_or_skip()
+import llmkern.torch as lkt  # noqa: E402
+
+OPS = torch.ops.llmkern
+G = torch.Generator().manual_seed(7)
+
+
+def rn(*shape, dt=torch.float32):
+    return torch.randn(*shape, generator=G).to(dt)
+
+
+def cos_sin(P, rot):
+    inv = 1.0 / 10000 ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([torch.cos(ang), torch.sin(ang)], dim=1).float()
+
+
+def cases():
+    """(op name, args, kwargs) for every registered op."""
+    T, D, H, Hk = 5, 64, 4, 2
+    x = rn(T, 2 * D, dt=torch.bfloat16)
+    c = []
+    c.append(("rms_norm", (torch.empty(T, D), rn(T, D), rn(D), 1e-6), {}))
+    c.append(("rms_norm", (torch.empty(T, D), rn(T, D), None, 1e-6), {}))
+    c.append(("fused_add_rms_norm", (rn(T, D), rn(T, D), rn(D), 1e-6), {}))
+    c.append(("gemma_rms_norm", (torch.empty(T, D), rn(T, D), rn(D), 1e-6), {}))
+    c.append(("gemma_fused_add_rms_norm", (rn(T, D), rn(T, D), rn(D), 1e-6), {}))
+    for name in ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul"):
+        c.append((name, (torch.empty(T, D, dtype=torch.bfloat16), x), {}))
+    c.append(("fatrelu_and_mul", (torch.empty(T, D, dtype=torch.bfloat16), x, 0.1), {}))
+    c.append(("swigluoai_and_mul", (torch.empty(T, D, dtype=torch.bfloat16), x), {"alpha": 1.702, "limit": 7.0}))
+    for name in ("gelu_new", "gelu_fast", "gelu_quick"):
+        c.append((name, (torch.empty(T, 2 * D, dtype=torch.bfloat16), x), {}))
+    c.append(("rotary_embedding", (torch.randint(0, 32, (T,)), rn(T, H * D), rn(T, Hk * D), D, cos_sin(32, D), True), {}))
+    c.append(("rotary_embedding", (torch.randint(0, 32, (T,)), rn(T, H * D), None, D, cos_sin(32, D), False), {}))
+    NB, bs = 4, 4
+    c.append(("reshape_and_cache_flash", (rn(T, Hk, D), rn(T, Hk, D), torch.zeros(NB, bs, Hk, D), torch.zeros(NB, bs, Hk, D),
+                                          torch.tensor([3, 0, 9, -1, 15]), "auto", torch.tensor(1.0), torch.tensor(1.0)), {}))
+    c.append(("concat_and_cache_mla", (rn(T, 32), rn(T, 16), torch.zeros(NB, bs, 48), torch.tensor([3, 0, 9, -1, 15]),
+                                       "auto", torch.tensor(1.0)), {}))
+    c.append(("gather_cache", (rn(NB, bs, 48), torch.zeros(9, 48), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                               torch.tensor([0, 6, 9], dtype=torch.int32), 2), {}))
+    c.append(("swap_blocks", (rn(NB, bs, Hk, D), torch.zeros(NB, bs, Hk, D), torch.tensor([[0, 3], [2, 1]])), {}))
+    c.append(("copy_blocks", ([rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)], [rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)],
+                              torch.tensor([[0, 3], [1, 2]])), {}))
+    c.append(("copy_blocks_mla", ([rn(NB, bs, 48)], torch.tensor([[0, 3]])), {}))
+    c.append(("merge_attn_states", (torch.empty(T, H, D), torch.empty(H, T), rn(T, H, D), rn(H, T), rn(T, H, D), rn(H, T)),
+              {"prefill_tokens_with_context": 3}))
+    c.append(("merge_attn_states", (torch.empty(T, H, D), None, rn(T, H, D), rn(H, T), rn(T, H, D), rn(H, T)), {}))
+    c.append(("causal_softmax", (torch.empty(2, 3, 7), rn(2, 3, 7)), {}))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    c.append(("flash_attn_varlen_func", (rn(T, H, D), rn(T, Hk, D), rn(T, Hk, D), cu, cu),
+              {"causal": True, "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625])}))
+    kc, vc = rn(6, bs, Hk, D), rn(6, bs, Hk, D)
+    c.append(("flash_attn_varlen_func", (rn(T, H, D), kc, vc, cu, None),
+              {"seqused_k": torch.tensor([7, 3], dtype=torch.int32), "block_table": torch.tensor([[4, 1], [0, 5]], dtype=torch.int32),
+               "causal": True, "window_size": [4, 0]}))
+    c.append(("flash_attn_with_kvcache", (rn(2, 1, H, D), rn(3, 16, Hk, D), rn(3, 16, Hk, D)),
+              {"k": rn(2, 1, Hk, D), "v": rn(2, 1, Hk, D), "cache_seqlens": torch.tensor([5, 0], dtype=torch.int32),
+               "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32), "causal": True,
+               "rotary_cos": torch.cos(torch.arange(32.0)[:, None] * 0.1 * torch.arange(1, 9)[None, :]),
+               "rotary_sin": torch.sin(torch.arange(32.0)[:, None] * 0.1 * torch.arange(1, 9)[None, :])}))
+    Hm, Dn, Dr, Dv, Dl = 2, 16, 16, 16, 32
+    c.append(("mla_prefix_prefill", (rn(3, Hm, Dn + Dr), rn(3, Hm, Dn + Dr), rn(3, Hm, Dv), torch.tensor([0, 2, 3], dtype=torch.int32),
+                                     torch.tensor([5, 0], dtype=torch.int32), torch.tensor([[1, 2], [0, 0]], dtype=torch.int32),
+                                     rn(4, 4, Dl + Dr), rn(Hm * (Dn + Dv), Dl) * 0.2, 0.2), {}))
+    return c
+
+
+def test_every_op_registered():
+    names = {n for n, _, _ in cases()}
+    assert names == set(lkt.OPS)
+    for n in lkt.OPS:
+        assert hasattr(OPS, n)
+
+
+VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
+    "rms_norm": "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+    "fused_add_rms_norm": "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
+    "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
+    "mul_and_silu": "mul_and_silu(Tensor! out, Tensor input) -> ()",
+    "gelu_and_mul": "gelu_and_mul(Tensor! out, Tensor input) -> ()",
+    "gelu_tanh_and_mul": "gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()",
+    "fatrelu_and_mul": "fatrelu_and_mul(Tensor! out, Tensor input, float threshold) -> ()",
+    "swigluoai_and_mul": "swigluoai_and_mul(Tensor! out, Tensor input, float alpha=1.702, float limit=7.0) -> ()",
+    "gelu_new": "gelu_new(Tensor! out, Tensor input) -> ()",
+    "gelu_fast": "gelu_fast(Tensor! out, Tensor input) -> ()",
+    "gelu_quick": "gelu_quick(Tensor! out, Tensor input) -> ()",
+    "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+                        "Tensor cos_sin_cache, bool is_neox) -> ()",
+    "reshape_and_cache_flash": "reshape_and_cache_flash(Tensor key, Tensor value, Tensor! key_cache, "
+                               "Tensor! value_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, "
+                               "Tensor v_scale) -> ()",
+    "concat_and_cache_mla": "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
+                            "str kv_cache_dtype, Tensor scale) -> ()",
+    "swap_blocks": "swap_blocks(Tensor src, Tensor! dst, Tensor block_mapping) -> ()",
+    "copy_blocks": "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()",
+    "copy_blocks_mla": "copy_blocks_mla(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
+}
+
+
+def _args(schema):
+    return [(a.name, str(a.type), bool(a.alias_info and a.alias_info.is_write), a.default_value)
+            for a in schema.arguments], [str(r.type) for r in schema.returns]
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_SCHEMAS))
+def test_schemas_as_vllm(name):
+    got = getattr(OPS, name).default._schema
+    assert _args(got) == _args(torch._C.parse_schema(VLLM_SCHEMAS[name]))
+
+
+@pytest.mark.parametrize("i", range(len(cases())))
+def test_opcheck(i):
+    name, args, kwargs = cases()[i]
+    torch.library.opcheck(getattr(OPS, name).default, args, kwargs)
+
+
+def test_ops_match_binding():
+    x = rn(6, 128, dt=torch.bfloat16)
+    a, b = torch.empty(6, 64, dtype=torch.bfloat16), torch.empty(6, 64, dtype=torch.bfloat16)
+    OPS.swigluoai_and_mul(a, x, 1.702, 7.0)
+    import llmkern
+    llmkern.swigluoai_and_mul(b, x)
+    assert torch.equal(a, b)
+
+
+class Block(torch.nn.Module):
+    """A decoder block's worth of llmkern calls: norm, rotary, cache write, attention,
+    merge, activation, residual norm."""
+
+    def __init__(self, H=4, Hk=2, D=32):
+        super().__init__()
+        self.H, self.Hk, self.D = H, Hk, D
+        self.w = torch.nn.Parameter(torch.rand(H * D) + 0.5, requires_grad=False)
+        self.register_buffer("cs", cos_sin(64, D))
+
+    def forward(self, x, res, pos, k_cache, v_cache, slots, cu, seqused, table):
+        H, Hk, D = self.H, self.Hk, self.D
+        T = x.shape[0]
+        h = torch.empty_like(x)
+        torch.ops.llmkern.rms_norm(h, x, self.w, 1e-6)
+        q = h.clone()
+        k = h[:, : Hk * D].clone()
+        v = h[:, Hk * D: 2 * Hk * D].clone()
+        torch.ops.llmkern.rotary_embedding(pos, q, k, D, self.cs, True)
+        one = torch.ones(())
+        torch.ops.llmkern.reshape_and_cache_flash(k.view(T, Hk, D), v.view(T, Hk, D), k_cache, v_cache, slots,
+                                                  "auto", one, one)
+        o, lse = torch.ops.llmkern.flash_attn_varlen_func(q.view(T, H, D), k_cache, v_cache, cu, None,
+                                                          seqused_k=seqused, block_table=table, causal=True)
+        merged = torch.empty_like(o)
+        torch.ops.llmkern.merge_attn_states(merged, None, o, lse, o, lse)
+        g = torch.empty(T, H * D // 2)
+        torch.ops.llmkern.silu_and_mul(g, merged.reshape(T, H * D))
+        y = torch.cat([g, g], dim=1)
+        torch.ops.llmkern.fused_add_rms_norm(y, res, None, 1e-6)
+        return y, res
+
+
+def test_torch_compile_fullgraph():
+    H, Hk, D, bs = 4, 2, 32, 4
+    m = Block(H, Hk, D)
+
+    def inputs():
+        g = torch.Generator().manual_seed(3)
+        T = 6
+        return (torch.randn(T, H * D, generator=g), torch.randn(T, H * D, generator=g), torch.tensor([0, 1, 2, 0, 1, 2]),
+                torch.zeros(4, bs, Hk, D), torch.zeros(4, bs, Hk, D), torch.tensor([8, 9, 10, 4, 5, 6]),
+                torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32),
+                torch.tensor([[2], [1]], dtype=torch.int32))
+
+    want = m(*inputs())
+    a = inputs()
+    got = torch.compile(m, fullgraph=True)(*a)
+    for g_, w_ in zip(got, want):
+        torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(a[3]) > 0  # the cache write happened in the compiled graph
