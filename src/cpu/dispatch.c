@@ -61,6 +61,7 @@ static void fill_ref(lk_kernel_table *r) {
     r->gather_cache = lk_ref_gather_cache;
     r->mla_softmax_block = lk_ref_mla_softmax_block;
     r->mla_prefix_prefill = lk_mla_prefill_drive;
+    r->mla_decode = lk_ref_mla_decode;
 }
 
 static void fill_tables(void) {

@@ -16,6 +16,7 @@ void LKV_FN(register_mla_cache)(lk_kernel_table *t);
 void LKV_FN(register_merge)(lk_kernel_table *t);
 void LKV_FN(register_rotary)(lk_kernel_table *t);
 void LKV_FN(register_attention)(lk_kernel_table *t);
+void LKV_FN(register_mla_decode)(lk_kernel_table *t);
 
 void LKV_FN(register)(lk_kernel_table *t);
 void LKV_FN(register)(lk_kernel_table *t) {
@@ -28,4 +29,5 @@ void LKV_FN(register)(lk_kernel_table *t) {
     LKV_FN(register_merge)(t);
     LKV_FN(register_rotary)(t);
     LKV_FN(register_attention)(t);
+    LKV_FN(register_mla_decode)(t);
 }
