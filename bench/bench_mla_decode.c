@@ -9,7 +9,7 @@
  * out), the bound on this machine (flops: time at the f32 FMA peak of the variant's ISA,
  * or at the bf16 dot peak where the kernel runs on bf16 dot products; bytes: the read
  * bandwidth; both measured at start-up in the same run), which of the two it is, the
- * time over the bound, then the same inputs through flash_attn_varlen (K = the entry,
+ * time over the bound (and over the bound at the f32 FMA peak), then the same inputs through flash_attn_varlen (K = the entry,
  * V = a view of its first 512 dims, paged, GQA of H query heads over 1 KV head) and its
  * time over ours. Max error: the reference kernel on request 0, head 0 (all its s_q
  * rows, all keys), against those rows of the timed output.
@@ -123,10 +123,13 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
     for (int i = 0; i < BENCH.nvar; i++) {
         double peak = bench_peak(kind, i), tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
         double bound = tf > tb ? tf : tb;
-        printf("%-18s %-26s %-10s %9.2f %8.1f %7.1f | %-5s %9.2f %5.2f | %9.2f %5.2f %s\n", "mla_decode", shape,
+        /* the same against the f32 FMA peak alone (the bound of the f32 path) */
+        double p32 = bench_peak(BENCH_FLOPS, i), tf32 = p32 > 0 ? flops / (p32 * 1e9) : 0;
+        double bound32 = tf32 > tb ? tf32 : tb;
+        printf("%-18s %-26s %-10s %9.2f %8.1f %7.1f | %-5s %9.2f %5.2f %5.2f | %9.2f %5.2f\n", "mla_decode", shape,
                BENCH.nvar > 1 ? BENCH.var[i].name : "bf16", t[i], flops / (t[i] * 1e-3) / 1e9,
-               bytes / (t[i] * 1e-3) / 1e9, tf > tb ? "flops" : "bytes", bound * 1e3, t[i] * 1e-3 / bound, ft[i],
-               ft[i] / t[i], i == 0 ? "" : "");
+               bytes / (t[i] * 1e-3) / 1e9, tf > tb ? "flops" : "bytes", bound * 1e3, t[i] * 1e-3 / bound,
+               t[i] * 1e-3 / bound32, ft[i], ft[i] / t[i]);
     }
     if (BENCH.nvar == 1) printf("%-18s %-26s max err %.2e\n", "", "", err);
     fflush(stdout);
@@ -148,7 +151,8 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
 void bench_mla_decode(void) {
     printf("\n== mla_decode (latent 512 + 64, page 64, bf16; planned split-KV; s_q = 2 causal)\n");
     printf("columns: median ms, GFLOP/s, GB/s (cache read once) | bound: flops (time at the %s peak) or bytes (at the "
-           "read bandwidth, %.1f GB/s), its ms, time / bound | flash_attn_varlen composition ms, its time / ours\n",
+           "read bandwidth, %.1f GB/s), its ms, time / bound, time / the bound at the f32 FMA peak | flash_attn_varlen "
+           "composition ms, its time / ours\n",
            bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "bf16 dot (avx512bf16) or f32 FMA" : "f32 FMA",
            BENCH.read_gbs);
     bench_section_name("mla_decode");
