@@ -148,5 +148,6 @@ void bench_softmax(void);
 void bench_attention(void);
 void bench_mla_cache(void);
 void bench_mla_prefill(void);
+void bench_mla_decode(void);
 
 #endif

@@ -53,6 +53,7 @@ static const struct {
     {"attention", bench_attention},
     {"mla_cache", bench_mla_cache},
     {"mla_prefill", bench_mla_prefill},
+    {"mla_decode", bench_mla_decode},
 };
 
 /* BENCH.isa from --isa's list; 0, or 2 on a name that is no ISA */

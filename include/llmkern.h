@@ -399,6 +399,64 @@ LK_API const char *lk_mla_last_trace(void);
 /* "auto", "split_merge", "concat", "fused", "absorbed" ("unknown" otherwise) */
 LK_API const char *lk_mla_strategy_name(lk_mla_strategy s);
 
+
+/* ---------------------------------------------------------------- MLA decode */
+
+typedef struct lk_mla_decode_params {
+    float scale;               /* softmax scale, explicit                                  */
+    int causal;                /* s_q > 1: query i sees keys < cache_seqlens - s_q + i + 1  */
+    lk_kv_layout cache_layout; /* latent cache layout, ND or NZ (see "paged caches")       */
+    int64_t split_keys;        /* keys per split-KV chunk; 0: lk_mla_decode_plan's choice   */
+} lk_mla_decode_params;
+
+/* {scale, causal = 0, LK_KV_ND, split_keys = 0} */
+LK_API lk_mla_decode_params lk_mla_decode_params_default(float scale);
+
+/* Split-KV plan of lk_mla_decode (FlashMLA's get_mla_metadata): *split_keys = the keys
+ * per chunk that lk_mla_decode uses for these cache_seqlens [B] (i32/i64, values >= 0)
+ * when params.split_keys is 0. It depends only on B and the lengths (never on the
+ * thread count): about 64 chunks in the whole batch, each a multiple of 64 keys and at
+ * least 512, so a long context with few requests is spread over many threads and a
+ * large batch is not split at all. Request b then has ceil(cache_seqlens[b] /
+ * *split_keys) chunks (1 when it is empty). Errors: a negative length (LK_ERR_INDEX). */
+LK_API lk_status lk_mla_decode_plan(const lk_tensor *cache_seqlens, int64_t *split_keys);
+
+/* MLA decode in latent space (FlashMLA's flash_mla_with_kvcache): absorbed queries
+ * against the paged latent cache, every head sharing each cache entry (K = the whole
+ * entry of Dl + Dr dims, V = its first Dl dims):
+ *   out[b, i, h, :] = sum_j softmax_j(scale * q[b, i, h, :] . e_j) e_j[:Dl]
+ *   lse[b, h, i]    = log(sum_j exp(scale * q[b, i, h, :] . e_j))       (natural log, f32)
+ * over keys j < cache_seqlens[b], or, with params.causal, j < cache_seqlens[b] - s_q + i + 1
+ * (the s_q query tokens are the last s_q cached tokens: multi-token prediction,
+ * speculative verification). A row that sees no key (cache_seqlens[b] = 0) gets out = 0
+ * and lse = -inf.
+ * Arguments:
+ *   out [B, s_q, H, Dl]; lse [B, H, s_q] f32 or NULL (any strides: FlashMLA's layout or a
+ *   permuted view); q [B, s_q, H, Dl + Dr] (q_nope W_UK | q_rope); cache_seqlens [B] and
+ *   block_table [B, max_pages] i32/i64 (token j of request b is in cache page
+ *   block_table[b, j / block_size], slot j % block_size); the latent cache: one buffer
+ *   kv_c_cache of entries [Dl + Dr] (k_pe_cache NULL; ND [num_blocks, block_size,
+ *   Dl + Dr] or [num_blocks, block_size, 1, Dl + Dr], NZ physical [num_blocks,
+ *   (Dl + Dr)/16, block_size, 16]) or two buffers kv_c_cache [.., Dl] and k_pe_cache
+ *   [.., Dr] as lk_concat_and_cache_mla writes them; params not NULL.
+ * Dl comes from out, Dr = q's last dim - Dl (>= 0; >= 1 with two buffers). Each tensor
+ * may be f32/f16/bf16 independently; out must not overlap any input, lse must not
+ * overlap anything. Entries past cache_seqlens[b] are never read (they may hold NaN), and
+ * neither are block_table entries past a request's last page.
+ * Split-KV: request b's keys go in chunks of params.split_keys (0: lk_mla_decode_plan),
+ * each chunk's partial state (m, l, O) computed once for all s_q x H rows, then merged in
+ * chunk order with the attention-state rules; the chunks depend only on the arguments,
+ * so results are bitwise identical for any thread count.
+ * Errors (nothing written): shapes / dtypes / ranks (naming the argument); a length < 0
+ * or beyond the block table (max_pages * block_size) (LK_ERR_INDEX, cache_seqlens); a
+ * block id of a page read outside [0, num_blocks) (LK_ERR_INDEX, block_table); with
+ * causal, 0 < cache_seqlens[b] < s_q (LK_ERR_INDEX, cache_seqlens); params.split_keys < 0
+ * or a non-finite scale (LK_ERR_VALUE). */
+LK_API lk_status lk_mla_decode(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
+                               const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                               const lk_tensor *block_table, const lk_tensor *cache_seqlens,
+                               const lk_mla_decode_params *params);
+
 #ifdef __cplusplus
 }
 #endif

@@ -373,6 +373,71 @@ static lk_status call_mla(const oc_inst *in) {
                                  two ? T(in, 8) : NULL, T(in, two ? 9 : 8), &in->mla);
 }
 
+/* ---------------------------------------------------------------- mla decode */
+
+/* out, lse (optional), q, kv_c_cache, [k_pe_cache (two buffers)], block_table,
+ * cache_seqlens; s_q = 2 causal; pages a permutation, unused block_table entries -1 */
+static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two) {
+    int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 2, s_q = 2;
+    int64_t Dl = sz == OC_LARGE ? 512 : 32, Dr = sz == OC_LARGE ? 64 : 16, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
+    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0, pages = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t np = (lens[b] + bs - 1) / bs;
+        pages += np;
+        if (np + 1 > maxp) maxp = np + 1;
+    }
+    int64_t nb = pages + 2;
+    add(in, "out", LK_BF16, 4, (int64_t[]){B, s_q, H, Dl}, 1, 1);
+    add(in, "lse", LK_F32, 3, (int64_t[]){B, H, s_q}, 1, 0);
+    in->arg[1].optional = 1;
+    tu_fill_uniform(add(in, "q", LK_BF16, 4, (int64_t[]){B, s_q, H, E}, 0, 1), -1, 1);
+    int64_t D0 = two ? Dl : E;
+    if (lay == LK_KV_NZ) {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 4, (int64_t[]){nb, D0 / 16, bs, 16}, 0, 0), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F16, 4, (int64_t[]){nb, Dr / 16, bs, 16}, 0, 1), -1, 1);
+    } else {
+        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){nb, bs, D0}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F16, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
+    }
+    if (two) in->arg[4].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        tu_set(sl, b, (double)lens[b]);
+        for (int64_t i = 0; i < maxp; i++)
+            tu_set(bt, b * maxp + i, i < (lens[b] + bs - 1) / bs ? (double)perm[next++] : -1.0);
+    }
+    free(perm);
+    in->mla_dec = lk_mla_decode_params_default((float)(1.0 / sqrt((double)E)));
+    in->mla_dec.causal = 1;
+    in->mla_dec.cache_layout = lay;
+    in->mla_dec.split_keys = two ? 128 : 0;
+    in->flag = two;
+}
+static void make_mla_dec_nd(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_ND, 0); }
+static void make_mla_dec_nz2(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_NZ, 1); }
+static lk_status call_mla_dec(const oc_inst *in) {
+    int two = in->flag;
+    return lk_mla_decode(T(in, 0), T(in, 1), T(in, 2), T(in, 3), two ? T(in, 4) : NULL, T(in, two ? 5 : 4),
+                         T(in, two ? 6 : 5), &in->mla_dec);
+}
+
+static void make_mla_plan(oc_inst *in, oc_size sz) {
+    int64_t B = sz == OC_LARGE ? 64 : sz ? 16 : 3;
+    tu_buf *sl = add(in, "cache_seqlens", LK_I32, 1, &B, 0, 1);
+    for (int64_t b = 0; b < B; b++) tu_set(sl, b, (double)tu_randint(0, 5000));
+}
+static lk_status call_mla_plan(const oc_inst *in) {
+    int64_t split = 0;
+    return lk_mla_decode_plan(T(in, 0), &split);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const oc_op OC_OPS[] = {
@@ -404,6 +469,9 @@ const oc_op OC_OPS[] = {
     {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */
     {"lk_mla_prefix_prefill", make_mla_absorbed, call_mla},          /* absorbed, NZ */
     {"lk_mla_prefix_prefill", make_mla_auto, call_mla},              /* auto, ND */
+    {"lk_mla_decode", make_mla_dec_nd, call_mla_dec},                /* ND one buffer, planned split */
+    {"lk_mla_decode", make_mla_dec_nz2, call_mla_dec},               /* NZ two buffers, split 128 */
+    {"lk_mla_decode_plan", make_mla_plan, call_mla_plan},
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 

@@ -40,6 +40,7 @@ typedef struct {
     int n;                 /* merge_attn_states_n: number of states */
     lk_attn_params params; /* flash attention */
     lk_mla_params mla;     /* MLA prefix prefill */
+    lk_mla_decode_params mla_dec; /* MLA decode */
 } oc_inst;
 
 struct oc_op {

@@ -635,6 +635,103 @@ static void test_attention_bf16_decode(void) {
     }
 }
 
+/* ---------------------------------------------------------------- mla_decode */
+
+/* mla_decode's rules (docs/numerics.md), bf16 (the avx512bf16 ISA's bf16 dot-product
+ * path) and f32 data: a NaN q row is NaN (out and lse) and no other row is; a NaN in a
+ * used cache entry reaches every row of its request only; NaN / inf in slots past
+ * cache_seqlens and in pages no request uses never reach an output; an infinite V
+ * value of a key the causal mask hides from query 0 reaches only query 1; 0 cached
+ * tokens give out = +0 and lse = -inf; a +inf score makes its row NaN. Then the
+ * accuracy of every ISA against ref's f32 out: f32 out within 3e-5, bf16 out within
+ * 2^-8 max|v| (P rounded to bf16 on the bf16 path). */
+static void test_mla_decode(void) {
+    enum { B = 4, SQ = 2, H = 3, DL = 32, DR = 16, E = DL + DR, BS = 8, NB = 9, MAXP = 2 };
+    static float qf[B][SQ][H][E], cf[NB][BS][E], of[TU_MAX_ISAS][B][SQ][H][DL], lse[TU_MAX_ISAS][B][H][SQ];
+    static uint16_t qb[B][SQ][H][E], cb[NB][BS][E], ob[TU_MAX_ISAS][B][SQ][H][DL];
+    int32_t lens[B] = {11, 9, 13, 0}, table[B][MAXP] = {{0, 1}, {2, 3}, {4, 5}, {-1, -1}};
+    tu_seed(41);
+    for (int p = 0; p < NB; p++)
+        for (int j = 0; j < BS; j++)
+            for (int e = 0; e < E; e++) {
+                int used = p < 6 && (p % 2) * BS + j < lens[p / 2];
+                cf[p][j][e] = used ? (float)tu_uniform(-1, 1) : (j % 2 ? NAN : INFINITY);
+            }
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < SQ; i++)
+            for (int h = 0; h < H; h++)
+                for (int e = 0; e < E; e++) qf[b][i][h][e] = (float)tu_uniform(-1, 1);
+    for (int e = 0; e < E; e++) qf[0][1][2][e] = NAN; /* row (0, 1, 2) */
+    cf[2][0][7] = NAN;                                 /* key 0 of request 1 */
+    cf[5][4][3] = INFINITY;                            /* last key of request 2 (12): V dim 3 */
+    for (int p = 0; p < NB; p++)
+        for (int j = 0; j < BS; j++)
+            for (int e = 0; e < E; e++) cb[p][j][e] = lk_f32_to_bf16(cf[p][j][e]), cf[p][j][e] = lk_bf16_to_f32(cb[p][j][e]);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < SQ; i++)
+            for (int h = 0; h < H; h++)
+                for (int e = 0; e < E; e++) qb[b][i][h][e] = lk_f32_to_bf16(qf[b][i][h][e]), qf[b][i][h][e] = lk_bf16_to_f32(qb[b][i][h][e]);
+    lk_tensor tt = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, MAXP}), tl = t1(lens, LK_I32, B);
+    lk_mla_decode_params p = lk_mla_decode_params_default(0.25f);
+    p.causal = 1;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int bf = 0; bf < 2; bf++) {
+            lk_tensor tq = lk_tensor_make(bf ? (void *)qb : (void *)qf, bf ? LK_BF16 : LK_F32, 4, (int64_t[]){B, SQ, H, E});
+            lk_tensor tc = lk_tensor_make(bf ? (void *)cb : (void *)cf, bf ? LK_BF16 : LK_F32, 3, (int64_t[]){NB, BS, E});
+            lk_tensor to = lk_tensor_make(bf ? (void *)ob[ii] : (void *)of[ii], bf ? LK_BF16 : LK_F32, 4, (int64_t[]){B, SQ, H, DL});
+            lk_tensor tls = lk_tensor_make(lse[ii], LK_F32, 3, (int64_t[]){B, H, SQ});
+            int ok = lk_mla_decode(&to, &tls, &tq, &tc, NULL, &tt, &tl, &p) == LK_OK;
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < SQ; i++)
+                    for (int h = 0; h < H; h++) {
+                        int nan_row = (b == 0 && i == 1 && h == 2) || b == 1;
+                        float l = lse[ii][b][h][i];
+                        /* request 2, query 1 sees the inf entry (K = the entry: its score is
+                         * +-inf too, so the row may be NaN); only its dim 3 is certain */
+                        int inf_row = b == 2 && i == 1;
+                        ok &= nan_row ? isnan(l) : b == 3 ? l == -INFINITY : inf_row || isfinite(l);
+                        for (int d = 0; d < DL; d++) {
+                            float v = bf ? lk_bf16_to_f32(ob[ii][b][i][h][d]) : of[ii][b][i][h][d];
+                            ok &= nan_row ? isnan(v) : inf_row ? d != 3 || !isfinite(v) : b == 3 ? is_poszero(v) : isfinite(v);
+                        }
+                    }
+            tu_check(ok, "%s mla_decode %s: NaN q row / NaN used entry (its request only) are NaN; slots past "
+                         "cache_seqlens never read; a causally hidden inf V reaches only the later query; 0 tokens: "
+                         "+0 and lse -inf", lk_isa_name(isas[ii]), bf ? "bf16" : "f32");
+        }
+        /* +inf score: an inf q element against a key dim that is 1 everywhere */
+        static float q2[1][1][1][E], c2[1][BS][E], o2[1][1][1][DL], l2[1][1][1];
+        for (int e = 0; e < E; e++) q2[0][0][0][e] = e == 0 ? INFINITY : 0.5f;
+        for (int j = 0; j < BS; j++)
+            for (int e = 0; e < E; e++) c2[0][j][e] = e == 0 ? 1.0f : 0.25f;
+        int32_t len2[1] = {5}, tab2[1][1] = {{0}};
+        lk_tensor q2t = lk_tensor_make(q2, LK_F32, 4, (int64_t[]){1, 1, 1, E}), c2t = lk_tensor_make(c2, LK_F32, 3, (int64_t[]){1, BS, E});
+        lk_tensor o2t = lk_tensor_make(o2, LK_F32, 4, (int64_t[]){1, 1, 1, DL}), l2t = lk_tensor_make(l2, LK_F32, 3, (int64_t[]){1, 1, 1});
+        lk_tensor t2t = lk_tensor_make(tab2, LK_I32, 2, (int64_t[]){1, 1}), s2t = t1(len2, LK_I32, 1);
+        lk_mla_decode_params p2 = lk_mla_decode_params_default(0.25f);
+        int ok = lk_mla_decode(&o2t, &l2t, &q2t, &c2t, NULL, &t2t, &s2t, &p2) == LK_OK && isnan(l2[0][0][0]);
+        for (int d = 0; d < DL; d++) ok &= isnan(o2[0][0][0][d]);
+        tu_check(ok, "%s mla_decode: a +inf score makes its row NaN", lk_isa_name(isas[ii]));
+    }
+    /* accuracy against ref's f32 out on the finite rows (isas[0] is ref) */
+    for (int ii = 1; ii < ni; ii++) {
+        double ef = 0, eb = 0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < SQ; i++)
+                for (int h = 0; h < H; h++)
+                    for (int d = 0; d < DL; d++) {
+                        float r = of[0][b][i][h][d];
+                        if (!isfinite(r) || (b == 2 && i == 1)) continue;
+                        double e1 = fabs(of[ii][b][i][h][d] - r) / (1 + fabs(r)), e2 = fabs(lk_bf16_to_f32(ob[ii][b][i][h][d]) - r);
+                        if (e1 > ef) ef = e1;
+                        if (e2 > eb) eb = e2;
+                    }
+        tu_check(ef <= 3e-5, "%s mla_decode f32: within 3e-5 of ref (%.3g)", lk_isa_name(isas[ii]), ef);
+        tu_check(eb <= 1.0 / 256, "%s mla_decode bf16 out: |out - ref's f32| <= 2^-8 max|v| (%.3g)", lk_isa_name(isas[ii]), eb);
+    }
+}
+
 /* ---------------------------------------------------------------- across ISAs */
 
 /* "AVX2 vs AVX-512" in docs/numerics.md: the element-wise ops give the same bits on every
@@ -711,6 +808,7 @@ int main(void) {
     test_attention_bf16();
     test_attention_bf16_decode();
     test_mla();
+    test_mla_decode();
     test_cross_isa();
     lk_set_isa(lk_isa_best());
     return tu_finish("test_numerics");

@@ -71,6 +71,11 @@ class LkMlaParams(ctypes.Structure):
                 ("cache_layout", ctypes.c_int), ("dedup", ctypes.c_int)]
 
 
+class LkMlaDecodeParams(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int),
+                ("cache_layout", ctypes.c_int), ("split_keys", ctypes.c_int64)]
+
+
 # _PACK[nd](ptr, dtype, nd, *shape, *strides) -> the bytes of one lk_tensor (unused dims 0)
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
@@ -79,6 +84,8 @@ _PACK_MLA_PARAMS = struct.Struct("@fiii").pack
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
 assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
+_PACK_MLA_DECODE_PARAMS = struct.Struct("@fiiq").pack
+assert struct.calcsize("@fiiq") == ctypes.sizeof(LkMlaDecodeParams)
 
 # ---------------------------------------------------------------- errors
 
@@ -154,6 +161,8 @@ copy_blocks = cfunc("lk_copy_blocks", [_i, ctypes.c_char_p, _T])
 flash_attn_varlen = cfunc("lk_flash_attn_varlen", [_T] * 9 + [ctypes.c_char_p])
 mla_prefix_prefill = cfunc("lk_mla_prefix_prefill", [_T] * 10 + [ctypes.c_char_p])
 mla_last_trace = cfunc("lk_mla_last_trace", [], ctypes.c_char_p)
+mla_decode = cfunc("lk_mla_decode", [_T] * 7 + [ctypes.c_char_p])
+mla_decode_plan = cfunc("lk_mla_decode_plan", [_T, ctypes.POINTER(ctypes.c_int64)])
 set_num_threads = cfunc("lk_set_num_threads", [_i], None)
 get_num_threads = cfunc("lk_get_num_threads", [], _i)
 isa_current = cfunc("lk_isa_current", [], _i)
@@ -385,3 +394,7 @@ def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi
 
 def mla_params(scale, strategy, layout, dedup):
     return _PACK_MLA_PARAMS(scale, strategy, layout, dedup)
+
+
+def mla_decode_params(scale, causal, layout, split_keys):
+    return _PACK_MLA_DECODE_PARAMS(scale, causal, layout, split_keys)

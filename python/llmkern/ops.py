@@ -643,6 +643,71 @@ def mla_last_trace():
     return L.mla_last_trace().decode()
 
 
+# ---------------------------------------------------------------- MLA decode (FlashMLA)
+
+
+def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
+    """FlashMLA's planning call for flash_mla_with_kvcache. Returns
+    (tile_scheduler_metadata, num_splits), int32 arrays like cache_seqlens (NumPy or
+    torch): tile_scheduler_metadata [1, 8] holds the keys per split-KV chunk at [0, 0]
+    (what lk_mla_decode_plan picks for these lengths; the rest is 0), num_splits [B + 1]
+    the cumulative chunk counts (request b has num_splits[b + 1] - num_splits[b]). The
+    split depends only on the lengths, never on the thread count; the head counts are
+    accepted for compatibility and do not change it."""
+    del num_heads_per_head_k, num_heads_k
+    split = L.ctypes.c_int64(0)
+    s = L.mla_decode_plan(_view(cache_seqlens, "cache_seqlens"), L.ctypes.byref(split))
+    if s:
+        _raise(s)
+    lens = np.asarray(cache_seqlens.cpu() if L.is_torch(cache_seqlens) else cache_seqlens, np.int64)
+    chunks = np.maximum(1, (lens + split.value - 1) // split.value)
+    meta = np.zeros((1, 8), np.int32)
+    meta[0, 0] = split.value
+    splits = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+    if L.is_torch(cache_seqlens):
+        import torch
+        return torch.from_numpy(meta), torch.from_numpy(splits)
+    return meta, splits
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                           num_splits, softmax_scale=None, causal=False, *, out=None, softmax_lse=None,
+                           kv_layout="ND", k_pe_cache=None):
+    """FlashMLA's decode: absorbed MLA attention in latent space over the paged latent
+    cache, every head sharing each entry (K = the entry, V = its first head_dim_v dims).
+    q [B, s_q, H, Dl + Dr] (q_nope W_UK | q_rope); k_cache [blocks, page, 1, Dl + Dr]
+    (FlashMLA's layout; also [blocks, page, Dl + Dr], or NZ physical [blocks,
+    (Dl + Dr)/16, page, 16] with kv_layout='NZ'; with k_pe_cache: the [.., Dl] part,
+    k_pe_cache the [.., Dr] part); block_table [B, max_pages] and cache_seqlens [B]
+    int32/int64; head_dim_v = Dl; tile_scheduler_metadata, num_splits from
+    get_mla_metadata (None: planned here); softmax_scale default q.shape[-1] ** -0.5;
+    causal for s_q > 1 (query i sees keys < cache_seqlens - s_q + i + 1). Returns
+    (out [B, s_q, H, Dl] like q, softmax_lse [B, H, s_q] f32), allocated when not given.
+    Entries past cache_seqlens are never read (they may hold NaN); a request with 0
+    cached tokens gives zeros and lse -inf. Results are bitwise identical for any thread
+    count."""
+    lay = _layout(kv_layout)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    if len(q.shape) != 4:
+        raise ValueError("q: shape %s, expected [batch, seq_len_q, num_heads, head_dim]" % (tuple(q.shape),))
+    b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+    if out is None:
+        out = _empty(q, (b, sq, h, head_dim_v))
+    if softmax_lse is None:
+        softmax_lse = _empty(q, (b, h, sq), f32=True)
+    split = 0
+    if tile_scheduler_metadata is not None:
+        split = int(tile_scheduler_metadata[0][0])
+    params = L.mla_decode_params(softmax_scale, 1 if causal else 0, lay, split)
+    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "lse"), _view(q, "q"), _view(k_cache, "kv_c_cache"),
+                     _view(k_pe_cache, "k_pe_cache"), _view(block_table, "block_table"),
+                     _view(cache_seqlens, "cache_seqlens"), params)
+    if s:
+        _raise(s)
+    return out, softmax_lse
+
+
 # ---------------------------------------------------------------- runtime
 
 

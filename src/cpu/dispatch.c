@@ -27,6 +27,12 @@ typedef struct {
 void lk_avx2_register(lk_kernel_table *t);
 void lk_avx512_register(lk_kernel_table *t);
 void lk_avx512bf16_register(lk_kernel_table *t);
+void lk_avx512bf16_register_mla_decode(lk_kernel_table *t);
+/* the AVX512_BF16 row: flash_attn's registration, then mla_decode's bf16 build */
+static void avx512bf16_register(lk_kernel_table *t) {
+    lk_avx512bf16_register(t);
+    lk_avx512bf16_register_mla_decode(t);
+}
 #endif
 
 static const isa_row ROWS[] = {
@@ -34,7 +40,7 @@ static const isa_row ROWS[] = {
 #if defined(__x86_64__) || defined(__i386__)
     {LK_ISA_AVX2, "avx2", lk_cpu_has_avx2, lk_avx2_register},
     {LK_ISA_AVX512, "avx512", lk_cpu_has_avx512, lk_avx512_register},
-    {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, lk_avx512bf16_register},
+    {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, avx512bf16_register},
 #endif
 };
 #define N_ROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
@@ -63,6 +69,7 @@ static void fill_ref(lk_kernel_table *r) {
     r->gather_cache = lk_ref_gather_cache;
     r->mla_softmax_block = lk_ref_mla_softmax_block;
     r->mla_prefix_prefill = lk_mla_prefill_drive;
+    r->mla_decode = lk_ref_mla_decode;
 }
 
 static void fill_tables(void) {

@@ -212,6 +212,41 @@ typedef struct {
     int64_t ldp;
 } lk_mla_softmax_args;
 
+/* mla_decode: validated arguments (src/ops/mla_decode.c). Rows of a request are
+ * r = i * H + h (query i of s_q, head h); entry dim e < Dl + Dr of token j of request b
+ * is at lk_mla_dec_off(). */
+typedef struct {
+    lk_tensor out;           /* [B, s_q, H, Dl] */
+    lk_tensor lse;           /* [B, H, s_q] f32; ignored if !has_lse */
+    int has_lse;
+    lk_tensor q;             /* [B, s_q, H, Dl + Dr] */
+    lk_paged lat;            /* H = 1; entries [Dl + Dr] (one buffer) or [Dl] */
+    lk_paged rope;           /* two buffers: entries [Dr]; one buffer: a copy of lat */
+    int one_buffer;
+    const int32_t *seqlens;  /* [B], validated in [0, max_pages * block_size] */
+    const int32_t *table;    /* [B, max_pages] row-major, validated for every page read */
+    int64_t max_pages;
+    int64_t B, s_q, H, Dl, Dr;
+    float scale;
+    int causal;
+    int64_t split;           /* keys per split-KV chunk, >= 1 */
+} lk_mla_decode_args;
+
+/* element offset, in lat (e < Dl or one buffer) or rope, of entry dim e of key j of b */
+static inline int64_t lk_mla_dec_off(const lk_mla_decode_args *a, int64_t b, int64_t j, int64_t e) {
+    int64_t bs = a->lat.block_size, page = a->table[b * a->max_pages + j / bs];
+    if (a->one_buffer || e < a->Dl) return lk_paged_off(&a->lat, page, j % bs, 0, e);
+    return lk_paged_off(&a->rope, page, j % bs, 0, e - a->Dl);
+}
+
+/* keys visible to query i of request b: [0, lk_mla_dec_limit) */
+static inline int64_t lk_mla_dec_limit(const lk_mla_decode_args *a, int64_t b, int64_t i) {
+    int64_t n = a->seqlens[b];
+    if (!a->causal) return n;
+    n = n - a->s_q + i + 1;
+    return n < 0 ? 0 : n;
+}
+
 /* mla_prefix_prefill: the validated arguments (src/cpu/mla/mla.h) */
 struct lk_mla_args;
 
@@ -232,6 +267,7 @@ typedef struct {
     lk_status (*mla_prefix_prefill)(const struct lk_mla_args *a, lk_mla_strategy strategy);
     lk_status (*act_ext)(const lk_act_ext_args *a);
     lk_status (*block_copy)(const lk_block_copy_args *a);
+    lk_status (*mla_decode)(const lk_mla_decode_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -252,6 +288,7 @@ lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
 lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
 lk_status lk_ref_act_ext(const lk_act_ext_args *a);
 lk_status lk_ref_block_copy(const lk_block_copy_args *a);
+lk_status lk_ref_mla_decode(const lk_mla_decode_args *a);
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

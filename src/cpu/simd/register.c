@@ -18,6 +18,7 @@ void LKV_FN(register_rotary)(lk_kernel_table *t);
 void LKV_FN(register_attention)(lk_kernel_table *t);
 void LKV_FN(register_act_ext)(lk_kernel_table *t);
 void LKV_FN(register_block_copy)(lk_kernel_table *t);
+void LKV_FN(register_mla_decode)(lk_kernel_table *t);
 
 void LKV_FN(register)(lk_kernel_table *t);
 void LKV_FN(register)(lk_kernel_table *t) {
@@ -32,4 +33,5 @@ void LKV_FN(register)(lk_kernel_table *t) {
     LKV_FN(register_attention)(t);
     LKV_FN(register_act_ext)(t);
     LKV_FN(register_block_copy)(t);
+    LKV_FN(register_mla_decode)(t);
 }

@@ -1,0 +1,578 @@
+/*
+ * mla_decode, every vector ISA (src/cpu/vec/lkv.h, W lanes): absorbed MLA attention of
+ * R = s_q * H query rows per request (row r = i * H + h) over the paged latent cache,
+ * all rows sharing each entry e_j (K = e_j, E = Dl + Dr dims; V = e_j[:Dl]).
+ *
+ * Unit = (request b, split chunk of a->split keys): every entry of the chunk is read and
+ * converted once, in blocks of KB keys, and serves all R rows through two register-
+ * blocked GEMM micro-kernels with the rows in the vector lanes:
+ *   Qt  [E][Rp]    scale * q transposed (rows in lanes, Rp = R rounded up to W), stored
+ *                  as panels of PW = 2W rows [E][PW], once per unit (W x W transposes)
+ *   Kf  [KB][Ep]   the block's entries as f32 rows (dims past E zero, keys past the
+ *                  block's end zero: never read from the cache)
+ *   S   [KB][Rp]   = Kf . Qt      (mk: MR keys x PW rows per tile, k over E dims)
+ *                  masked (keys past the chunk, causal limits per lane), then the
+ *                  online-softmax step per row, vectorised across the rows' lanes:
+ *                  m' = max(m, block max), alpha = exp(m - m'), P = exp(S - shift(m')),
+ *                  l = alpha l + sum P (the rules of src/common/attn_state.h)
+ *   O   [Dlp][Rp]  = alpha O + Kf[:, :Dlp]^T . P  (mk again: MR dims x PW rows per tile,
+ *                  k over the block's keys, alpha folded into the accumulator load)
+ * MR = LKV_MR (6 on AVX2: 12 accumulators of 16 ymm; 12 on AVX-512: 24 of 32 zmm).
+ * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
+ * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
+ * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
+ * Chunks depend only on the arguments (a->split), so results do not depend on the
+ * thread count.
+ *
+ * Masked keys: a causal row's hidden keys get P = 0; where such a key's V holds an inf
+ * or NaN (0 * inf), that block's P.V is done row by row over the visible keys only.
+ * Layouts served: q, out and cache entries with unit last-dim stride (ND or NZ); others
+ * go to the reference. Threads: units handed out dynamically (lk_parallel_units), the
+ * merge split over requests (lk_parallel_for).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/attn_state.h"
+#include "../kernels.h"
+#include "../vec/lkv.h"
+
+#define MR LKV_MR        /* micro-kernel rows (keys or dims) */
+#define PW (2 * LKV_W)   /* micro-kernel columns (query rows) */
+#define KB (8 * LKV_MR)  /* keys per block: AVX2 48, AVX-512 96 */
+
+static inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* ------------------------------------------------------------------ micro-kernel */
+
+/* C[MR][nv W] = (acc ? alpha * C : 0) + sum_k A(m, k) B[k][0, nv W), A(m, k) = A[m am + k ak],
+ * B rows ldb apart, C rows ldc apart; nv (1 or 2), acc and am literal after inlining */
+LK_ALWAYS_INLINE void mk(int64_t K, const float *A, int64_t am, int64_t ak, const float *B, int64_t ldb, float *C,
+                         int64_t ldc, int nv, int acc, const float *alpha) {
+    lkv_f32 c0[MR], c1[MR];
+    if (acc) {
+        lkv_f32 a0 = lkv_loadu(alpha), a1 = nv == 2 ? lkv_loadu(alpha + LKV_W) : a0;
+        for (int m = 0; m < MR; m++) {
+            c0[m] = lkv_mul(lkv_loadu(C + m * ldc), a0);
+            c1[m] = nv == 2 ? lkv_mul(lkv_loadu(C + m * ldc + LKV_W), a1) : lkv_zero();
+        }
+    } else {
+        for (int m = 0; m < MR; m++) c0[m] = c1[m] = lkv_zero();
+    }
+    for (int64_t k = 0; k < K; k++) {
+        const float *ap = A + k * ak, *bp = B + k * ldb;
+        lkv_f32 b0 = lkv_loadu(bp), b1 = nv == 2 ? lkv_loadu(bp + LKV_W) : b0;
+        for (int m = 0; m < MR; m++) {
+            lkv_f32 av = lkv_set1(ap[m * am]);
+            c0[m] = lkv_fma(av, b0, c0[m]);
+            if (nv == 2) c1[m] = lkv_fma(av, b1, c1[m]);
+        }
+    }
+    for (int m = 0; m < MR; m++) {
+        lkv_storeu(C + m * ldc, c0[m]);
+        if (nv == 2) lkv_storeu(C + m * ldc + LKV_W, c1[m]);
+    }
+}
+
+/* ------------------------------------------------------------------ context */
+
+typedef struct {
+    const lk_mla_decode_args *a;
+    int64_t E, Ep, Dlp, R, Rp;
+    int bf16;                  /* LKV_BF16DOT builds, q, cache and out bf16: run_chunk16 */
+    int64_t E2, L16, V2;       /* bf16 path: words per q row, bf16 per Kb row, words per Vp row */
+    int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
+    int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
+    float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
+    int64_t slot_floats;
+    float *scratch;            /* per thread [scratch_floats] */
+    int64_t scratch_floats;
+} dec_ctx;
+
+/* Qt panels = scale * q[b] transposed: panel p (rows [p PW, p PW + pw)) is [E][pw] */
+static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
+    const lk_mla_decode_args *a = c->a;
+    const lk_tensor *q = &a->q;
+    int64_t E = c->E, R = c->R, H = a->H, es = lk_esize(q->dtype);
+    lkv_f32 sc = lkv_set1(a->scale);
+    for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
+        int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
+        float *panel = Qt + p * PW * E;
+        const char *row[LKV_W];
+        for (int k = 0; k < LKV_W; k++) {
+            int64_t r = r0 + k;
+            row[k] = r < R ? (const char *)q->data + (b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2]) * es
+                           : NULL;
+        }
+        for (int64_t d0 = 0; d0 < E; d0 += LKV_W) {
+            int64_t n = min64(LKV_W, E - d0);
+            lkv_f32 v[LKV_W];
+            for (int k = 0; k < LKV_W; k++)
+                v[k] = !row[k] ? lkv_zero() : n == LKV_W ? lkv_load(row[k] + d0 * es, q->dtype)
+                                                         : lkv_load_part(row[k] + d0 * es, q->dtype, n);
+            lkv_transpose(v);
+            for (int64_t k = 0; k < n; k++) lkv_storeu(panel + (d0 + k) * pw + col, lkv_mul(v[k], sc));
+        }
+    }
+}
+
+/* n dims of one cache part (16-dim chunks cs elements apart; cs == 16: contiguous) from
+ * p into the f32 row dst; full W stores where they stay inside the row's Ep, else the
+ * tail is stored part-wise */
+LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t cs, int64_t n, int64_t room, lk_dtype dt) {
+    int64_t es = lk_esize(dt);
+    for (int64_t d = 0; d < n; d += LKV_W) {
+        int64_t m = min64(LKV_W, n - d);
+        const char *src = p + ((d >> 4) * cs + (d & 15)) * es;
+        lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
+        if (d + LKV_W <= room) lkv_storeu(dst + d, v);
+        else lkv_store_part(dst + d, LK_F32, v, m);
+    }
+}
+
+static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
+
+/* Kf rows [0, nb) = entries of keys j0 .. j0 + nb of request b as f32 (dims [E, Ep) are
+ * zero from the unit's start), rows [nb, nbp) zero */
+LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, float *Kf,
+                                 lk_dtype lt, lk_dtype rt) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t Ep = c->Ep, bs = a->lat.block_size, les = lk_esize(lt), res = lk_esize(rt);
+    int64_t lcs = chunk_stride(&a->lat), rcs = chunk_stride(&a->rope);
+    int64_t nl = a->one_buffer ? c->E : a->Dl;
+    const int32_t *tab = a->table + b * a->max_pages;
+    for (int64_t jj = 0; jj < nb; jj++) {
+        int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
+        float *dst = Kf + jj * Ep;
+        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les, lcs, nl, Ep, lt);
+        if (!a->one_buffer)
+            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res, rcs,
+                          a->Dr, Ep - a->Dl, rt);
+    }
+    for (int64_t jj = nb; jj < nbp; jj++) memset(Kf + jj * Ep, 0, sizeof(float) * (size_t)Ep);
+}
+
+/* any inf or NaN among dims [0, D) of rows [j0, j1) of Kf */
+static int rows_nonfinite(const float *Kf, int64_t Ep, int64_t j0, int64_t j1, int64_t D) {
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t d = 0; d < D; d++) {
+            float x = Kf[j * Ep + d];
+            if (!isfinite(x)) return 1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ one chunk */
+
+/* per-lane visible keys of the block [j0, j0 + nb) (lim, as floats) from the rows'
+ * limits Lr; returns the smallest over the R real rows */
+static int64_t block_limits(const int64_t *Lr, int64_t R, int64_t Rp, int64_t j0, int64_t nb, float *lim) {
+    int64_t minlim = nb;
+    for (int64_t r = 0; r < Rp; r++) {
+        int64_t v = Lr[r] - j0;
+        v = v < 0 ? 0 : v > nb ? nb : v;
+        lim[r] = (float)v;
+        if (r < R && v < minlim) minlim = v;
+    }
+    return minlim;
+}
+
+/* S [nbp][Rp] = scale * S masked (key jj >= lim of a lane: -inf), then the online-softmax
+ * step of every row (lanes): m' = max(m, block max), alpha = exp(m - m') (1 where m
+ * does not change), S = P = exp(S - shift(m')), l = alpha l + sum P */
+static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, float scale, float *m, float *l,
+                          float *alpha) {
+    const lkv_f32 ninf = lkv_set1(-INFINITY), one = lkv_set1(1.0f), sc = lkv_set1(scale);
+    for (int64_t v = 0; v < Rp; v += LKV_W) {
+        lkv_f32 lv = lkv_loadu(lim + v), bmax = ninf;
+        for (int64_t jj = 0; jj < nbp; jj++) {
+            lkv_f32 x = lkv_blend(ninf, lkv_mul(lkv_loadu(S + jj * Rp + v), sc), lkv_lt(lkv_set1((float)jj), lv));
+            lkv_storeu(S + jj * Rp + v, x);
+            bmax = lkv_max(x, bmax); /* NaN scores skipped here; they make l NaN below */
+        }
+        lkv_f32 mo = lkv_loadu(m + v), mn = lkv_max(bmax, mo);
+        lkv_f32 al = lkv_blend(one, lkv_exp(lkv_sub(mo, mn)), lkv_lt(mo, mn));
+        lkv_f32 sh = lkv_zero_where(lkv_lt(mn, lkv_set1(-FLT_MAX)), mn), sum = lkv_zero();
+        for (int64_t jj = 0; jj < nbp; jj++) {
+            lkv_f32 p = lkv_exp(lkv_sub(lkv_loadu(S + jj * Rp + v), sh));
+            lkv_storeu(S + jj * Rp + v, p);
+            sum = lkv_add(sum, p);
+        }
+        lkv_storeu(l + v, lkv_fma(lkv_loadu(l + v), al, sum));
+        lkv_storeu(m + v, mn);
+        lkv_storeu(alpha + v, al);
+    }
+}
+
+/* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
+ * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value */
+static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
+                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O) {
+    for (int64_t r = 0; r < Rp; r++) {
+        int64_t vis = (int64_t)lim[r];
+        for (int64_t d = 0; d < Dlp; d++) {
+            float acc = first ? 0.0f : O[d * Rp + r] * alpha[r];
+            for (int64_t jj = 0; jj < vis; jj++)
+                acc += S[jj * Rp + r] * (Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16));
+            O[d * Rp + r] = acc;
+        }
+    }
+}
+
+/* The chunk [k0, k1) of request b for all R rows; state into m, l [Rp], O [Dlp][Rp]. */
+LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
+                                float *O, lk_dtype lt, lk_dtype rt) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t E = c->E, Ep = c->Ep, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
+    float *Qt = scr;                  // [E][Rp] as panels
+    float *Kf = Qt + E * Rp;          // [KB][Ep]
+    float *S = Kf + KB * Ep;          // [KB][Rp]
+    float *alpha = S + KB * Rp;       // [Rp]
+    float *lim = alpha + Rp;          // [Rp] visible keys of each row in the block
+    const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp] causal limit of each row (keys < Lr)
+    load_q(c, b, Qt);
+    for (int64_t jj = 0; jj < KB; jj++)
+        if (Ep > E) memset(Kf + jj * Ep + E, 0, sizeof(float) * (size_t)(Ep - E));
+    for (int64_t j0 = k0; j0 < k1; j0 += KB) {
+        int first = j0 == k0;
+        int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
+        load_block(c, b, j0, nb, nbp, Kf, lt, rt);
+        /* S = Kf . Qt */
+        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+            const float *panel = Qt + p0 * E;
+            if (Rp - p0 >= PW)
+                for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk(E, Kf + m0 * Ep, Ep, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
+            else
+                for (int64_t m0 = 0; m0 < nbp; m0 += MR)
+                    mk(E, Kf + m0 * Ep, Ep, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+        }
+        softmax_block(S, Rp, nbp, lim, 1.0f, m, l, alpha);
+        /* O = alpha O + Kf[:, :Dlp]^T . P */
+        if (minlim < nb && rows_nonfinite(Kf, Ep, minlim, nb, a->Dl)) {
+            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O);
+            continue;
+        }
+        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+            int two = Rp - p0 >= PW;
+            for (int64_t m0 = 0; m0 < Dlp; m0 += MR) {
+                float *C = O + m0 * Rp + p0;
+                if (first && two) mk(nbp, Kf + m0, 1, Ep, S + p0, Rp, C, Rp, 2, 0, NULL);
+                else if (first) mk(nbp, Kf + m0, 1, Ep, S + p0, Rp, C, Rp, 1, 0, NULL);
+                else if (two) mk(nbp, Kf + m0, 1, Ep, S + p0, Rp, C, Rp, 2, 1, alpha + p0);
+                else mk(nbp, Kf + m0, 1, Ep, S + p0, Rp, C, Rp, 1, 1, alpha + p0);
+            }
+        }
+    }
+}
+
+#if defined(LKV_BF16DOT)
+/* ---- the bf16 dot-product path (AVX512_BF16), for bf16 q, cache and out ----
+ * The same chunk on pairs of bf16 values (lkv_dot2: two exact products per f32 lane):
+ *   Qb  [E2][Rp] words   q's bf16 pairs (dims 2k, 2k + 1) transposed, as panels; the
+ *                        scale multiplies the f32 scores
+ *   Kb  [KB][L16] bf16   the block's entries as they are (copied: pages, NZ chunks and
+ *                        two buffers become plain rows)
+ *   S = Kb . Qb          (mk2 over E2 pairs), softmax_block as above (P f32, l f32)
+ *   P16 [KB/2][Rp] words P rounded to bf16 (round to nearest even, as the bf16 flash
+ *                        attention path), keys 2k and 2k + 1 paired
+ *   Vp  [KB/2][V2] words V's pairs of keys 2k, 2k + 1 per dim (lkv_zip16 of two rows)
+ *   O = alpha O + Vp . P16  (mk2 over the block's key pairs) */
+LK_ALWAYS_INLINE void mk2(int64_t K, const uint32_t *A, int64_t am, int64_t ak, const uint32_t *B, int64_t ldb,
+                          float *C, int64_t ldc, int nv, int acc, const float *alpha) {
+    lkv_f32 c0[MR], c1[MR];
+    if (acc) {
+        lkv_f32 a0 = lkv_loadu(alpha), a1 = nv == 2 ? lkv_loadu(alpha + LKV_W) : a0;
+        for (int m = 0; m < MR; m++) {
+            c0[m] = lkv_mul(lkv_loadu(C + m * ldc), a0);
+            c1[m] = nv == 2 ? lkv_mul(lkv_loadu(C + m * ldc + LKV_W), a1) : lkv_zero();
+        }
+    } else {
+        for (int m = 0; m < MR; m++) c0[m] = c1[m] = lkv_zero();
+    }
+    for (int64_t k = 0; k < K; k++) {
+        const uint32_t *ap = A + k * ak, *bp = B + k * ldb;
+        lkv_bits b0 = lkv_bits_loadu(bp), b1 = nv == 2 ? lkv_bits_loadu(bp + LKV_W) : b0;
+        for (int m = 0; m < MR; m++) {
+            lkv_bits av = lkv_bits_set1(ap[m * am]);
+            c0[m] = lkv_dot2(c0[m], av, b0);
+            if (nv == 2) c1[m] = lkv_dot2(c1[m], av, b1);
+        }
+    }
+    for (int m = 0; m < MR; m++) {
+        lkv_storeu(C + m * ldc, c0[m]);
+        if (nv == 2) lkv_storeu(C + m * ldc + LKV_W, c1[m]);
+    }
+}
+
+/* Qb panels: words of q[b]'s bf16 pairs, transposed (W x W transposes of 32-bit words) */
+static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb) {
+    const lk_mla_decode_args *a = c->a;
+    const lk_tensor *q = &a->q;
+    int64_t E = c->E, E2 = c->E2, R = c->R, H = a->H;
+    for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
+        int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
+        uint32_t *panel = Qb + p * PW * E2;
+        const uint16_t *row[LKV_W];
+        for (int k = 0; k < LKV_W; k++) {
+            int64_t r = r0 + k;
+            row[k] = r < R ? (const uint16_t *)q->data + b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2]
+                           : NULL;
+        }
+        for (int64_t w0 = 0; w0 < E2; w0 += LKV_W) {
+            int64_t n = min64(LKV_W, E2 - w0), ne = min64(2 * LKV_W, E - 2 * w0); /* words, bf16 values */
+            lkv_f32 v[LKV_W];
+            for (int k = 0; k < LKV_W; k++) {
+                uint16_t tmp[2 * LKV_W] = {0};
+                if (row[k] && ne == 2 * LKV_W) v[k] = lkv_as_f32(lkv_bits_loadu(row[k] + 2 * w0));
+                else {
+                    if (row[k]) memcpy(tmp, row[k] + 2 * w0, sizeof(uint16_t) * (size_t)ne);
+                    v[k] = lkv_as_f32(lkv_bits_loadu(tmp));
+                }
+            }
+            lkv_transpose(v); /* shuffles only: the bits move unchanged */
+            for (int64_t k = 0; k < n; k++) lkv_bits_storeu(panel + (w0 + k) * pw + col, lkv_as_i32(v[k]));
+        }
+    }
+}
+
+/* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
+ * from the unit's start), rows [nb, nbp) zero */
+static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t L16 = c->L16, bs = a->lat.block_size;
+    const int32_t *tab = a->table + b * a->max_pages;
+    const lk_paged *part[2] = {&a->lat, &a->rope};
+    int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
+    for (int64_t jj = 0; jj < nb; jj++) {
+        int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
+        for (int k = 0; k < 2; k++) {
+            if (!n[k]) continue;
+            const lk_paged *pc = part[k];
+            const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
+            uint16_t *dst = Kb + jj * L16 + at[k];
+            if (pc->layout == LK_KV_ND) memcpy(dst, src, sizeof(uint16_t) * (size_t)n[k]);
+            else
+                for (int64_t d = 0; d < n[k]; d += 16) memcpy(dst + d, src + (d >> 4) * pc->s1, 32);
+        }
+    }
+    for (int64_t jj = nb; jj < nbp; jj++) memset(Kb + jj * L16, 0, sizeof(uint16_t) * (size_t)L16);
+}
+
+static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t j1, int64_t D) {
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t d = 0; d < D; d++)
+            if ((Kb[j * L16 + d] & 0x7f80) == 0x7f80) return 1;
+    return 0;
+}
+
+static void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l, float *O) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t E2 = c->E2, L16 = c->L16, V2 = c->V2, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
+    uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels
+    uint16_t *Kb = (uint16_t *)(Qb + E2 * Rp);      // [KB][L16] bf16
+    float *S = (float *)(Kb + KB * L16);            // [KB][Rp]
+    uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [KB/2][Rp] words
+    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2] words
+    float *alpha = (float *)(Vp + KB / 2 * V2);     // [Rp]
+    float *lim = alpha + Rp;                        // [Rp]
+    const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp]
+    load_q16(c, b, Qb);
+    for (int64_t jj = 0; jj < KB; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
+    for (int64_t j0 = k0; j0 < k1; j0 += KB) {
+        int first = j0 == k0;
+        int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
+        load_block16(c, b, j0, nb, nbp, Kb);
+        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+            const uint32_t *panel = Qb + p0 * E2;
+            const uint32_t *A = (const uint32_t *)Kb;
+            if (Rp - p0 >= PW)
+                for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
+            else
+                for (int64_t m0 = 0; m0 < nbp; m0 += MR)
+                    mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+        }
+        softmax_block(S, Rp, nbp, lim, a->scale, m, l, alpha);
+        if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
+            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O);
+            continue;
+        }
+        /* P16, Vp: keys paired (nbp is even: MR is) */
+        for (int64_t jp = 0; jp < nbp / 2; jp++) {
+            for (int64_t v = 0; v < Rp; v += LKV_W) {
+                lkv_i32 lo = lkv_bf16_bits(lkv_loadu(S + 2 * jp * Rp + v)), hi = lkv_bf16_bits(lkv_loadu(S + (2 * jp + 1) * Rp + v));
+                lkv_bits_storeu(P16 + jp * Rp + v, lkv_as_i32(lkv_or(lkv_as_f32(lo), lkv_as_f32(lkv_i32_slli(hi, 16)))));
+            }
+            const uint16_t *r0 = Kb + 2 * jp * L16, *r1 = r0 + L16;
+            for (int64_t d = 0; d < V2; d += 2 * LKV_W) {
+                lkv_bits zl, zh;
+                lkv_zip16(lkv_bits_loadu(r0 + d), lkv_bits_loadu(r1 + d), &zl, &zh);
+                lkv_bits_storeu(Vp + jp * V2 + d, zl);
+                lkv_bits_storeu(Vp + jp * V2 + d + LKV_W, zh);
+            }
+        }
+        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+            int two = Rp - p0 >= PW;
+            for (int64_t m0 = 0; m0 < Dlp; m0 += MR) {
+                float *C = O + m0 * Rp + p0;
+                if (first && two) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 2, 0, NULL);
+                else if (first) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 1, 0, NULL);
+                else if (two) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 2, 1, alpha + p0);
+                else mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 1, 1, alpha + p0);
+            }
+        }
+    }
+}
+#endif
+
+/* out[b] = O / l (rows transposed back; +0 where l = 0), lse[b] = m + log l */
+static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l, const float *O) {
+    const lk_mla_decode_args *a = c->a;
+    const lk_tensor *o = &a->out;
+    int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
+    for (int64_t r0 = 0; r0 < R; r0 += LKV_W) {
+        for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
+            lkv_f32 v[LKV_W];
+            for (int k = 0; k < LKV_W; k++) v[k] = lkv_loadu(O + (d0 + k) * Rp + r0);
+            lkv_transpose(v);
+            int64_t n = min64(LKV_W, Dl - d0);
+            for (int64_t i = 0; i < LKV_W && r0 + i < R; i++) {
+                int64_t r = r0 + i;
+                char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2] + d0) * es;
+                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r])));
+                if (n == LKV_W) lkv_store(dst, o->dtype, x);
+                else lkv_store_part(dst, o->dtype, x, n);
+            }
+        }
+    }
+    if (a->has_lse)
+        for (int64_t r = 0; r < R; r++) {
+            lk_online_state s = {m[r], l[r]};
+            ((float *)a->lse.data)[b * a->lse.stride[0] + (r % H) * a->lse.stride[1] + (r / H) * a->lse.stride[2]] =
+                lk_online_lse(s);
+        }
+}
+
+static void chunk_unit(void *vctx, int64_t u, int tid) {
+    dec_ctx *c = vctx;
+    const lk_mla_decode_args *a = c->a;
+    int64_t b = c->unit_b[u], k = c->unit_k[u], n = a->seqlens[b];
+    int64_t k0 = k * a->split, k1 = min64(n, k0 + a->split);
+    float *scr = c->scratch + (size_t)tid * (size_t)c->scratch_floats, *m, *l, *O;
+    if (c->nsplit[b] > 1) {
+        m = c->st + (size_t)(c->slot0[b] + k) * (size_t)c->slot_floats;
+    } else {
+        m = scr + c->scratch_floats - c->slot_floats;
+    }
+    l = m + c->Rp, O = l + c->Rp;
+    /* the rows' causal limits (keys < Lr), after the path's buffers (see scratch_of) */
+    int64_t *Lr = (int64_t *)(scr + c->scratch_floats - c->slot_floats - 2 * c->Rp);
+    for (int64_t r = 0; r < c->Rp; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+        Lr[r] = r < c->R ? lk_mla_dec_limit(a, b, r / a->H) : 0;
+    }
+    lk_dtype lt = a->lat.dtype, rt = a->rope.dtype;
+    if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->Dlp * c->Rp));
+#if defined(LKV_BF16DOT)
+    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O);
+#endif
+    else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
+    else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
+    else if (lt == LK_F32 && rt == LK_F32) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F32, LK_F32);
+    else run_chunk(c, b, k0, k1, scr, m, l, O, lt, rt);
+    if (c->nsplit[b] == 1) finalize(c, b, m, l, O);
+}
+
+/* requests [b0, b1): fold chunks 1 .. ns - 1 into chunk 0 in order, then the output */
+static void merge_range(void *vctx, int64_t b0, int64_t b1) {
+    dec_ctx *c = vctx;
+    int64_t Rp = c->Rp, Dlp = c->Dlp;
+    float al[LKV_W], w[LKV_W];
+    for (int64_t b = b0; b < b1; b++) {
+        if (c->nsplit[b] < 2) continue;
+        float *m = c->st + (size_t)c->slot0[b] * (size_t)c->slot_floats, *l = m + Rp, *O = l + Rp;
+        for (int64_t k = 1; k < c->nsplit[b]; k++) {
+            const float *mk_ = m + k * c->slot_floats, *lk = mk_ + Rp, *Ok = lk + Rp;
+            for (int64_t v = 0; v < Rp; v += LKV_W) {
+                for (int i = 0; i < LKV_W; i++) {
+                    lk_online_state acc = {m[v + i], l[v + i]}, sk = {mk_[v + i], lk[v + i]};
+                    al[i] = lk_online_rescale(&acc, sk.m);
+                    w[i] = sk.l == 0.0f ? 0.0f : expf(lk_online_shift(sk.m) - lk_online_shift(acc.m));
+                    lk_online_add(&acc, sk.l * w[i]);
+                    m[v + i] = acc.m, l[v + i] = acc.l;
+                }
+                lkv_f32 va = lkv_loadu(al), vw = lkv_loadu(w);
+                for (int64_t d = 0; d < Dlp; d++)
+                    lkv_storeu(O + d * Rp + v, lkv_fma(vw, lkv_loadu(Ok + d * Rp + v), lkv_mul(va, lkv_loadu(O + d * Rp + v))));
+            }
+        }
+        finalize(c, b, m, l, O);
+    }
+}
+
+/* ------------------------------------------------------------------ driver */
+
+static int simd_layout_ok(const lk_mla_decode_args *a) {
+    if (a->q.stride[3] != 1 && a->q.shape[3] > 1) return 0;
+    if (a->out.stride[3] != 1 && a->out.shape[3] > 1) return 0;
+    if (a->lat.s3 != 1 && a->lat.D > 1) return 0;
+    if (!a->one_buffer && a->rope.s3 != 1 && a->rope.D > 1) return 0;
+    return 1;
+}
+
+static lk_status mla_decode(const lk_mla_decode_args *a) {
+    if (!simd_layout_ok(a)) return lk_ref_mla_decode(a);
+    dec_ctx c;
+    memset(&c, 0, sizeof c);
+    c.a = a;
+    c.E = a->Dl + a->Dr;
+    c.R = a->s_q * a->H;
+    c.Rp = rup(c.R, LKV_W);
+    c.Dlp = rup(rup(a->Dl, LKV_W), MR);
+    c.Ep = rup(c.E > c.Dlp ? c.E : c.Dlp, LKV_W);
+    c.slot_floats = (2 + c.Dlp) * c.Rp;
+    /* f32 path: Qt, Kf, S, alpha, lim; then Lr (int64: 2 floats each), one state for
+     * 1-chunk units */
+    c.scratch_floats = c.E * c.Rp + KB * c.Ep + KB * c.Rp + 2 * c.Rp;
+#if defined(LKV_BF16DOT)
+    c.bf16 = a->q.dtype == LK_BF16 && a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+    if (c.bf16) { /* Qb, Kb, S, P16, Vp, alpha, lim (4-byte units) */
+        c.E2 = (c.E + 1) / 2;
+        c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
+        c.V2 = rup(c.Dlp, 2 * LKV_W);
+        c.scratch_floats = c.E2 * c.Rp + KB * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2 + 2 * c.Rp;
+    }
+#endif
+    c.scratch_floats += 2 * c.Rp + c.slot_floats;
+    int64_t B = a->B, n_units = 0, slots = 0;
+    c.nsplit = malloc(sizeof(int64_t) * (size_t)(2 * B + 1));
+    if (!c.nsplit) return LK_ERR_NOMEM;
+    c.slot0 = c.nsplit + B;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t ns = (a->seqlens[b] + a->split - 1) / a->split;
+        c.nsplit[b] = ns < 1 ? 1 : ns;
+        c.slot0[b] = c.nsplit[b] > 1 ? slots : -1;
+        if (c.nsplit[b] > 1) slots += c.nsplit[b];
+        n_units += c.nsplit[b];
+    }
+    int nt = lk_plan_units(n_units);
+    c.unit_b = malloc(sizeof(int64_t) * (size_t)(2 * n_units));
+    c.st = malloc(sizeof(float) * (size_t)(slots * c.slot_floats + 1));
+    c.scratch = malloc(sizeof(float) * (size_t)(nt * c.scratch_floats));
+    lk_status st = LK_ERR_NOMEM;
+    if (c.unit_b && c.st && c.scratch) {
+        c.unit_k = c.unit_b + n_units;
+        int64_t u = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t k = 0; k < c.nsplit[b]; k++) c.unit_b[u] = b, c.unit_k[u] = k, u++;
+        lk_parallel_units(n_units, nt, chunk_unit, &c);
+        if (slots) lk_parallel_for(B, (int64_t)sizeof(float) * slots * c.slot_floats / (B > 0 ? B : 1), merge_range, &c);
+        st = LK_OK;
+    }
+    free(c.nsplit), free(c.unit_b), free(c.st), free(c.scratch);
+    return st;
+}
+
+void LKV_FN(register_mla_decode)(lk_kernel_table *t) { t->mla_decode = mla_decode; }
