@@ -89,6 +89,7 @@ static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t D
     c.cuq = lk_tensor_make(cuq, LK_I32, 1, (int64_t[]){2});
     c.cuk = lk_tensor_make(cuk, LK_I32, 1, (int64_t[]){2});
     c.p = lk_attn_params_default((float)(1.0 / sqrt((double)Dqk)));
+    c.p.alibi_slopes = NULL; /* a 0.1 build (--lib) returns the struct without this field */
     c.p.causal = 1;
     double ms = bench_time(run_attn, &c);
     double err = check_tail(&c, S, Sk, Hq, Hk, Dv, 32);
@@ -124,6 +125,7 @@ static void decode_case(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, 
     c.used = lk_tensor_make(used, LK_I32, 1, (int64_t[]){B});
     c.table = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, pages});
     c.p = lk_attn_params_default((float)(1.0 / sqrt((double)D)));
+    c.p.alibi_slopes = NULL; /* a 0.1 build (--lib) returns the struct without this field */
     c.p.causal = 1;
     double ms = bench_time(run_attn, &c);
     double err = check_tail(&c, 1, K, H, Hk, D, 1);
