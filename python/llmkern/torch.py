@@ -4,14 +4,18 @@ torch.library under the `llmkern` namespace (torch.ops.llmkern.<name>).
 Schemas are vLLM's `_C` / `_C_cache_ops` ones where vLLM has the op (the same argument
 names, order, defaults and mutation marks: `Tensor!` is written in place), so a model that
 calls torch.ops._C.rms_norm(...) can call torch.ops.llmkern.rms_norm(...) instead; the
-flash-attention entry points, MLA prefix prefill and causal_softmax are functional ops
-returning new tensors. Every op has a fake (meta) implementation, so it traces under
-torch.compile(fullgraph=True) and passes torch.library.opcheck. The CPU implementations
-are the binding's functions (python/llmkern/ops.py): nothing is copied, errors raise
-llmkern.LlmkernError.
+flash-attention entry points, MLA prefix prefill, and FlashMLA's decode
+flash_mla_with_kvcache (FlashMLA's argument order, then llmkern's kv_layout / k_pe_cache;
+tile_scheduler_metadata / num_splits may be None: planned inside the op) with its planning
+call get_mla_metadata are functional ops returning new tensors (get_mla_metadata's outputs
+have static shapes, [1, 8] and [B + 1] int32, so it traces like the others). Every op has
+a fake (meta) implementation, so it traces under torch.compile(fullgraph=True) and passes
+torch.library.opcheck. The CPU implementations are the binding's functions
+(python/llmkern/ops.py): nothing is copied, errors raise llmkern.LlmkernError.
 
-Not registered as custom ops: set_num_threads / set_isa and the other runtime settings
-(plain Python functions of the package).
+Not registered as custom ops: set_num_threads / set_isa and the other runtime settings,
+and mla_last_trace (a record of the last mla_prefix_prefill call, not an operator): plain
+Python functions of the package.
 """
 import torch
 
@@ -165,5 +169,36 @@ _register("mla_prefix_prefill",
           "Tensor kv_cache, Tensor kv_b_proj, float softmax_scale, str kv_layout=\"ND\", str strategy=\"auto\", "
           "Tensor? k_pe_cache=None, bool dedup=True) -> Tensor",
           _mla_impl, _mla_fake)
+
+
+
+def _mla_decode_impl(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                     softmax_scale=None, causal=False, kv_layout="ND", k_pe_cache=None):
+    return _ops.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                       num_splits, softmax_scale, causal, kv_layout=kv_layout, k_pe_cache=k_pe_cache)
+
+
+def _mla_decode_fake(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                     softmax_scale=None, causal=False, kv_layout="ND", k_pe_cache=None):
+    B, sq, H = q.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty((B, sq, H, head_dim_v)), q.new_empty((B, H, sq), dtype=torch.float32)
+
+
+_register("flash_mla_with_kvcache",
+          "(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, "
+          "Tensor? tile_scheduler_metadata, Tensor? num_splits, float? softmax_scale=None, bool causal=False, "
+          "str kv_layout=\"ND\", Tensor? k_pe_cache=None) -> (Tensor, Tensor)",
+          _mla_decode_impl, _mla_decode_fake)
+
+
+def _mla_metadata_fake(cache_seqlens, num_heads_per_head_k, num_heads_k):
+    return (cache_seqlens.new_empty((1, 8), dtype=torch.int32),
+            cache_seqlens.new_empty((cache_seqlens.shape[0] + 1,), dtype=torch.int32))
+
+
+_register("get_mla_metadata", "(Tensor cache_seqlens, int num_heads_per_head_k, int num_heads_k) -> (Tensor, Tensor)",
+          lambda cache_seqlens, num_heads_per_head_k, num_heads_k:
+          _ops.get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k),
+          _mla_metadata_fake)
 
 ops = torch.ops.llmkern

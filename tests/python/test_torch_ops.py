@@ -1,7 +1,9 @@
 """llmkern.torch: every operator registered with torch.library under `llmkern`, with
 vLLM's schemas; torch.library.opcheck on each (schema / mutation marks, fake tensors,
 autograd registration, AOT dispatch) and a model calling them under
-torch.compile(fullgraph=True) on the CPU, against the eager results."""
+torch.compile(fullgraph=True) on the CPU, against the eager results; FlashMLA's decode
+(get_mla_metadata + flash_mla_with_kvcache, bf16 / f32, s_q 1 and 2 causal, ND paged
+cache) bit for bit against the binding's call, eager and compiled."""
 import math
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from helpers import close, f64, torch_or_skip
 
 torch = torch_or_skip()
+import llmkern as lk  # noqa: E402
 import llmkern.torch as lkt  # noqa: E402
 
 OPS = torch.ops.llmkern
@@ -75,7 +78,21 @@ def cases():
     c.append(("mla_prefix_prefill", (rn(3, Hm, Dn + Dr), rn(3, Hm, Dn + Dr), rn(3, Hm, Dv), torch.tensor([0, 2, 3], dtype=torch.int32),
                                      torch.tensor([5, 0], dtype=torch.int32), torch.tensor([[1, 2], [0, 0]], dtype=torch.int32),
                                      rn(4, 4, Dl + Dr), rn(Hm * (Dn + Dv), Dl) * 0.2, 0.2), {}))
+    for dt in (torch.bfloat16, torch.float32):
+        for sq, causal in ((1, False), (2, True)):
+            c.append(("flash_mla_with_kvcache", mla_decode_args(dt, sq), {"causal": causal}))
+    c.append(("flash_mla_with_kvcache", mla_decode_args(torch.float32, 1)[:5] + (None, None), {}))  # planned in the op
+    c.append(("get_mla_metadata", (torch.tensor([37, 0, 700], dtype=torch.int32), 8, 1), {}))
     return c
+
+
+def mla_decode_args(dt, sq, H=4, Dl=32, Dr=16, bs=4):
+    """FlashMLA decode inputs: q [B, s_q, H, Dl + Dr], ND paged cache [blocks, bs, 1, Dl + Dr],
+    block_table [B, 3], cache_seqlens [B] (one request empty), planned metadata."""
+    lens = torch.tensor([7, 0, 10], dtype=torch.int32)
+    table = torch.tensor([[5, 2, -1], [-1, -1, -1], [0, 3, 1]], dtype=torch.int32)
+    meta, splits = lk.get_mla_metadata(lens, sq * H, 1)
+    return (rn(3, sq, H, Dl + Dr, dt=dt), rn(6, bs, 1, Dl + Dr, dt=dt), table, lens, Dl, meta, splits)
 
 
 def test_every_op_registered():
@@ -131,9 +148,37 @@ def test_ops_match_binding():
     x = rn(6, 128, dt=torch.bfloat16)
     a, b = torch.empty(6, 64, dtype=torch.bfloat16), torch.empty(6, 64, dtype=torch.bfloat16)
     OPS.swigluoai_and_mul(a, x, 1.702, 7.0)
-    import llmkern
-    llmkern.swigluoai_and_mul(b, x)
+    lk.swigluoai_and_mul(b, x)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sq,causal", [(1, False), (2, True)])
+def test_mla_decode_op_matches_binding(dt, sq, causal):
+    args = mla_decode_args(dt, sq)
+    meta, splits = OPS.get_mla_metadata(args[3], sq * 4, 1)
+    want_meta, want_splits = lk.get_mla_metadata(args[3], sq * 4, 1)
+    assert torch.equal(meta, want_meta) and torch.equal(splits, want_splits)
+    o, lse = OPS.flash_mla_with_kvcache(*args, causal=causal)
+    wo, wlse = lk.flash_mla_with_kvcache(*args, causal=causal)
+    assert o.dtype == dt and o.shape == (3, sq, 4, 32) and lse.dtype == torch.float32 and lse.shape == (3, 4, sq)
+    assert torch.equal(o.view(torch.int16) if dt == torch.bfloat16 else o.view(torch.int32),
+                       wo.view(torch.int16) if dt == torch.bfloat16 else wo.view(torch.int32))
+    assert torch.equal(lse, wlse)  # -inf rows of the empty request compare equal
+    assert torch.isinf(lse[1]).all() and not torch.isnan(lse).any()
+
+
+def test_mla_decode_torch_compile_fullgraph():
+    """The planning call and the decode inside one compiled graph, against the eager binding."""
+    def decode(q, k_cache, table, lens):
+        meta, splits = torch.ops.llmkern.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
+        o, lse = torch.ops.llmkern.flash_mla_with_kvcache(q, k_cache, table, lens, 32, meta, splits, causal=True)
+        return o * 2.0, lse
+
+    args = mla_decode_args(torch.float32, 2)
+    want_o, want_lse = lk.flash_mla_with_kvcache(*args, causal=True)
+    got_o, got_lse = torch.compile(decode, fullgraph=True)(*args[:4])
+    assert torch.equal(got_o, want_o * 2.0) and torch.equal(got_lse, want_lse)
 
 
 class Block(torch.nn.Module):
