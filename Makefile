@@ -55,7 +55,8 @@ clean:
 # unpacks oneDNN for aarch64 into $(ARM_DEPS). The guest's LD_LIBRARY_PATH points at the
 # cross libc so that a multiarch libc6:arm64 under /lib/aarch64-linux-gnu (another build
 # of glibc than the cross ld.so) is never mixed in. LLMKERN_TEST_EMULATED=1: the tests'
-# reduced grids (tests/testutil.h, tu_emulated).
+# reduced grids (tests/testutil.h, tu_emulated); OMP_WAIT_POLICY=passive: idle OpenMP
+# threads sleep instead of spinning (emulated spins are slow and steal the other job's core).
 ARM_BUILD ?= build-arm
 ARM_DEPS ?= build-arm-deps
 ARM_SYSROOT ?= /usr/aarch64-linux-gnu
@@ -70,7 +71,8 @@ build-arm: arm-deps
 	cmake --build $(ARM_BUILD) -j $(JOBS)
 
 test-arm: build-arm
-	LLMKERN_TEST_RUNNER="$(QEMU_ARM)" LLMKERN_TEST_EMULATED=1 LLMKERN_TEST_JOBS=$(JOBS) ./tests/run.sh $(ARM_BUILD)
+	OMP_WAIT_POLICY=passive LLMKERN_TEST_RUNNER="$(QEMU_ARM)" LLMKERN_TEST_EMULATED=1 LLMKERN_TEST_JOBS=$(JOBS) \
+	  ./tests/run.sh $(ARM_BUILD)
 
 # ---------------------------------------------------------------- Python binding
 .PHONY: test-python bench-torch
