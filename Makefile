@@ -56,7 +56,9 @@ clean:
 # cross libc so that a multiarch libc6:arm64 under /lib/aarch64-linux-gnu (another build
 # of glibc than the cross ld.so) is never mixed in. LLMKERN_TEST_EMULATED=1: the tests'
 # reduced grids (tests/testutil.h, tu_emulated); OMP_WAIT_POLICY=passive: idle OpenMP
-# threads sleep instead of spinning (emulated spins are slow and steal the other job's core).
+# threads sleep instead of spinning (emulated spins are slow and steal the other job's core);
+# LLMKERN_EXTRA_SUITES emptied: run from `make test`'s suites, this run.sh must not start
+# them again (it would recurse into test-arm).
 ARM_BUILD ?= build-arm
 ARM_DEPS ?= build-arm-deps
 ARM_SYSROOT ?= /usr/aarch64-linux-gnu
@@ -72,7 +74,7 @@ build-arm: arm-deps
 
 test-arm: build-arm
 	OMP_WAIT_POLICY=passive LLMKERN_TEST_RUNNER="$(QEMU_ARM)" LLMKERN_TEST_EMULATED=1 LLMKERN_TEST_JOBS=$(JOBS) \
-	  ./tests/run.sh $(ARM_BUILD)
+	  LLMKERN_EXTRA_SUITES= ./tests/run.sh $(ARM_BUILD)
 
 # ---------------------------------------------------------------- Python binding
 .PHONY: test-python bench-torch
