@@ -5,7 +5,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 BENCH_ARGS ?=
 
-.PHONY: all deps build run test test-plain test-sanitize bench clean
+.PHONY: all deps build run test test-plain test-sanitize bench clean arm-deps build-arm test-arm
 
 all: build
 
@@ -38,15 +38,45 @@ test-sanitize: deps
 # example built against it with pkg-config and with find_package(llmkern)), the fuzz
 # smoke (fuzz-smoke below: builds the harnesses, clang-14 installed when missing, and
 # runs each for FUZZ_SMOKE_TIME seconds; if clang cannot be installed or a harness fails
-# to build or finds a bug, the suite fails), one grand total at the end
-TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|install=./tests/install_check.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke
+# to build or finds a bug, the suite fails), the aarch64 suite (test-arm below: cross
+# build + every C test under qemu-aarch64, ref and neon), one grand total at the end
+TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|install=./tests/install_check.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke|arm=$(MAKE) --no-print-directory test-arm
 test: build
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 LLMKERN_EXTRA_SUITES="$(TEST_SUITES)" ./tests/run.sh $(BUILD) $(ASAN_BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(ARM_BUILD)
+
+# ---------------------------------------------------------------- aarch64 (NEON)
+# Cross build for aarch64 (cmake/aarch64-linux-gnu.cmake, -Wall -Wextra -Werror like the
+# native one) and every C test binary run under user-mode emulation, each on ref and on
+# neon (every test loops over the ISAs the build and CPU run); ends with the count line.
+# scripts/install_arm_deps.sh installs the cross compiler and qemu-user when missing and
+# unpacks oneDNN for aarch64 into $(ARM_DEPS). The guest's LD_LIBRARY_PATH points at the
+# cross libc so that a multiarch libc6:arm64 under /lib/aarch64-linux-gnu (another build
+# of glibc than the cross ld.so) is never mixed in. LLMKERN_TEST_EMULATED=1: the tests'
+# reduced grids (tests/testutil.h, tu_emulated); OMP_WAIT_POLICY=passive: idle OpenMP
+# threads sleep instead of spinning (emulated spins are slow and steal the other job's core);
+# LLMKERN_EXTRA_SUITES emptied: run from `make test`'s suites, this run.sh must not start
+# them again (it would recurse into test-arm).
+ARM_BUILD ?= build-arm
+ARM_DEPS ?= build-arm-deps
+ARM_SYSROOT ?= /usr/aarch64-linux-gnu
+QEMU_ARM ?= qemu-aarch64 -L $(ARM_SYSROOT) -E LD_LIBRARY_PATH=$(ARM_SYSROOT)/lib
+
+arm-deps:
+	@./scripts/install_arm_deps.sh $(ARM_DEPS) >/dev/null
+
+build-arm: arm-deps
+	cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  -DLLMKERN_ARM_DEPS=$(abspath $(ARM_DEPS)) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(ARM_BUILD) -j $(JOBS)
+
+test-arm: build-arm
+	OMP_WAIT_POLICY=passive LLMKERN_TEST_RUNNER="$(QEMU_ARM)" LLMKERN_TEST_EMULATED=1 LLMKERN_TEST_JOBS=$(JOBS) \
+	  LLMKERN_EXTRA_SUITES= ./tests/run.sh $(ARM_BUILD)
 
 # ---------------------------------------------------------------- Python binding
 .PHONY: test-python bench-torch

@@ -10,7 +10,7 @@
  *    compared with what the memory gave while it ran;
  *  - read bandwidth: a vectorised sum over 256 MiB;
  *  - FMA peak, per listed ISA: independent FMA chains in registers (AVX2 or AVX-512
- *    FMAs for those ISAs; none for ref), 2 flops per lane per FMA;
+ *    FMAs for those ISAs, NEON FMLA on aarch64; none for ref), 2 flops per lane per FMA;
  *  - bf16 dot-product peak, where the CPU has AVX512_BF16 (the bench's own cpuid check:
  *    it reaches the library through its public API only): independent VDPBF16PS chains
  *    on zmm registers, 2 flops per bf16 product (32 multiply-adds, 64 flops, per
@@ -31,9 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <immintrin.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #include "core/half.h"
@@ -149,6 +151,7 @@ double bench_err_variants(bench_fn fn, void *ctx, const void *out, const void *r
 /* ---- ceilings ---- */
 
 /* one pass of each stream kernel over n floats per array, split across threads */
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2"))) static void copy_pass(float *b, const float *a, size_t n, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (size_t i = 0; i < n; i += 32) {
@@ -189,6 +192,36 @@ __attribute__((target("avx2"))) static float read_pass(const float *a, size_t n,
     }
     return total;
 }
+#elif defined(__aarch64__) /* NEON: 128-bit loads and stores (no streaming-store variant) */
+static void copy_pass(float *b, const float *a, size_t n, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i += 16) {
+        vst1q_f32(b + i, vld1q_f32(a + i)), vst1q_f32(b + i + 4, vld1q_f32(a + i + 4));
+        vst1q_f32(b + i + 8, vld1q_f32(a + i + 8)), vst1q_f32(b + i + 12, vld1q_f32(a + i + 12));
+    }
+}
+
+static void copy_nt_pass(float *b, const float *a, size_t n, int nt) { copy_pass(b, a, n, nt); }
+
+static float read_pass(const float *a, size_t n, int nt) {
+    float total = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : total)
+    {
+        float32x4_t x0 = vdupq_n_f32(0), x1 = x0, x2 = x0, x3 = x0;
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i += 16) {
+            x0 = vaddq_f32(x0, vld1q_f32(a + i)), x1 = vaddq_f32(x1, vld1q_f32(a + i + 4));
+            x2 = vaddq_f32(x2, vld1q_f32(a + i + 8)), x3 = vaddq_f32(x3, vld1q_f32(a + i + 12));
+        }
+        total += vaddvq_f32(vaddq_f32(vaddq_f32(x0, x1), vaddq_f32(x2, x3)));
+    }
+    return total;
+}
+#else /* no vector ISA: measure_bandwidth returns before these run */
+static void copy_pass(float *b, const float *a, size_t n, int nt) { (void)nt, memcpy(b, a, n * 4); }
+static void copy_nt_pass(float *b, const float *a, size_t n, int nt) { copy_pass(b, a, n, nt); }
+static float read_pass(const float *a, size_t n, int nt) { return (void)nt, n ? a[0] : 0; }
+#endif
 
 /* the start-up arrays, kept for the probes between a bandwidth row's repetitions */
 static float *probe_a, *probe_b;
@@ -197,7 +230,7 @@ static int probe_nt;
 /* Copy ceiling = the better of plain and non-temporal stores (plain stores also pay a
  * read-for-ownership that is not counted), both counted as 1 read + 1 write. */
 static void measure_bandwidth(void) {
-    if (lk_isa_best() < LK_ISA_AVX2) return; /* ref-only CPU: no ceiling printed */
+    if (lk_isa_best() == LK_ISA_REF) return; /* ref-only CPU: no ceiling printed */
     size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB per array */
     float *a = NULL, *b = NULL;
     if (posix_memalign((void **)&a, 64, n * 4) || posix_memalign((void **)&b, 64, n * 4)) exit(1);
@@ -237,6 +270,7 @@ static double copy_probe(void) {
 /* FMA peak: independent FMA chains per thread (10 ymm / 12 zmm accumulators: more than
  * latency x throughput on current cores), written with the FMA intrinsics (the ISO C
  * build mode does not contract a * b + c into an FMA) */
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2,fma"))) static double fma_avx2(long iters) {
     __m256 acc[10], m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
     for (int k = 0; k < 10; k++) acc[k] = _mm256_set1_ps(1e-7f * (float)k);
@@ -258,6 +292,25 @@ __attribute__((target("avx512f"))) static double fma_avx512(long iters) {
     for (int k = 1; k < 12; k++) s = _mm512_add_ps(s, acc[k]);
     return (double)_mm512_reduce_add_ps(s);
 }
+#else
+static double fma_avx2(long iters) { return (double)iters; }
+static double fma_avx512(long iters) { return (double)iters; }
+#endif
+
+#if defined(__aarch64__)
+/* NEON: 16 FMLA chains on v registers (4 FMA pipes x 4 cycles on Neoverse V1 / N2) */
+static double fma_neon(long iters) {
+    float32x4_t acc[16], m = vdupq_n_f32(1.0000001f), c = vdupq_n_f32(1e-7f);
+    for (int k = 0; k < 16; k++) acc[k] = vdupq_n_f32(1e-7f * (float)k);
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < 16; k++) acc[k] = vfmaq_f32(c, acc[k], m);
+    float32x4_t s = acc[0];
+    for (int k = 1; k < 16; k++) s = vaddq_f32(s, acc[k]);
+    return (double)vaddvq_f32(s);
+}
+#else
+static double fma_neon(long iters) { return (double)iters; }
+#endif
 
 /* bf16 dot-product peak: 12 independent VDPBF16PS accumulators per thread, as many as
  * the AVX-512 FMA probe's chains; the products are small, the sums stay finite */
@@ -307,6 +360,7 @@ static double chains_median(double (*fn)(long), double flops_per_iter, long iter
 /* the f32 FMA peak of isa (0 on ref) */
 static double fma_median(lk_isa isa, long iters, int reps) {
     if (isa == LK_ISA_REF) return 0;
+    if (isa == LK_ISA_NEON) return chains_median(fma_neon, 16 * 4 * 2, iters, reps);
     if (isa >= LK_ISA_AVX512) return chains_median(fma_avx512, 12 * 16 * 2, iters, reps);
     return chains_median(fma_avx2, 10 * 8 * 2, iters, reps);
 }

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
 # Runs every C test binary of the given build directories (default: build), then the
 # README example, and prints the grand total as the last line: "N passed, N failed".
+# LLMKERN_TEST_RUNNER: a command put before each binary (cross builds: the emulator,
+# e.g. "qemu-aarch64 -L /usr/aarch64-linux-gnu"); empty: the binaries run directly.
+# LLMKERN_TEST_JOBS: binaries run at once (default 1; the emulated suite runs 2), their
+# outputs reported in the usual order.
 set -u
+runner=${LLMKERN_TEST_RUNNER:-}
+jobs_max=${LLMKERN_TEST_JOBS:-1}
 dirs=("$@")
 [ ${#dirs[@]} -eq 0 ] && dirs=(build)
 pass=0; fail=0; isa_note=""
+outdir=$(mktemp -d); trap 'rm -rf "$outdir"' EXIT
 for d in "${dirs[@]}"; do
   echo "=== tests in $d"
-  for t in "$d"/tests/test_*; do
-    [ -x "$t" ] || continue
-    out=$("$t" 2>&1); rc=$?
+  tests=()
+  for t in "$d"/tests/test_*; do [ -x "$t" ] && tests+=("$t"); done
+  k=0
+  for t in "${tests[@]}"; do
+    if [ "$jobs_max" -gt 1 ]; then
+      ( $runner "$t" >"$outdir/$k.out" 2>&1; echo $? >"$outdir/$k.rc" ) &
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    fi
+    k=$((k + 1))
+  done
+  wait
+  k=0
+  for t in "${tests[@]}"; do
+    if [ "$jobs_max" -gt 1 ]; then out=$(cat "$outdir/$k.out"); rc=$(cat "$outdir/$k.rc")
+    else out=$($runner "$t" 2>&1); rc=$?; fi
+    k=$((k + 1))
     printf '%s\n' "$out" | grep -v '^  ok ' | grep -v '^  note: ISAs' | tail -n 40
     n=$(printf '%s\n' "$out" | grep '^  note: ISAs' | head -n 1); [ -n "$n" ] && isa_note="$n"
     line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
@@ -21,7 +41,7 @@ for d in "${dirs[@]}"; do
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then echo "$t: exit $rc"; fail=$((fail + 1)); fi
   done
   if [ -x "$d/tests/readme_example" ]; then
-    if "$d/tests/readme_example"; then pass=$((pass + 1)); echo "readme_example: ok"
+    if $runner "$d/tests/readme_example"; then pass=$((pass + 1)); echo "readme_example: ok"
     else fail=$((fail + 1)); echo "readme_example: FAILED"; fi
   fi
 done

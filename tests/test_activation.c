@@ -121,7 +121,7 @@ static void test_cases(void) {
 static void test_streamed_out(void) {
     static const struct { int gelu, pad; lk_dtype dt; int64_t R; } C[] = {
         {0, 0, LK_BF16, 2049}, {1, 1, LK_BF16, 2049}, {0, 0, LK_F32, 1025}};
-    for (int k = 0; k < 3; k++) {
+    for (int k = tu_emulated() ? 2 : 0; k < 3; k++) { /* emulated: the f32 case alone */
         int64_t R = C[k].R, d = 4112, xshape[2] = {R, 2 * d}, oshape[2] = {R, d};
         tu_buf x = tu_alloc(C[k].dt, 2, xshape, C[k].pad);
         tu_fill_uniform(&x, -8, 8);

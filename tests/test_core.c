@@ -115,6 +115,14 @@ static void test_runtime(void) {
         tu_check(s == LK_ERR_UNSUPPORTED && lk_isa_current() == LK_ISA_REF,
                  "unsupported isa refused, current kept (%s)", lk_last_error());
     }
+#if defined(__aarch64__)
+    const lk_isa foreign = LK_ISA_AVX2;
+#else
+    const lk_isa foreign = LK_ISA_NEON;
+#endif
+    s = lk_set_isa(foreign);
+    tu_check(s == LK_ERR_UNSUPPORTED && lk_isa_current() == LK_ISA_REF,
+             "the other architecture's isa (%s) refused, current kept (%s)", lk_isa_name(foreign), lk_last_error());
     tu_check(lk_set_isa(best) == LK_OK && lk_isa_current() == best, "restore best (%s)", lk_isa_name(best));
     lk_set_num_threads(3);
     tu_check(lk_get_num_threads() == 3, "set_num_threads(3)");

@@ -14,7 +14,8 @@
 int main(void) {
     tu_init();
     const char *small = getenv("LLMKERN_TEST_SMALL");
-    oc_size size = small && *small && *small != '0' ? OC_MEDIUM : OC_LARGE;
+    /* emulated (tu_emulated): the medium shapes, which still go parallel */
+    oc_size size = (small && *small && *small != '0') || tu_emulated() ? OC_MEDIUM : OC_LARGE;
     lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
     for (int ii = 0; ii < ni; ii++) {

@@ -287,7 +287,7 @@ static void test_special_layouts(void) {
     run_case(&s1);
     kv_case s2 = {LK_F32, LK_F32, LK_F32, LK_F32, LK_I32, 1030, 1030, 8, 128, 128, 16,
                   L_HND, 1, 0, 0, 0};
-    run_case(&s2);
+    if (!tu_emulated()) run_case(&s2); /* emulated: the unaligned ND one alone */
     /* Dk = 0: only v is written; MLA-like Dk 576 / Dv 512, one head */
     kv_case z = {LK_F32, LK_F32, LK_F16, LK_F16, LK_I64, 6, 5, 2, 0, 9, 7, L_ND, 0, 0, 0, 0};
     run_case(&z);

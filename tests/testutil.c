@@ -14,7 +14,13 @@ int tu_verbose;
 void tu_init(void) {
     const char *v = getenv("LLMKERN_TEST_VERBOSE");
     tu_verbose = v && *v == '1';
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a test stopped by a timeout shows its last line */
     tu_seed(12345);
+}
+
+int tu_emulated(void) {
+    const char *e = getenv("LLMKERN_TEST_EMULATED");
+    return e && *e == '1';
 }
 
 int tu_check(int ok, const char *fmt, ...) {
@@ -35,7 +41,7 @@ int tu_finish(const char *file) {
     lk_isa isas[TU_MAX_ISAS];
     int n = tu_isas(isas);
     char missing[128] = "";
-    for (int i = LK_ISA_REF, k = 0; i <= LK_ISA_AVX512BF16; i++) {
+    for (int i = LK_ISA_REF, k = 0; i <= LK_ISA_NEON; i++) {
         if (k < n && isas[k] == (lk_isa)i) {
             k++;
             continue;

@@ -75,6 +75,13 @@ double tu_err(const double *got, const double *want, int64_t n, tu_tolerance tol
 /* bitwise equality of two views' logical contents */
 int tu_same_bits(const tu_buf *a, const tu_buf *b);
 
+/* ---- emulation ----
+ * LLMKERN_TEST_EMULATED=1 (make test-arm: the binaries run under qemu, tens of times
+ * slower): the large-shape cases (non-temporal store and prefetch paths, long rows) run
+ * one representative of their dtype grid instead of all of it; every operator, dtype and
+ * code path stays covered by the rest of the grid. */
+int tu_emulated(void);
+
 /* ---- isa ---- */
 #define TU_MAX_ISAS 8
 /* ISAs this CPU and build run, in order (ref first; at most TU_MAX_ISAS); returns count */

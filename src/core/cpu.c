@@ -1,6 +1,8 @@
 /*
- * CPU feature detection: cpuid for the instruction sets, xgetbv for the OS saving
- * the wider register state (YMM for AVX2, ZMM + opmask for AVX-512).
+ * CPU feature detection. x86: cpuid for the instruction sets, xgetbv for the OS saving
+ * the wider register state (YMM for AVX2, ZMM + opmask for AVX-512). aarch64: the
+ * kernel's hardware capabilities, getauxval(AT_HWCAP) (FP and ASIMD: the kernel
+ * reports what it saves and lets user space run).
  */
 #include "core.h"
 
@@ -49,4 +51,23 @@ int lk_cpu_has_avx512bf16(void) {
 int lk_cpu_has_avx2(void) { return 0; }
 int lk_cpu_has_avx512(void) { return 0; }
 int lk_cpu_has_avx512bf16(void) { return 0; }
+#endif
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_FP
+#define HWCAP_FP (1ul << 0)
+#endif
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1ul << 1)
+#endif
+
+int lk_cpu_has_neon(void) {
+    unsigned long hw = getauxval(AT_HWCAP);
+    return (hw & HWCAP_FP) && (hw & HWCAP_ASIMD);
+}
+#elif defined(__aarch64__)
+int lk_cpu_has_neon(void) { return 1; } /* Advanced SIMD is part of every aarch64 CPU */
+#else
+int lk_cpu_has_neon(void) { return 0; }
 #endif

@@ -1,8 +1,9 @@
 /*
  * The kernel tables, one per ISA, and the choice of the one in use.
  *
- * One registration row per ISA {isa, name, detect, register}, in increasing order and
- * guarded by the target architecture: the reference table is filled from ref/, then
+ * One registration row per ISA {isa, name, detect, register}, in increasing order within
+ * its architecture and guarded by the target architecture (x86: avx2, avx512,
+ * avx512bf16; aarch64: neon): the reference table is filled from ref/, then
  * each row's table starts as a copy of the previous row's and the row's register
  * function (src/cpu/simd/register.c compiled for that ISA) overrides the entries its
  * SIMD sources provide. An ISA is usable when its row is built and its detect() (CPU +
@@ -34,6 +35,9 @@ static void avx512bf16_register(lk_kernel_table *t) {
     lk_avx512bf16_register_mla_decode(t);
 }
 #endif
+#if defined(__aarch64__)
+void lk_neon_register(lk_kernel_table *t);
+#endif
 
 static const isa_row ROWS[] = {
     {LK_ISA_REF, "ref", NULL, NULL},
@@ -42,9 +46,12 @@ static const isa_row ROWS[] = {
     {LK_ISA_AVX512, "avx512", lk_cpu_has_avx512, lk_avx512_register},
     {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, avx512bf16_register},
 #endif
+#if defined(__aarch64__)
+    {LK_ISA_NEON, "neon", lk_cpu_has_neon, lk_neon_register},
+#endif
 };
 #define N_ROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
-#define N_ISAS (LK_ISA_AVX512BF16 + 1)
+#define N_ISAS (LK_ISA_NEON + 1) /* the last value of lk_isa */
 
 static lk_kernel_table tables[N_ISAS];
 static int usable[N_ISAS];
@@ -121,6 +128,7 @@ const char *lk_isa_name(lk_isa isa) {
     case LK_ISA_AVX2: return "avx2";
     case LK_ISA_AVX512: return "avx512";
     case LK_ISA_AVX512BF16: return "avx512bf16";
+    case LK_ISA_NEON: return "neon";
     }
     return "unknown";
 }

@@ -23,7 +23,7 @@ def unpack(b):
 
 def test_version_and_runtime():
     assert lk.version() == "0.2.0" == lk.__version__
-    assert lk.isa() in ("ref", "avx2", "avx512", "avx512bf16")
+    assert lk.isa() in ("ref", "avx2", "avx512", "avx512bf16", "neon")
     best = lk.best_isa()
     prev = lk.isa()
     try:
@@ -33,8 +33,11 @@ def test_version_and_runtime():
         lk.rms_norm(x, x, np.ones(8, np.float32), EPS)  # runs on the ref kernels
         lk.set_isa("best")
         assert lk.isa() == best
-        chain = ["ref", "avx2", "avx512", "avx512bf16"]  # x86: each needs the ones before
-        for name in chain[chain.index(best) + 1:]:
+        # x86: each needs the ones before; aarch64: neon; the other architecture's: none
+        chains = [["ref", "avx2", "avx512", "avx512bf16"], ["ref", "neon"]]
+        chain = [c for c in chains if best in c][0]
+        others = [n for c in chains for n in c if n not in chain]
+        for name in chain[chain.index(best) + 1:] + others:
             with pytest.raises(lk.LlmkernError) as e:
                 lk.set_isa(name)
             assert e.value.status == "LK_ERR_UNSUPPORTED" and "lk_set_isa" in str(e.value)

@@ -1,10 +1,10 @@
 /*
  * The vector layer: what the SIMD sources (src/cpu/simd/) are written against, once for
  * every vector ISA. A SIMD source is compiled once per ISA with that ISA's flags and its
- * macro (-DLKV_AVX2, -DLKV_AVX512), which selects the primitives below; everything else
+ * macro (-DLKV_AVX2, -DLKV_AVX512, -DLKV_NEON), which selects the primitives below; everything else
  * here is built on those primitives and is the same for every ISA.
  *
- * Per ISA (src/cpu/vec/<arch>.h; x86.h serves AVX2 and AVX-512): LKV_W f32 lanes of lkv_f32, int lanes lkv_i32, lane
+ * Per ISA (src/cpu/vec/<arch>.h; x86.h serves AVX2 and AVX-512, neon.h aarch64): LKV_W f32 lanes of lkv_f32, int lanes lkv_i32, lane
  * masks lkv_m, LKV_BYTES raw bytes lkv_bits; LKV_MR (attention micro-kernel rows) and
  * LKV_FN(name) (the one generated name: a source's registration function).
  *   arithmetic  lkv_zero set1 loadu storeu add sub mul div fma (a b + c) fnma (c - a b)
@@ -42,8 +42,10 @@
 
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
 #include "x86.h"
+#elif defined(LKV_NEON)
+#include "neon.h"
 #else
-#error "a SIMD source is compiled with one of -DLKV_AVX2, -DLKV_AVX512"
+#error "a SIMD source is compiled with one of -DLKV_AVX2, -DLKV_AVX512, -DLKV_NEON"
 #endif
 
 #include <string.h>
