@@ -68,7 +68,12 @@ typedef enum lk_dtype {
     LK_F16 = 1,
     LK_BF16 = 2,
     LK_I32 = 3,
-    LK_I64 = 4
+    LK_I64 = 4,
+    /* 1-byte floats (storage only; no operator takes them yet: each rejects them with
+     * LK_ERR_DTYPE naming the argument). f32 -> fp8 rounds to nearest even and
+     * saturates to the finite range (inf too); NaN stays NaN; fp8 -> f32 is exact. */
+    LK_F8E4M3 = 5, /* OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 */
+    LK_F8E5M2 = 6  /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
 } lk_dtype;
 
 #define LK_MAX_DIMS 8
