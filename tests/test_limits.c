@@ -73,6 +73,7 @@ static int mutate(oc_inst *in, int k, int m) {
     lk_tensor *t = &a->t;
     int d = dim2(t);
     if (MUT[m].written_only && !a->written) return 0;
+    if ((m == M_F8E4M3 || m == M_F8E5M2) && a->fp8) return 0; /* takes fp8 */
     if (MUT[m].needs_dim2 && d < 0) return 0;
     switch (m) {
     case M_RANK_HI: t->ndim = LK_MAX_DIMS + 1; break;
