@@ -368,9 +368,10 @@ static int fz_view_new(fz_world *w, fz_in *in, const char *name, lk_dtype dt, in
     if (rare == 255) { /* bad rank */
         t->ndim = fz_u8(in) & 1 ? LK_MAX_DIMS + 1 + (int)(fz_u8(in) % 3) : -1;
     } else if (rare == 254) { /* dtype unknown or of the wrong kind for the argument */
-        static const int bad_float[] = {LK_I32, LK_I64, 5, 77};
-        static const int bad_index[] = {LK_F32, LK_F16, LK_BF16, -1};
-        int k = (int)(fz_u8(in) % 4);
+        /* fp8 is of the wrong kind for every argument until an operator takes it */
+        static const int bad_float[] = {LK_I32, LK_I64, LK_F8E4M3, LK_F8E5M2, 77};
+        static const int bad_index[] = {LK_F32, LK_F16, LK_BF16, LK_F8E5M2, -1};
+        int k = (int)(fz_u8(in) % 5);
         t->dtype = (lk_dtype)(role == FZ_IDX ? bad_index[k] : bad_float[k]);
     } else if (rare == 253 && nd > 0) { /* negative size */
         t->shape[fz_u8(in) % (unsigned)nd] = fz_u8(in) & 1 ? -1 : INT64_MIN;

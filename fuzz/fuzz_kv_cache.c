@@ -5,16 +5,26 @@
  * buffer, or one view; slot_mapping i32/i64 with padding (-1 and other negatives),
  * injected out-of-range values and duplicates. The harness re-validates the stored
  * slots (>= num_blocks * block_size or a slot used twice must be rejected). Caches are
- * compared with the ref kernel bit for bit (copies and one rounding).
+ * compared with the ref kernel bit for bit (copies and one rounding). A third of the
+ * inputs call lk_reshape_and_cache_flash_scaled instead: fp8 caches (e4m3 / e5m2, either
+ * or both), scales from a list with bad ones (0, < 0, NaN, inf: rejected).
  */
+#include <float.h>
+#include <math.h>
+
 #include "fuzz_common.h"
 
 typedef struct {
     int k, v, kc, vc, sm;
+    int scaled;
+    float ks, vs;
 } kv_attrs;
 
 static lk_status call(const fz_world *w, const void *ap) {
     const kv_attrs *a = ap;
+    if (a->scaled)
+        return lk_reshape_and_cache_flash_scaled(fz_t(w, a->k), fz_t(w, a->v), fz_t(w, a->kc), fz_t(w, a->vc),
+                                                 fz_t(w, a->sm), a->ks, a->vs);
     return lk_reshape_and_cache_flash(fz_t(w, a->k), fz_t(w, a->v), fz_t(w, a->kc), fz_t(w, a->vc),
                                       fz_t(w, a->sm));
 }
@@ -23,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in = {data, size, 0};
     fz_world w;
     fz_init(&w, &in, "lk_reshape_and_cache_flash");
-    kv_attrs a = {-1, -1, -1, -1, -1};
+    kv_attrs a = {-1, -1, -1, -1, -1, 0, 1.0f, 1.0f};
     int64_t T = fz_dim(&in, 8), H = fz_dim(&in, 3), Dk = fz_dim(&in, 20), Dv = fz_dim(&in, 20);
     int64_t NB = fz_dim(&in, 5), bs = fz_dim(&in, 5), N = fz_range(&in, 0, T);
     if (bs == 0) fz_fail_expected(&w, "block_size 0");
@@ -32,6 +42,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_fail_expected(&w, "more slots than tokens");
     }
     lk_dtype kt = fz_ftype(&in), vt = fz_ftype(&in), kct = fz_ftype(&in), vct = fz_ftype(&in);
+    if ((a.scaled = fz_u8(&in) % 3 == 0)) {
+        static const float sc[] = {1.0f, 0.03125f, 3.7f, 1e-30f, 1e30f, 0.0f, -1.0f, NAN, INFINITY};
+        unsigned f = fz_u8(&in);
+        if (f & 1) kct = f & 2 ? LK_F8E5M2 : LK_F8E4M3;
+        if (f & 4) vct = f & 8 ? LK_F8E5M2 : LK_F8E4M3;
+        a.ks = sc[fz_u8(&in) % 9];
+        a.vs = sc[fz_u8(&in) % 9];
+        if (!(a.ks > 0 && a.ks <= FLT_MAX)) fz_fail_expected(&w, "k_scale not finite > 0");
+        if (!(a.vs > 0 && a.vs <= FLT_MAX)) fz_fail_expected(&w, "v_scale not finite > 0");
+    }
     unsigned mode = fz_u8(&in) % 5;
     if (mode <= 1) Dv = Dk, vct = kct;
     int64_t kshape[3] = {T, H, Dk}, vshape[3] = {T, H, Dv};

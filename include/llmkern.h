@@ -68,7 +68,12 @@ typedef enum lk_dtype {
     LK_F16 = 1,
     LK_BF16 = 2,
     LK_I32 = 3,
-    LK_I64 = 4
+    LK_I64 = 4,
+    /* 1-byte floats (storage only: the caches of lk_reshape_and_cache_flash_scaled; every
+     * other argument rejects them with LK_ERR_DTYPE naming it). f32 -> fp8 rounds to nearest even and
+     * saturates to the finite range (inf too); NaN stays NaN; fp8 -> f32 is exact. */
+    LK_F8E4M3 = 5, /* OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 */
+    LK_F8E5M2 = 6  /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
 } lk_dtype;
 
 #define LK_MAX_DIMS 8
@@ -193,6 +198,17 @@ LK_API lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor
 LK_API lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
                                             const lk_tensor *k_cache, const lk_tensor *v_cache,
                                             const lk_tensor *slot_mapping);
+
+/* lk_reshape_and_cache_flash with per-tensor scales (vLLM's k_scale / v_scale): the
+ * caches may also be LK_F8E4M3 / LK_F8E5M2, each element stored as fp8(x / scale) (one
+ * f32 division, then round to nearest even saturated to the finite range; NaN stays
+ * NaN). A cache of another dtype ignores its scale (vLLM's kv_cache_dtype "auto").
+ * k_scale and v_scale must be finite and > 0 (else LK_ERR_VALUE naming it, nothing
+ * written). Everything else as lk_reshape_and_cache_flash. */
+LK_API lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor *v,
+                                                   const lk_tensor *k_cache, const lk_tensor *v_cache,
+                                                   const lk_tensor *slot_mapping, float k_scale,
+                                                   float v_scale);
 
 /* Block copies of paged caches (vLLM's swap_blocks / copy_blocks / copy_blocks_mla).
  * A cache is any view whose dim 0 indexes blocks ([num_blocks, block_size, H, D], an MLA

@@ -124,6 +124,26 @@ static lk_status call_kv(const oc_inst *in) {
     return lk_reshape_and_cache_flash(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4));
 }
 
+/* fp8 caches (e4m3 keys, e5m2 values) with per-tensor scales */
+static void make_kv_fp8(oc_inst *in, oc_size sz) {
+    make_kv(in, sz);
+    for (int k = 2; k < 4; k++) {
+        oc_arg *a = &in->arg[k];
+        int64_t shape[4];
+        for (int d = 0; d < 4; d++) shape[d] = a->buf.t.shape[d];
+        tu_free(&a->buf);
+        a->buf = tu_alloc(k == 2 ? LK_F8E4M3 : LK_F8E5M2, 4, shape, k == 3);
+        a->t = a->buf.t;
+        a->fp8 = 1;
+    }
+    in->scale[0] = 0.03125f;
+    in->scale[1] = 3.0f;
+}
+static lk_status call_kv_fp8(const oc_inst *in) {
+    return lk_reshape_and_cache_flash_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), in->scale[0],
+                                             in->scale[1]);
+}
+
 /* ---------------------------------------------------------------- merge, softmax */
 
 static void make_merge2(oc_inst *in, oc_size sz) {
@@ -454,6 +474,7 @@ const oc_op OC_OPS[] = {
     {"lk_gelu_quick", make_act_ew, call_gelu_quick},
     {"lk_rotary_embedding", make_rotary, call_rotary},
     {"lk_reshape_and_cache_flash", make_kv, call_kv},
+    {"lk_reshape_and_cache_flash_scaled", make_kv_fp8, call_kv_fp8},
     {"lk_merge_attn_states", make_merge2, call_merge2},
     {"lk_merge_attn_states_n", make_merge_n, call_merge_n},
     {"lk_causal_softmax", make_softmax, call_softmax},

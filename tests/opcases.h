@@ -27,6 +27,7 @@ typedef struct {
     int optional;     /* may be passed as NULL */
     int is_null;      /* pass NULL instead of &t */
     int shared;       /* a clone shares buf with its source (read-only sharing) */
+    int fp8;          /* takes LK_F8E4M3 / LK_F8E5M2 too (test_limits' fp8 rows skip it) */
 } oc_arg;
 
 typedef struct oc_op oc_op;
@@ -41,6 +42,7 @@ typedef struct {
     lk_attn_params params; /* flash attention */
     lk_mla_params mla;     /* MLA prefix prefill */
     lk_mla_decode_params mla_dec; /* MLA decode */
+    float scale[2];        /* fp8 caches: k_scale, v_scale */
 } oc_inst;
 
 struct oc_op {

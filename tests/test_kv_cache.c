@@ -110,7 +110,9 @@ static int64_t off4(const lk_tensor *t, int64_t a, int64_t b, int64_t c, int64_t
 
 /* expectation, element by element: dst[b, o, h, d] = src[t, h, d], the same bits for
  * equal dtypes, else the value (as double, exact for every source dtype) rounded once */
-static void expect_token(lk_tensor *dst, const tu_buf *src, int64_t t, int64_t b, int64_t o) {
+static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+static void expect_token(lk_tensor *dst, const tu_buf *src, int64_t t, int64_t b, int64_t o, float scale) {
     int64_t H = src->t.shape[1], D = src->t.shape[2];
     size_t es = lk_dtype_size(dst->dtype);
     for (int64_t h = 0; h < H; h++)
@@ -119,21 +121,23 @@ static void expect_token(lk_tensor *dst, const tu_buf *src, int64_t t, int64_t b
             if (src->t.dtype == dst->dtype)
                 memcpy((char *)dst->data + doff * (int64_t)es,
                        (const char *)src->t.data + tu_offset(&src->t, si) * (int64_t)es, es);
+            else if (is_fp8(dst->dtype)) /* one f32 division, the tested converter */
+                lk_store_f(dst->data, dst->dtype, doff, (float)tu_get(src, si) / scale);
             else
                 lk_store_f(dst->data, dst->dtype, doff, (float)tu_get(src, si));
         }
 }
 
 static unsigned char *expected_bytes(const caches *c, const tu_buf *k, const tu_buf *v,
-                                     const int64_t *slots, int64_t N) {
+                                     const int64_t *slots, int64_t N, float ks, float vs) {
     unsigned char *p = caches_bytes(c);
     lk_tensor kc = in_copy(&c->kc, &c->kb, p);
     lk_tensor vc = c->vb.base ? in_copy(&c->vc, &c->vb, p + v_at(c)) : in_copy(&c->vc, &c->kb, p);
     int64_t bs = c->kc.shape[1];
     for (int64_t t = 0; t < N; t++) {
         if (slots[t] < 0) continue;
-        expect_token(&kc, k, t, slots[t] / bs, slots[t] % bs);
-        expect_token(&vc, v, t, slots[t] / bs, slots[t] % bs);
+        expect_token(&kc, k, t, slots[t] / bs, slots[t] % bs, ks);
+        expect_token(&vc, v, t, slots[t] / bs, slots[t] % bs, vs);
     }
     return p;
 }
@@ -185,7 +189,37 @@ typedef struct {
     int64_t T, N, H, Dk, Dv, bs;
     int layout, src_pad, slot_pad, every;
     int src_perm; /* sources stored [D, T, H]: last-dim stride != 1 */
+    float ks, vs; /* > 0: lk_reshape_and_cache_flash_scaled with these scales */
 } kv_case;
+
+/* fp8 cache element vs float64: q * scale within half an fp8 step of x (the step of
+ * |x / scale|: 2^(e - 3) e4m3, 2^(e - 2) e5m2, subnormal 2^-9 / 2^-16), or +-max where
+ * |x / scale| rounds beyond it, NaN for NaN */
+static int fp8_close(lk_dtype dt, double x, float scale, float q) {
+    double y = x / (double)scale, mx = dt == LK_F8E4M3 ? 448.0 : 57344.0;
+    if (isnan(y)) return isnan(q);
+    int M = dt == LK_F8E4M3 ? 3 : 2, emin = dt == LK_F8E4M3 ? -6 : -14;
+    int e = y == 0 ? emin : (int)floor(log2(fabs(y)));
+    if (e < emin) e = emin;
+    double half = ldexp(1.0, e - M - 1) * (1 + 1e-6); /* the f32 division's rounding */
+    if (fabs(y) >= mx) return fabs(q) == mx && (q < 0) == (y < 0);
+    return fabs((double)q - y) <= half && (y == 0 || q == 0 || (q < 0) == (y < 0));
+}
+
+/* every written fp8 element of one cache against float64 */
+static int fp8_bound_check(const lk_tensor *cache, const tu_buf *src, const int64_t *slots, int64_t N, float scale) {
+    if (!is_fp8(cache->dtype)) return 1;
+    int64_t H = src->t.shape[1], D = src->t.shape[2], bs = cache->shape[1];
+    for (int64_t t = 0; t < N; t++) {
+        if (slots[t] < 0) continue;
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t d = 0; d < D; d++) {
+                float q = lk_load_f(cache->data, cache->dtype, off4(cache, slots[t] / bs, slots[t] % bs, h, d));
+                if (!fp8_close(cache->dtype, tu_get(src, (t * H + h) * D + d), scale, q)) return 0;
+            }
+    }
+    return 1;
+}
 
 static void run_case(const kv_case *cs) {
     lk_isa isas[TU_MAX_ISAS];
@@ -201,7 +235,7 @@ static void run_case(const kv_case *cs) {
     tu_buf sm = slot_buf(slots, cs->N, cs->it, cs->slot_pad);
     caches c = caches_alloc(cs->layout, cs->kct, cs->vct, NB, cs->bs, cs->H, cs->Dk, cs->Dv);
     unsigned char *init = caches_bytes(&c);
-    unsigned char *want = expected_bytes(&c, &k, &v, slots, cs->N);
+    unsigned char *want = expected_bytes(&c, &k, &v, slots, cs->N, cs->ks, cs->vs);
     unsigned char *ref = NULL;
     tu_snapshot(&k);
     tu_snapshot(&v);
@@ -209,8 +243,14 @@ static void run_case(const kv_case *cs) {
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
         caches_restore(&c, init);
-        lk_status st = lk_reshape_and_cache_flash(&k.t, &v.t, &c.kc, &c.vc, &sm.t);
+        lk_status st = cs->ks > 0 ? lk_reshape_and_cache_flash_scaled(&k.t, &v.t, &c.kc, &c.vc, &sm.t, cs->ks, cs->vs)
+                                  : lk_reshape_and_cache_flash(&k.t, &v.t, &c.kc, &c.vc, &sm.t);
         int ok = caches_equal(&c, want);
+        if (ii == 0 && (is_fp8(cs->kct) || is_fp8(cs->vct)))
+            tu_check(fp8_bound_check(&c.kc, &k, slots, cs->N, cs->ks) && fp8_bound_check(&c.vc, &v, slots, cs->N, cs->vs),
+                     "fp8 cache kc=%s vc=%s k_scale=%g v_scale=%g: every element within half an fp8 step of "
+                     "x / scale (float64), saturated beyond the max",
+                     lk_dtype_name(cs->kct), lk_dtype_name(cs->vct), (double)cs->ks, (double)cs->vs);
         tu_check(st == LK_OK && ok && tu_intact(&k) && tu_intact(&v) && tu_intact(&sm),
                  "cache %s k=%s v=%s kc=%s vc=%s idx=%s T=%lld N=%lld H=%lld Dk=%lld Dv=%lld "
                  "bs=%lld %s src_pad=%d src_perm=%d: %s %s",
@@ -260,9 +300,65 @@ static void test_grid(void) {
                     kv_case cs = {dts[d][0], dts[d][1], dts[d][2], dts[d][3],
                                   n % 2 ? LK_I32 : LK_I64,
                                   45, n % 3 == 0 ? 45 : 43, hd[s][0], hd[s][1], hd[s][2], bss[b],
-                                  l, n % 4 == 1, n % 5 == 2, n % 3 ? 9 : 4, 0};
+                                  l, n % 4 == 1, n % 5 == 2, n % 3 ? 9 : 4, 0, 0, 0};
                     run_case(&cs);
                 }
+}
+
+/* fp8 caches: e4m3 / e5m2 keys and values, mixed with 16-bit caches, scales 1, 1/32,
+ * 3.7 (and the scaled call on 16/32-bit caches, which ignores its scales); every layout
+ * (vLLM's interleaved buffers included), page sizes 1, 7, 16, 128, padding slots */
+static void test_fp8_grid(void) {
+    const lk_dtype dts[6][4] = {{LK_F32, LK_F32, LK_F8E4M3, LK_F8E4M3}, {LK_BF16, LK_BF16, LK_F8E5M2, LK_F8E5M2},
+                                {LK_F16, LK_BF16, LK_F8E4M3, LK_F8E5M2}, {LK_BF16, LK_F32, LK_F8E5M2, LK_BF16},
+                                {LK_F32, LK_F16, LK_F16, LK_F8E4M3},     {LK_BF16, LK_F16, LK_BF16, LK_F32}};
+    const float sc[3][2] = {{1.0f, 1.0f}, {0.03125f, 0.03125f}, {3.7f, 0.25f}};
+    const int64_t bss[4] = {1, 7, 16, 128};
+    const int64_t hd[3][3] = {{1, 1, 1}, {3, 33, 33}, {2, 40, 24}}; /* H, Dk, Dv */
+    int n = 0;
+    for (int d = 0; d < 6; d++)
+        for (int b = 0; b < 4; b++)
+            for (int l = 0; l < NLAYOUT; l++, n++) {
+                int s = n % 3;
+                kv_case cs = {dts[d][0], dts[d][1], dts[d][2], dts[d][3], n % 2 ? LK_I32 : LK_I64,
+                              45, n % 3 == 0 ? 45 : 43, hd[s][0], hd[s][1], hd[s][2], bss[b],
+                              l, n % 4 == 1, n % 5 == 2, n % 3 ? 9 : 4, n % 7 == 3,
+                              sc[n % 3][0], sc[n % 3][1]};
+                run_case(&cs);
+            }
+}
+
+/* bad scales (0, < 0, NaN, inf) and fp8 caches in the unscaled call: rejected naming
+ * the argument, nothing written */
+static void test_fp8_bad(void) {
+    int64_t T = 4, H = 2, D = 8, NB = 2, bs = 4;
+    tu_buf k = tu_alloc(LK_F32, 3, (int64_t[]){T, H, D}, 0), v = tu_alloc(LK_BF16, 3, (int64_t[]){T, H, D}, 0);
+    tu_buf kc = tu_alloc(LK_F8E4M3, 4, (int64_t[]){NB, bs, H, D}, 0), vc = tu_alloc(LK_F8E5M2, 4, (int64_t[]){NB, bs, H, D}, 1);
+    tu_fill_uniform(&k, -1, 1), tu_fill_uniform(&v, -1, 1), tu_fill_uniform(&kc, -1, 1), tu_fill_uniform(&vc, -1, 1);
+    int64_t s_ok[4] = {3, -1, 6, 0};
+    tu_buf sm = slot_buf(s_ok, 4, LK_I64, 0);
+    const float bad[5] = {0.0f, -0.0f, -1.0f, NAN, INFINITY};
+    tu_snapshot(&kc), tu_snapshot(&vc);
+    for (int i = 0; i < 5; i++)
+        for (int which = 0; which < 2; which++) {
+            float ks = which ? 1.0f : bad[i], vs = which ? bad[i] : 1.0f;
+            lk_status st = lk_reshape_and_cache_flash_scaled(&k.t, &v.t, &kc.t, &vc.t, &sm.t, ks, vs);
+            tu_check(st == LK_ERR_VALUE && strstr(lk_last_error(), which ? "v_scale" : "k_scale") && tu_intact(&kc) &&
+                         tu_intact(&vc),
+                     "%s = %g rejected, nothing written (%s)", which ? "v_scale" : "k_scale", (double)bad[i],
+                     lk_last_error());
+        }
+    lk_status st = lk_reshape_and_cache_flash(&k.t, &v.t, &kc.t, &vc.t, &sm.t);
+    tu_check(st == LK_ERR_DTYPE && strstr(lk_last_error(), "k_cache") && tu_intact(&kc) && tu_intact(&vc),
+             "fp8 cache in the unscaled call rejected naming k_cache (%s)", lk_last_error());
+    lk_tensor ki = k.t;
+    ki.dtype = LK_F8E4M3;
+    st = lk_reshape_and_cache_flash_scaled(&ki, &v.t, &kc.t, &vc.t, &sm.t, 1.0f, 1.0f);
+    tu_check(st == LK_ERR_DTYPE && strstr(lk_last_error(), "k:") && tu_intact(&kc) && tu_intact(&vc),
+             "fp8 source k rejected by the scaled call (%s)", lk_last_error());
+    st = lk_reshape_and_cache_flash_scaled(&k.t, &v.t, &kc.t, &vc.t, &sm.t, 0.5f, 2.0f);
+    tu_check(st == LK_OK && !tu_intact(&kc), "the same call with valid scales writes (%s)", lk_status_str(st));
+    tu_free(&k), tu_free(&v), tu_free(&kc), tu_free(&vc), tu_free(&sm);
 }
 
 /* Llama-3-8B kv heads, sources with non-unit last stride (reference fallback on every
@@ -271,27 +367,27 @@ static void test_special_layouts(void) {
     const int layouts[3] = {L_ND, L_HND_PAD, L_FI_HND};
     for (int l = 0; l < 3; l++) {
         kv_case a = {LK_BF16, LK_BF16, LK_BF16, LK_BF16, LK_I64, 70, 67, 8, 128, 128, 16,
-                     layouts[l], 0, 0, 11, 0};
+                     layouts[l], 0, 0, 11, 0, 0, 0};
         run_case(&a);
         kv_case b = {LK_F32, LK_F32, LK_BF16, LK_BF16, LK_I32, 70, 67, 8, 128, 128, 16,
-                     layouts[l], 1, 1, 5, 0};
+                     layouts[l], 1, 1, 5, 0, 0, 0};
         run_case(&b);
         kv_case c = {LK_F16, LK_F32, LK_F16, LK_BF16, LK_I64, 9, 9, 3, 5, 6, 7,
-                     layouts[l], 0, 0, 0, 1};
+                     layouts[l], 0, 0, 0, 1, 0, 0};
         run_case(&c);
     }
     /* >= 8 MiB of cache rows per call: the streaming-store variant of the SIMD kernels,
      * rows at unaligned addresses (padded ND) and per-head rows (HND) */
     kv_case s1 = {LK_F32, LK_F32, LK_F32, LK_F32, LK_I64, 1100, 1090, 8, 128, 128, 16,
-                  L_ND_PAD, 0, 0, 50, 0};
+                  L_ND_PAD, 0, 0, 50, 0, 0, 0};
     run_case(&s1);
     kv_case s2 = {LK_F32, LK_F32, LK_F32, LK_F32, LK_I32, 1030, 1030, 8, 128, 128, 16,
-                  L_HND, 1, 0, 0, 0};
+                  L_HND, 1, 0, 0, 0, 0, 0};
     if (!tu_emulated()) run_case(&s2); /* emulated: the unaligned ND one alone */
     /* Dk = 0: only v is written; MLA-like Dk 576 / Dv 512, one head */
-    kv_case z = {LK_F32, LK_F32, LK_F16, LK_F16, LK_I64, 6, 5, 2, 0, 9, 7, L_ND, 0, 0, 0, 0};
+    kv_case z = {LK_F32, LK_F32, LK_F16, LK_F16, LK_I64, 6, 5, 2, 0, 9, 7, L_ND, 0, 0, 0, 0, 0, 0};
     run_case(&z);
-    kv_case m = {LK_BF16, LK_BF16, LK_BF16, LK_BF16, LK_I64, 5, 4, 1, 576, 512, 3, L_ND_PAD, 1, 0, 0, 0};
+    kv_case m = {LK_BF16, LK_BF16, LK_BF16, LK_BF16, LK_I64, 5, 4, 1, 576, 512, 3, L_ND_PAD, 1, 0, 0, 0, 0, 0};
     run_case(&m);
 }
 
@@ -605,6 +701,8 @@ static void test_regress_empty_v_huge_stride(void) {
 int main(void) {
     tu_init();
     test_grid();
+    test_fp8_grid();
+    test_fp8_bad();
     test_special_layouts();
     test_qkv_slices();
     test_sparse_cache();

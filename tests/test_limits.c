@@ -7,6 +7,9 @@
  *   rank     ndim = LK_MAX_DIMS + 1, and ndim = -1                      LK_ERR_RANK
  *   size     a negative dim                                            LK_ERR_SHAPE
  *   dtype    an unknown dtype value                                    LK_ERR_DTYPE
+ *   fp8      the argument retyped LK_F8E4M3, and LK_F8E5M2 (same shape and element
+ *            strides, so a smaller span in the same allocation): no operator takes
+ *            fp8 yet, each rejects it naming the argument               LK_ERR_DTYPE
  *   offsets  a stride whose byte offsets overflow int64 (INT64_MAX / 2 on a dim of
  *            size >= 2), a stride of INT64_MIN (its magnitude overflows), an element
  *            count beyond int64 (dims multiplied out)                  LK_ERR_OVERFLOW
@@ -40,13 +43,15 @@ typedef struct {
     int needs_dim2;   /* needs a dim of size >= 2 */
 } mutation;
 
-enum { M_RANK_HI, M_RANK_NEG, M_NEG_DIM, M_DTYPE, M_STRIDE_OVF, M_STRIDE_MIN, M_NUMEL_OVF, M_NULL_DATA, M_NULL_PTR, M_OUT_ZERO, M_COUNT };
+enum { M_RANK_HI, M_RANK_NEG, M_NEG_DIM, M_DTYPE, M_F8E4M3, M_F8E5M2, M_STRIDE_OVF, M_STRIDE_MIN, M_NUMEL_OVF, M_NULL_DATA, M_NULL_PTR, M_OUT_ZERO, M_COUNT };
 
 static const mutation MUT[M_COUNT] = {
     {"ndim = LK_MAX_DIMS + 1", LK_ERR_RANK, 0, 0},
     {"ndim = -1", LK_ERR_RANK, 0, 0},
     {"negative dim", LK_ERR_SHAPE, 0, 0},
     {"unknown dtype", LK_ERR_DTYPE, 0, 0},
+    {"dtype f8e4m3", LK_ERR_DTYPE, 0, 0},
+    {"dtype f8e5m2", LK_ERR_DTYPE, 0, 0},
     {"stride with overflowing byte offsets", LK_ERR_OVERFLOW, 0, 1},
     {"stride INT64_MIN", LK_ERR_OVERFLOW, 0, 0},
     {"element count beyond int64", LK_ERR_OVERFLOW, 0, 1},
@@ -68,12 +73,15 @@ static int mutate(oc_inst *in, int k, int m) {
     lk_tensor *t = &a->t;
     int d = dim2(t);
     if (MUT[m].written_only && !a->written) return 0;
+    if ((m == M_F8E4M3 || m == M_F8E5M2) && a->fp8) return 0; /* takes fp8 */
     if (MUT[m].needs_dim2 && d < 0) return 0;
     switch (m) {
     case M_RANK_HI: t->ndim = LK_MAX_DIMS + 1; break;
     case M_RANK_NEG: t->ndim = -1; break;
     case M_NEG_DIM: t->shape[0] = -1; break;
     case M_DTYPE: t->dtype = (lk_dtype)99; break;
+    case M_F8E4M3: t->dtype = LK_F8E4M3; break;
+    case M_F8E5M2: t->dtype = LK_F8E5M2; break;
     case M_STRIDE_OVF: t->stride[d] = INT64_MAX / 2; break;
     case M_STRIDE_MIN: t->stride[0] = INT64_MIN; break;
     case M_NUMEL_OVF:

@@ -246,6 +246,36 @@ static void test_copies(void) {
     }
 }
 
+/* fp8 caches (docs/numerics.md, "fp8"): x / scale rounded to nearest even and saturated
+ * (inf too), NaN kept with its sign, -0 kept, ties to even, values below half the
+ * smallest subnormal to 0; e4m3 keys, e5m2 values */
+static void test_fp8_cache(void) {
+    float k[1][1][8] = {{{INFINITY, -INFINITY, NAN, -0.0f, 1e6f, 0.5f * 0.5f * 0.001953125f, 3.0f * 1.125f, -NAN}}};
+    /* k_scale 0.5: x / 0.5 = 2x; 2 * 3.375 = 6.75 is the tie between 6.5 (0x4d) and 7 (0x4e): 7 */
+    const uint8_t want_k[8] = {0x7e, 0xfe, 0x7f, 0x80, 0x7e, 0x00, 0x4e, 0xff};
+    /* v_scale 2: x / 2; e5m2: inf -> 57344 (0x7b), NaN S.11111.11, 1e6 / 2 -> max, 2^-12 / 2 =
+     * 2^-13 (normal: 0x08), 3.25 / 2 = 1.625 is the tie between 1.5 (0x3e, even) and 1.75 (0x3f) */
+    float v[1][1][8] = {{{INFINITY, -INFINITY, NAN, -0.0f, 1e6f, 2.44140625e-4f, 3.25f, -NAN}}};
+    const uint8_t want_v[8] = {0x7b, 0xfb, 0x7f, 0x80, 0x7b, 0x08, 0x3e, 0xff};
+    int64_t slot[1] = {1};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        uint8_t kc[1][2][1][8], vc[1][2][1][8];
+        memset(kc, 0x11, sizeof kc), memset(vc, 0x11, sizeof vc);
+        lk_tensor tk = t3(k, LK_F32, 1, 1, 8), tv = t3(v, LK_F32, 1, 1, 8), ts = t1(slot, LK_I64, 1);
+        lk_tensor tkc = lk_tensor_make(kc, LK_F8E4M3, 4, (int64_t[]){1, 2, 1, 8});
+        lk_tensor tvc = lk_tensor_make(vc, LK_F8E5M2, 4, (int64_t[]){1, 2, 1, 8});
+        lk_status s = lk_reshape_and_cache_flash_scaled(&tk, &tv, &tkc, &tvc, &ts, 0.5f, 2.0f);
+        int ok = s == LK_OK && !memcmp(kc[0][1][0], want_k, 8) && !memcmp(vc[0][1][0], want_v, 8) &&
+                 kc[0][0][0][0] == 0x11 && vc[0][0][0][7] == 0x11;
+        tu_check(ok, "%s reshape_and_cache_flash_scaled fp8: saturation (inf too), NaN and -0 kept, ties to even, "
+                 "underflow to 0 (%s; k %02x %02x %02x %02x %02x %02x %02x %02x, v %02x %02x %02x %02x %02x %02x %02x %02x)",
+                 lk_isa_name(isas[ii]), lk_status_str(s), kc[0][1][0][0], kc[0][1][0][1], kc[0][1][0][2], kc[0][1][0][3],
+                 kc[0][1][0][4], kc[0][1][0][5], kc[0][1][0][6], kc[0][1][0][7], vc[0][1][0][0], vc[0][1][0][1],
+                 vc[0][1][0][2], vc[0][1][0][3], vc[0][1][0][4], vc[0][1][0][5], vc[0][1][0][6], vc[0][1][0][7]);
+    }
+}
+
 /* ---------------------------------------------------------------- merge */
 
 static void test_merge(void) {
@@ -801,6 +831,7 @@ int main(void) {
     test_block_bits();
     test_rotary();
     test_copies();
+    test_fp8_cache();
     test_merge();
     test_softmax();
     test_attention();

@@ -45,8 +45,8 @@ lib, lib_path = _load()
 
 # ---------------------------------------------------------------- enums (llmkern.h)
 
-F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
-_ITEMSIZE = (4, 2, 2, 4, 8)
+F32, F16, BF16, I32, I64, F8E4M3, F8E5M2 = 0, 1, 2, 3, 4, 5, 6
+_ITEMSIZE = (4, 2, 2, 4, 8, 1, 1)
 MAX_DIMS = 8
 ISAS = {"ref": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "neon": 4}
 LAYOUTS = {"ND": 0, "NZ": 1}
@@ -151,6 +151,7 @@ gelu_fast = cfunc("lk_gelu_fast", [_T, _T])
 gelu_quick = cfunc("lk_gelu_quick", [_T, _T])
 rotary_embedding = cfunc("lk_rotary_embedding", [_T, _T, _T, _T, _i])
 reshape_and_cache_flash = cfunc("lk_reshape_and_cache_flash", [_T, _T, _T, _T, _T])
+reshape_and_cache_flash_scaled = cfunc("lk_reshape_and_cache_flash_scaled", [_T, _T, _T, _T, _T, _f, _f])
 merge_attn_states = cfunc("lk_merge_attn_states", [_T, _T, _T, _T, _T, _T])
 merge_attn_states_n = cfunc("lk_merge_attn_states_n", [_T, _T, _i, _T, _T])
 causal_softmax = cfunc("lk_causal_softmax", [_T, _T])
@@ -182,6 +183,10 @@ def _np_dtype_slow(dt, name):
     if dt.name == "bfloat16" and dt.itemsize == 2 and dt.isnative:
         _NP_DTYPES[dt] = BF16
         return BF16
+    fp8 = {"float8_e4m3fn": F8E4M3, "float8_e5m2": F8E5M2}.get(dt.name)  # ml_dtypes
+    if fp8 is not None and dt.itemsize == 1:
+        _NP_DTYPES[dt] = fp8
+        return fp8
     raise TypeError("%s: dtype %s is not supported by llmkern (float32, float16, bfloat16; "
                     "int32/int64 for index tensors)" % (name, dt))
 
@@ -258,6 +263,9 @@ def _register(x, name):
             if not _TORCH_DTYPES:
                 _TORCH_DTYPES.update({torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16,
                                       torch.int32: I32, torch.int64: I64})
+                for nm, dt in (("float8_e4m3fn", F8E4M3), ("float8_e5m2", F8E5M2)):
+                    if hasattr(torch, nm):
+                        _TORCH_DTYPES[getattr(torch, nm)] = dt
             fn = _torch_info
         elif hasattr(x, "__array_interface__"):
             fn = _iface_info
@@ -360,6 +368,30 @@ def out_view(x, name):
     """view() of an argument the call writes: read-only NumPy arrays are refused."""
     _writable(x, name)
     return view(x, name)
+
+
+def _is_uint8(x):
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint8
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor) and x.dtype == torch.uint8
+
+
+def fp8_out_view(x, name, dt):
+    """out_view() of an fp8 cache of lk dtype dt: a uint8 buffer (as vLLM allocates fp8
+    caches) is viewed as dt; an fp8-typed array or tensor must be of dtype dt."""
+    _writable(x, name)
+    if _is_uint8(x):
+        if isinstance(x, np.ndarray):
+            return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides
+        if not x.is_cpu:
+            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+        return pack(x.data_ptr(), dt, x.shape, x.stride(), name)
+    p, got, shape, st = info(x, name)
+    if got != dt:
+        raise TypeError("%s: dtype %s does not match the fp8 kv_cache_dtype (%s)"
+                        % (name, getattr(x, "dtype", got), "float8_e4m3fn" if dt == F8E4M3 else "float8_e5m2"))
+    return pack(p, dt, shape, st, name)
 
 
 def transposed_view(x, name, write=False):

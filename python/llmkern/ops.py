@@ -201,12 +201,43 @@ def _layout(layout):
         raise ValueError("layout: %r, expected 'ND' or 'NZ'" % (layout,)) from None
 
 
+_FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
+
+
+def _scalar_scale(scale, name):
+    """A per-tensor scale (a Python number or a one-element array / tensor) as a float."""
+    if scale is None:
+        raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+    if isinstance(scale, (int, float)):
+        return float(scale)
+    shape = tuple(getattr(scale, "shape", ()))
+    if int(np.prod(shape)) != 1:
+        raise ValueError("%s: shape %s, expected one element (per-head fp8 scales are not "
+                         "supported yet)" % (name, shape))
+    return float(scale.reshape(-1)[0])
+
+
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale=None, v_scale=None):
     """key, value [T, H, D] -> key_cache, value_cache [num_blocks, block_size, H, D] at
-    slot_mapping [N <= T] (slot < 0 skipped). kv_cache_dtype 'auto' only: the cache is in
-    its own dtype and k_scale / v_scale (scalars or per-head [H]) are ignored, as in vLLM."""
-    _check_auto(kv_cache_dtype)
+    slot_mapping [N <= T] (slot < 0 skipped). kv_cache_dtype 'auto': the cache is in
+    its own dtype and k_scale / v_scale (scalars or per-head [H]) are ignored, as in vLLM.
+    'fp8' / 'fp8_e4m3' / 'fp8_e5m2': the caches are uint8 buffers (as vLLM allocates
+    them) or float8_e4m3fn / float8_e5m2 arrays, each element stored as
+    fp8(x / scale) with per-tensor k_scale / v_scale (saturated to the finite range)."""
+    if kv_cache_dtype in _FP8_KV:
+        dt = _FP8_KV[kv_cache_dtype]
+        ks, vs = _scalar_scale(k_scale, "k_scale"), _scalar_scale(v_scale, "v_scale")
+        s = L.reshape_and_cache_flash_scaled(_view(key, "key"), _view(value, "value"),
+                                             L.fp8_out_view(key_cache, "key_cache", dt),
+                                             L.fp8_out_view(value_cache, "value_cache", dt),
+                                             _view(slot_mapping, "slot_mapping"), ks, vs)
+        if s:
+            _raise(s)
+        return
+    if kv_cache_dtype != "auto":
+        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                                  % (kv_cache_dtype,))
     heads = key.shape[1] if len(key.shape) == 3 else None
     _check_scale(k_scale, "k_scale", heads)
     _check_scale(v_scale, "v_scale", heads)

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fp8.h"
 #include "llmkern.h"
 
 static inline uint32_t lk_f32_bits(float f) {
@@ -82,6 +83,8 @@ static inline float lk_load_f(const void *p, lk_dtype dt, int64_t i) {
     case LK_F32: return ((const float *)p)[i];
     case LK_F16: return lk_f16_to_f32(((const uint16_t *)p)[i]);
     case LK_BF16: return lk_bf16_to_f32(((const uint16_t *)p)[i]);
+    case LK_F8E4M3: return lk_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case LK_F8E5M2: return lk_f8e5m2_to_f32(((const uint8_t *)p)[i]);
     default: return 0.0f;
     }
 }
@@ -91,6 +94,8 @@ static inline void lk_store_f(void *p, lk_dtype dt, int64_t i, float v) {
     case LK_F32: ((float *)p)[i] = v; break;
     case LK_F16: ((uint16_t *)p)[i] = lk_f32_to_f16(v); break;
     case LK_BF16: ((uint16_t *)p)[i] = lk_f32_to_bf16(v); break;
+    case LK_F8E4M3: ((uint8_t *)p)[i] = lk_f32_to_f8e4m3(v); break;
+    case LK_F8E5M2: ((uint8_t *)p)[i] = lk_f32_to_f8e5m2(v); break;
     default: break;
     }
 }
@@ -100,6 +105,8 @@ static inline float lk_round_to(lk_dtype dt, float v) {
     switch (dt) {
     case LK_F16: return lk_f16_to_f32(lk_f32_to_f16(v));
     case LK_BF16: return lk_bf16_to_f32(lk_f32_to_bf16(v));
+    case LK_F8E4M3: return lk_f8e4m3_to_f32(lk_f32_to_f8e4m3(v));
+    case LK_F8E5M2: return lk_f8e5m2_to_f32(lk_f32_to_f8e5m2(v));
     default: return v;
     }
 }

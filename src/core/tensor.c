@@ -18,6 +18,8 @@ const char *lk_dtype_name(lk_dtype dt) {
     case LK_BF16: return "bf16";
     case LK_I32: return "i32";
     case LK_I64: return "i64";
+    case LK_F8E4M3: return "f8e4m3";
+    case LK_F8E5M2: return "f8e5m2";
     }
     return "unknown";
 }
@@ -29,6 +31,8 @@ size_t lk_dtype_size(lk_dtype dt) {
     case LK_BF16: return 2;
     case LK_I32: return 4;
     case LK_I64: return 8;
+    case LK_F8E4M3: return 1;
+    case LK_F8E5M2: return 1;
     }
     return 0;
 }

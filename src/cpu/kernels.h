@@ -75,6 +75,7 @@ typedef struct {
     lk_tensor k, v;             /* [T, H, D] */
     lk_tensor k_cache, v_cache; /* [num_blocks, block_size, H, D] */
     lk_tensor slot_mapping;     /* [N], validated < num_blocks * block_size */
+    float k_scale, v_scale;     /* fp8 caches: stored = fp8(x / scale); else unused */
 } lk_cache_args;
 
 typedef struct {

@@ -14,6 +14,10 @@
  * each other, themselves, k, v or slot_mapping are LK_ERR_ALIAS. The duplicate check
  * needs scratch proportional to N (or to the cache's slot count when that is small);
  * LK_ERR_NOMEM if it cannot be allocated. Nothing is written on any error.
+ *
+ * lk_reshape_and_cache_flash_scaled also takes fp8 caches (k_cache[...] = fp8(k / k_scale),
+ * likewise v) with finite scales > 0; fp8 caches take the scalar reference kernel on every
+ * ISA (the SIMD kernels store 16/32-bit caches only).
  */
 #include <stdlib.h>
 
@@ -97,14 +101,26 @@ static lk_status check_slots(const lk_tensor *sm, int64_t nslots, int64_t NB, in
     return LK_OK;
 }
 
-static lk_status check_cache(const lk_cache_args *a) {
+static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* a cache: f32/f16/bf16, or fp8 where the call has scales */
+static lk_status check_cache_view(const lk_tensor *t, const char *name, int fp8_ok) {
+    if (fp8_ok && t && lk_dtype_size(t->dtype) && is_fp8(t->dtype)) return lk_check_view(t, name, 4, 4);
+    lk_status s = lk_check_float(t, name, 4, 4);
+    if (s == LK_ERR_DTYPE && fp8_ok)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (f32, f16, bf16, f8e4m3, f8e5m2)", name,
+                       lk_dtype_name(t->dtype));
+    return s;
+}
+
+static lk_status check_cache(const lk_cache_args *a, int fp8_ok) {
     const lk_tensor *k = &a->k, *v = &a->v, *kc = &a->k_cache, *vc = &a->v_cache;
     const lk_tensor *sm = &a->slot_mapping;
     lk_status s;
     if ((s = lk_check_float(k, "k", 3, 3))) return s;
     if ((s = lk_check_float(v, "v", 3, 3))) return s;
-    if ((s = lk_check_float(kc, "k_cache", 4, 4))) return s;
-    if ((s = lk_check_float(vc, "v_cache", 4, 4))) return s;
+    if ((s = check_cache_view(kc, "k_cache", fp8_ok))) return s;
+    if ((s = check_cache_view(vc, "v_cache", fp8_ok))) return s;
     if ((s = lk_check_index(sm, "slot_mapping", 1, 1))) return s;
     if (v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1])
         return lk_fail(LK_ERR_SHAPE, "v: shape %s does not match k %s in [T, H]", lk_shape_str(v),
@@ -151,10 +167,36 @@ lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
                        : !k_cache ? "k_cache"
                        : !v_cache ? "v_cache"
                                   : "slot_mapping");
-    lk_cache_args a = {*k, *v, *k_cache, *v_cache, *slot_mapping};
-    lk_status s = check_cache(&a);
+    lk_cache_args a = {*k, *v, *k_cache, *v_cache, *slot_mapping, 1.0f, 1.0f};
+    lk_status s = check_cache(&a, 0);
     if (s) return s;
     if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
         return LK_OK;
+    return lk_kernels()->reshape_and_cache_flash(&a);
+}
+
+lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor *v,
+                                            const lk_tensor *k_cache, const lk_tensor *v_cache,
+                                            const lk_tensor *slot_mapping, float k_scale,
+                                            float v_scale) {
+    lk_clear_error();
+    lk_set_op("lk_reshape_and_cache_flash_scaled");
+    if (!k || !v || !k_cache || !v_cache || !slot_mapping)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !k         ? "k"
+                       : !v       ? "v"
+                       : !k_cache ? "k_cache"
+                       : !v_cache ? "v_cache"
+                                  : "slot_mapping");
+    if (!(k_scale > 0.0f && k_scale <= 3.40282347e38f))
+        return lk_fail(LK_ERR_VALUE, "k_scale: %g, must be finite and > 0", (double)k_scale);
+    if (!(v_scale > 0.0f && v_scale <= 3.40282347e38f))
+        return lk_fail(LK_ERR_VALUE, "v_scale: %g, must be finite and > 0", (double)v_scale);
+    lk_cache_args a = {*k, *v, *k_cache, *v_cache, *slot_mapping, k_scale, v_scale};
+    lk_status s = check_cache(&a, 1);
+    if (s) return s;
+    if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
+        return LK_OK;
+    if (is_fp8(k_cache->dtype) || is_fp8(v_cache->dtype)) return lk_ref_reshape_and_cache_flash(&a);
     return lk_kernels()->reshape_and_cache_flash(&a);
 }

@@ -137,7 +137,7 @@ def test_reshape_and_cache_flash_auto_scales(rng):
     with pytest.raises(ValueError, match="v_scale"):
         lk.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", torch.ones(1), torch.ones(2, H))
     with pytest.raises(NotImplementedError, match="kv_cache_dtype"):
-        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "fp8", torch.ones(1), torch.ones(1))
+        lk.reshape_and_cache_flash(key, value, kc, vc, slots, "int8", torch.ones(1), torch.ones(1))
     assert unchanged(before, kc, vc)
 
 

@@ -127,7 +127,9 @@ def test_reshape_and_cache_flash_args(rng):
     kc = np.zeros((2, 2, 1, 4), np.float32)
     vc = np.zeros((2, 2, 1, 4), np.float32)
     slots = np.array([1, 2], np.int32)
-    with pytest.raises(NotImplementedError, match="fp8"):
+    with pytest.raises(NotImplementedError, match="kv_cache_dtype"):
+        lk.reshape_and_cache_flash(k, k, kc, vc, slots, "int8", 1.0, 1.0)
+    with pytest.raises(TypeError, match="key_cache"):  # fp8 wants uint8 or float8 caches
         lk.reshape_and_cache_flash(k, k, kc, vc, slots, "fp8", 1.0, 1.0)
     with pytest.raises(ValueError, match="k_scale"):  # 'auto' ignores scales of a valid shape only
         lk.reshape_and_cache_flash(k, k, kc, vc, slots, "auto", np.ones(3, np.float32), 1.0)
