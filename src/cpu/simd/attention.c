@@ -94,6 +94,10 @@ static inline void mk(int64_t K, const float *A, int64_t lda, const float *B, fl
  * 16-dim chunks `cs` apart, ND rows contiguous: cs = 16) */
 static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d) { return base + (d >> 4) * cs + (d & 15); }
 
+/* byte offset of dim d (a multiple of W) of a K/V row whose 16-dim chunks are cs
+ * elements apart (cs == 16: a contiguous ND row) */
+static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return ((d >> 4) * cs + (d & 15)) * es; }
+
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
 
 /* W dims of a K/V row from element offset off (n < W: the first n, the rest 0) */
@@ -268,14 +272,18 @@ static inline void mk2(int64_t K2, const uint32_t *A, int64_t lda, const uint32_
     }
 }
 
-/* up to 2W bf16 values (n of them, the rest 0) of a K/V row from dim d (a multiple of
- * 2W) at element offset base: one load on contiguous rows, two 16-dim chunks in NZ */
+/* 2W bf16 values of the row at q from dim d (m of them, a multiple of 8; the rest 0;
+ * zeros without a read when q is NULL or m is 0) */
+LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_t cs) {
+    if (!q || m <= 0) return lkv_bits_load16(q, 0);
+    if (cs == 16) return lkv_bits_load16(q + 2 * d, m);
+    return lkv_bits_join32(lkv_c32_loadu(q + chunk_off(d, cs, 2)),
+                           m > 16 ? lkv_c32_loadu(q + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
+}
+
+/* row16_load of the K/V row at element offset base of cache c */
 static inline lkv_bits load_pairs(const lk_paged *c, int64_t base, int64_t cs, int64_t d, int64_t n) {
-    const uint16_t *p = (const uint16_t *)c->data;
-    if (cs == 16) return lkv_bits_load16(p + base + d, n);
-    lkv_c32 lo = lkv_c32_loadu(p + dim_off(base, cs, d));
-    lkv_c32 hi = n > 16 ? lkv_c32_loadu(p + dim_off(base, cs, d + 16)) : lkv_c32_loadu((const uint16_t[16]){0});
-    return lkv_bits_join32(lo, hi);
+    return row16_load((const char *)c->data + 2 * base, d, n, cs);
 }
 
 /* Kb tile: word (d2, jj % PW) of panel jj / PW = dims 2 d2, 2 d2 + 1 of key j0 + jj; 0
@@ -648,9 +656,6 @@ static inline int64_t head_step(const lk_paged *c) {
     return c->layout == LK_KV_NZ ? (c->D / 16) * c->s1 : c->s2;
 }
 
-/* byte offset of dim d (a multiple of W) of a K/V row whose 16-dim chunks are cs
- * elements apart (cs == 16: a contiguous ND row) */
-static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return ((d >> 4) * cs + (d & 15)) * es; }
 
 /* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
  * (cs == 16: contiguous ND row) into L2 */
@@ -704,15 +709,6 @@ LK_ALWAYS_INLINE void dot_rows4(const float *q, int64_t qs, const char *p, int64
 }
 
 #if defined(LKV_BF16DOT)
-/* 2W bf16 values of the row at q from dim d (m of them, a multiple of 8; the rest 0;
- * zeros without a read when q is NULL or m is 0) */
-LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_t cs) {
-    if (!q || m <= 0) return lkv_bits_load16(q, 0);
-    if (cs == 16) return lkv_bits_load16(q + 2 * d, m);
-    return lkv_bits_join32(lkv_c32_loadu(q + chunk_off(d, cs, 2)),
-                           m > 16 ? lkv_c32_loadu(q + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
-}
-
 /* out[g os] = scale * (q_g . k) (softcap cap > 0: cap tanh(. / cap)) for n (1 or 4) bf16
  * query rows q + g qs against one bf16 key row at p (16-dim chunks cs elements apart), on
  * bf16 pairs (VDPBF16PS: the products exact, f32 sums) */
