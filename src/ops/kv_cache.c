@@ -155,32 +155,13 @@ static lk_status check_cache(const lk_cache_args *a, int fp8_ok) {
     return check_slots(sm, kc->shape[0] * kc->shape[1], kc->shape[0], kc->shape[1]);
 }
 
-lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v,
-                                     const lk_tensor *k_cache, const lk_tensor *v_cache,
-                                     const lk_tensor *slot_mapping) {
+/* both entry points: validation (scales, then tensors; fp8 caches only when `fp8`),
+ * nothing written on an error; fp8 caches take the reference kernel on every ISA */
+static lk_status cache_write(const char *op, const lk_tensor *k, const lk_tensor *v, const lk_tensor *k_cache,
+                             const lk_tensor *v_cache, const lk_tensor *slot_mapping, float k_scale, float v_scale,
+                             int fp8) {
     lk_clear_error();
-    lk_set_op("lk_reshape_and_cache_flash");
-    if (!k || !v || !k_cache || !v_cache || !slot_mapping)
-        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
-                       !k         ? "k"
-                       : !v       ? "v"
-                       : !k_cache ? "k_cache"
-                       : !v_cache ? "v_cache"
-                                  : "slot_mapping");
-    lk_cache_args a = {*k, *v, *k_cache, *v_cache, *slot_mapping, 1.0f, 1.0f};
-    lk_status s = check_cache(&a, 0);
-    if (s) return s;
-    if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
-        return LK_OK;
-    return lk_kernels()->reshape_and_cache_flash(&a);
-}
-
-lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor *v,
-                                            const lk_tensor *k_cache, const lk_tensor *v_cache,
-                                            const lk_tensor *slot_mapping, float k_scale,
-                                            float v_scale) {
-    lk_clear_error();
-    lk_set_op("lk_reshape_and_cache_flash_scaled");
+    lk_set_op(op);
     if (!k || !v || !k_cache || !v_cache || !slot_mapping)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
                        !k         ? "k"
@@ -193,10 +174,22 @@ lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor 
     if (!(v_scale > 0.0f && v_scale <= 3.40282347e38f))
         return lk_fail(LK_ERR_VALUE, "v_scale: %g, must be finite and > 0", (double)v_scale);
     lk_cache_args a = {*k, *v, *k_cache, *v_cache, *slot_mapping, k_scale, v_scale};
-    lk_status s = check_cache(&a, 1);
+    lk_status s = check_cache(&a, fp8);
     if (s) return s;
     if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
         return LK_OK;
     if (is_fp8(k_cache->dtype) || is_fp8(v_cache->dtype)) return lk_ref_reshape_and_cache_flash(&a);
     return lk_kernels()->reshape_and_cache_flash(&a);
+}
+
+lk_status lk_reshape_and_cache_flash(const lk_tensor *k, const lk_tensor *v, const lk_tensor *k_cache,
+                                     const lk_tensor *v_cache, const lk_tensor *slot_mapping) {
+    return cache_write("lk_reshape_and_cache_flash", k, v, k_cache, v_cache, slot_mapping, 1.0f, 1.0f, 0);
+}
+
+lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor *v, const lk_tensor *k_cache,
+                                            const lk_tensor *v_cache, const lk_tensor *slot_mapping,
+                                            float k_scale, float v_scale) {
+    return cache_write("lk_reshape_and_cache_flash_scaled", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                       1);
 }
