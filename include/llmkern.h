@@ -213,7 +213,8 @@ LK_API lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_
 /* Block copies of paged caches (vLLM's swap_blocks / copy_blocks / copy_blocks_mla).
  * A cache is any view whose dim 0 indexes blocks ([num_blocks, block_size, H, D], an MLA
  * cache [num_blocks, block_size, Dl + Dr], an NZ physical view, ...); a block is
- * everything under one dim-0 index, copied bit for bit (any strides; f32/f16/bf16).
+ * everything under one dim-0 index, copied bit for bit (any strides; f32/f16/bf16, and
+ * since 0.3 the fp8 dtypes LK_F8E4M3 / LK_F8E5M2).
  * block_mapping [N, 2] i64 or i32: row i copies block block_mapping[i, 0] of the source
  * to block block_mapping[i, 1] of the destination.
  * lk_swap_blocks: src [NBs, ...] -> dst [NBd, ...], same dtype, same dims after dim 0;
@@ -301,6 +302,48 @@ LK_API lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor 
 LK_API lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache,
                                  const lk_tensor *block_table, const lk_tensor *seq_lens,
                                  lk_kv_layout layout);
+
+/* ---------------------------------------------------------------- fp8 caches (since 0.3)
+ *
+ * Scales: a scale argument is an lk_tensor of f32, shape [] or [1] (per tensor) or, where
+ * said, [H] (per head), any strides, or NULL (every value 1). Each value must be finite
+ * and > 0, else LK_ERR_VALUE naming it (e.g. "k_scale[3]"), nothing written. Quantized
+ * = fp8(x / scale) (one f32 division, round to nearest even saturated to the finite
+ * range, NaN stays NaN), dequantized = f32(q) * scale rounded once to the output dtype.
+ * A 16/32-bit cache ignores its scale (vLLM's kv_cache_dtype "auto"). In NZ, an fp8
+ * cache is tiled 32 wide: physical [num_blocks, C/32, block_size, 32] with C % 32 == 0
+ * (C = heads x dims; 16-/32-bit caches keep the 16-wide tile). Reads through NZ equal
+ * ND bit for bit. */
+
+/* lk_reshape_and_cache_flash into caches of any float dtype incl. fp8, ND or NZ (see
+ * "paged caches"; ND also [num_blocks, block_size, D] when H = 1), with k_scale /
+ * v_scale per tensor or per head [H]: k_cache(slot, h, d) = fp8(k[t, h, d] /
+ * k_scale[h]), likewise v. Everything else as lk_reshape_and_cache_flash. */
+LK_API lk_status lk_reshape_and_cache_flash_fp8(const lk_tensor *k, const lk_tensor *v,
+                                                const lk_tensor *k_cache, const lk_tensor *v_cache,
+                                                const lk_tensor *slot_mapping, const lk_tensor *k_scale,
+                                                const lk_tensor *v_scale, lk_kv_layout layout);
+
+/* lk_concat_and_cache_mla whose caches may be fp8 (vLLM's concat_and_cache_mla with
+ * kv_cache_dtype "fp8" and its per-tensor scale [] / [1] or NULL). */
+LK_API lk_status lk_concat_and_cache_mla_fp8(const lk_tensor *kv_c, const lk_tensor *k_pe,
+                                             const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                             const lk_tensor *slot_mapping, lk_kv_layout layout,
+                                             const lk_tensor *scale);
+
+/* lk_gather_cache out of a cache that may be fp8 (vLLM's gather_and_maybe_dequant_cache):
+ * out = f32(q) * scale rounded to out's dtype (f32/f16/bf16); scale per tensor [] / [1]
+ * or NULL. An fp8 out takes a cache of its own dtype only, copied as bits (scale unused;
+ * vLLM's cp_gather_cache on uint8 caches). Everything else as lk_gather_cache. */
+LK_API lk_status lk_gather_cache_fp8(const lk_tensor *out, const lk_tensor *cache,
+                                     const lk_tensor *block_table, const lk_tensor *seq_lens,
+                                     lk_kv_layout layout, const lk_tensor *scale);
+
+/* vLLM's convert_fp8: dst and src of one shape (any rank <= LK_MAX_DIMS, any strides),
+ * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;
+ * src f32/f16/bf16 -> dst fp8 = fp8(x / scale). scale finite and > 0 (LK_ERR_VALUE);
+ * dst must not overlap itself or src. */
+LK_API lk_status lk_convert_fp8(const lk_tensor *dst, const lk_tensor *src, float scale);
 
 /* ---------------------------------------------------------------- flash attention */
 

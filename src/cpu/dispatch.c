@@ -77,6 +77,9 @@ static void fill_ref(lk_kernel_table *r) {
     r->mla_softmax_block = lk_ref_mla_softmax_block;
     r->mla_prefix_prefill = lk_mla_prefill_drive;
     r->mla_decode = lk_ref_mla_decode;
+    /* fp8 caches */
+    r->reshape_and_cache_paged = lk_ref_reshape_and_cache_paged;
+    r->convert_fp8 = lk_ref_convert_fp8;
 }
 
 static void fill_tables(void) {

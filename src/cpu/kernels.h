@@ -16,6 +16,7 @@
 #include "../core/core.h"
 #include "../common/attn_state.h"
 #include "../core/paged.h"
+#include "f8shim.h" /* TEMPORARY */
 
 typedef struct {
     lk_tensor out, x, w; /* out, x: [..., D]; w: [D] */
@@ -149,6 +150,7 @@ typedef struct {
     lk_paged k_pe_cache;    /* entry [Dr]; one buffer: a copy of kv_c_cache */
     int64_t pe_c0;          /* first entry dim of k_pe: Dl (one buffer) or 0 */
     lk_tensor slot_mapping; /* [N <= T] i32/i64, validated: < num_blocks * block_size, no duplicates */
+    float scale;            /* fp8 caches: stored = fp8(x / scale); else unused (1) */
 } lk_mla_cache_args;
 
 /* gather_cache: out[t] = the entry of token j of request b (t = sum(seq_lens[:b]) + j) */
@@ -157,7 +159,25 @@ typedef struct {
     lk_paged cache;        /* entries H x D */
     lk_tensor block_table; /* [B, max_pages] i32, validated for every page read */
     lk_tensor seq_lens;    /* [B] i32, validated in [0, max_pages * block_size] */
+    float scale;           /* fp8 cache, float out: out = f32(q) * scale; else unused (1) */
 } lk_gather_cache_args;
+
+/* ---- fp8 caches (src/ops/kv_cache.c, src/ops/convert_fp8.c) ---- */
+
+/* reshape_and_cache_flash into paged caches (lk_reshape_and_cache_flash_fp8, and the
+ * fp8 caches of the other two entry points): any float cache dtype, ND or NZ */
+typedef struct {
+    lk_tensor k, v;         /* [T, H, Dk], [T, H, Dv] f32/f16/bf16 */
+    lk_paged kc, vc;        /* entries H x Dk, H x Dv */
+    lk_tensor slot_mapping; /* [N <= T], validated: < num_blocks * block_size, no duplicates */
+    lk_scale ks, vs;        /* fp8 cache: stored = fp8(x / scale(0, h)); else unused */
+} lk_cache8_args;
+
+/* convert_fp8: dst = fp8(src / scale) or round(f32(src) * scale); one of them fp8 */
+typedef struct {
+    lk_tensor dst, src; /* same shape, validated */
+    float scale;
+} lk_convert_fp8_args;
 
 /* Shared by the SIMD mla cache kernels (src/cpu/mla_cache_common.c): the copy of one
  * token is, per part (concat: kv_c and k_pe; gather: one), a list of runs, stretches of
@@ -269,6 +289,8 @@ typedef struct {
     lk_status (*act_ext)(const lk_act_ext_args *a);
     lk_status (*block_copy)(const lk_block_copy_args *a);
     lk_status (*mla_decode)(const lk_mla_decode_args *a);
+    lk_status (*reshape_and_cache_paged)(const lk_cache8_args *a); /* fp8 caches */
+    lk_status (*convert_fp8)(const lk_convert_fp8_args *a);         /* fp8 caches */
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -290,6 +312,8 @@ lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
 lk_status lk_ref_act_ext(const lk_act_ext_args *a);
 lk_status lk_ref_block_copy(const lk_block_copy_args *a);
 lk_status lk_ref_mla_decode(const lk_mla_decode_args *a);
+lk_status lk_ref_reshape_and_cache_paged(const lk_cache8_args *a); /* fp8 caches */
+lk_status lk_ref_convert_fp8(const lk_convert_fp8_args *a);         /* fp8 caches */
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

@@ -94,8 +94,8 @@ lk_status lk_swap_blocks(const lk_tensor *src, const lk_tensor *dst, const lk_te
     if (!src || !dst || !block_mapping)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !src ? "src" : !dst ? "dst" : "block_mapping");
     lk_status s;
-    if ((s = lk_check_float(src, "src", 1, LK_MAX_DIMS))) return s;
-    if ((s = lk_check_float(dst, "dst", 1, LK_MAX_DIMS))) return s;
+    if ((s = lk_check_float8(src, "src", 1, LK_MAX_DIMS))) return s;
+    if ((s = lk_check_float8(dst, "dst", 1, LK_MAX_DIMS))) return s;
     if (dst->dtype != src->dtype)
         return lk_fail(LK_ERR_DTYPE, "dst: dtype %s differs from src's %s (blocks are copied as bits)",
                        lk_dtype_name(dst->dtype), lk_dtype_name(src->dtype));
@@ -131,7 +131,7 @@ lk_status lk_copy_blocks(int n, const lk_tensor *caches, const lk_tensor *block_
     int64_t nb = -1;
     for (int c = 0; c < n; c++) {
         snprintf(name, sizeof name, "caches[%d]", c);
-        if ((s = lk_check_float(&caches[c], name, 1, LK_MAX_DIMS))) return s;
+        if ((s = lk_check_float8(&caches[c], name, 1, LK_MAX_DIMS))) return s;
         if (nb < 0 || caches[c].shape[0] < nb) nb = caches[c].shape[0]; /* the mapping must fit every cache */
         if ((s = lk_check_no_self_overlap(&caches[c], name))) return s;
     }

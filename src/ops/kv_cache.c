@@ -16,8 +16,11 @@
  * LK_ERR_NOMEM if it cannot be allocated. Nothing is written on any error.
  *
  * lk_reshape_and_cache_flash_scaled also takes fp8 caches (k_cache[...] = fp8(k / k_scale),
- * likewise v) with finite scales > 0; fp8 caches take the scalar reference kernel on every
- * ISA (the SIMD kernels store 16/32-bit caches only).
+ * likewise v) with finite scales > 0. lk_reshape_and_cache_flash_fp8 takes scale tensors
+ * (per tensor or per head [H]) and ND or NZ caches (src/core/paged.h; an fp8 NZ cache is
+ * tiled 32 wide). Both hand fp8 caches (and every cache of the _fp8 entry) to the paged
+ * kernel (reshape_and_cache_paged: every cache element addressed through lk_paged_off);
+ * 16/32-bit ND caches of the other entries take reshape_and_cache_flash.
  */
 #include <stdlib.h>
 
@@ -178,7 +181,23 @@ static lk_status cache_write(const char *op, const lk_tensor *k, const lk_tensor
     if (s) return s;
     if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
         return LK_OK;
-    if (is_fp8(k_cache->dtype) || is_fp8(v_cache->dtype)) return lk_ref_reshape_and_cache_flash(&a);
+    if (is_fp8(k_cache->dtype) || is_fp8(v_cache->dtype)) { /* the paged kernel on ND views */
+        lk_cache8_args p = {.k = *k, .v = *v, .slot_mapping = *slot_mapping};
+        const lk_tensor *c[2] = {k_cache, v_cache};
+        lk_paged *pc[2] = {&p.kc, &p.vc};
+        for (int i = 0; i < 2; i++) {
+            *pc[i] = (lk_paged){0};
+            pc[i]->data = c[i]->data, pc[i]->dtype = c[i]->dtype, pc[i]->layout = LK_KV_ND;
+            pc[i]->num_blocks = c[i]->shape[0], pc[i]->block_size = c[i]->shape[1];
+            pc[i]->H = c[i]->shape[2], pc[i]->D = c[i]->shape[3];
+            pc[i]->s0 = c[i]->stride[0], pc[i]->s1 = c[i]->stride[1];
+            pc[i]->s2 = c[i]->stride[2], pc[i]->s3 = c[i]->stride[3];
+            lk_paged_drop_unit_strides(pc[i]);
+        }
+        p.ks = (lk_scale){&k_scale, 0, 0};
+        p.vs = (lk_scale){&v_scale, 0, 0};
+        return lk_kernels()->reshape_and_cache_paged(&p);
+    }
     return lk_kernels()->reshape_and_cache_flash(&a);
 }
 
@@ -192,4 +211,69 @@ lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_tensor 
                                             float k_scale, float v_scale) {
     return cache_write("lk_reshape_and_cache_flash_scaled", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
                        1);
+}
+
+/* ---------------------------------------------------------------- fp8 entry (since 0.3) */
+
+static lk_status check_cache8(lk_cache8_args *a, const lk_tensor *kc, const lk_tensor *vc, const lk_tensor *kst,
+                              const lk_tensor *vst, lk_kv_layout layout) {
+    const lk_tensor *k = &a->k, *v = &a->v, *sm = &a->slot_mapping;
+    lk_status s;
+    if ((s = lk_check_float(k, "k", 3, 3))) return s;
+    if ((s = lk_check_float(v, "v", 3, 3))) return s;
+    if ((s = lk_check_index(sm, "slot_mapping", 1, 1))) return s;
+    if (v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1])
+        return lk_fail(LK_ERR_SHAPE, "v: shape %s does not match k %s in [T, H]", lk_shape_str(v),
+                       lk_shape_str(k));
+    if (sm->shape[0] > k->shape[0])
+        return lk_fail(LK_ERR_SHAPE, "slot_mapping: %lld slots for %lld tokens (need N <= T)",
+                       (long long)sm->shape[0], (long long)k->shape[0]);
+    int64_t H = k->shape[1];
+    if ((s = lk_paged_init8(&a->kc, kc, layout, H, k->shape[2], "k_cache"))) return s;
+    if ((s = lk_paged_init8(&a->vc, vc, layout, H, v->shape[2], "v_cache"))) return s;
+    if (a->kc.block_size < 1 && a->kc.num_blocks > 0)
+        return lk_fail(LK_ERR_SHAPE, "k_cache: block_size must be >= 1, shape %s", lk_shape_str(kc));
+    if (a->vc.num_blocks != a->kc.num_blocks || a->vc.block_size != a->kc.block_size)
+        return lk_fail(LK_ERR_SHAPE, "v_cache: shape %s does not match k_cache %s in num_blocks and block_size",
+                       lk_shape_str(vc), lk_shape_str(kc));
+    if ((s = lk_scale_init(&a->ks, kst, -1, H, "k_scale"))) return s;
+    if ((s = lk_scale_init(&a->vs, vst, -1, H, "v_scale"))) return s;
+    if ((s = lk_check_no_self_overlap(kc, "k_cache"))) return s;
+    if ((s = lk_check_no_self_overlap(vc, "v_cache"))) return s;
+    if ((s = lk_check_disjoint(kc, "k_cache", vc, "v_cache"))) return s;
+    const lk_tensor *in[3] = {k, v, sm};
+    const char *inn[3] = {"k", "v", "slot_mapping"};
+    for (int i = 0; i < 3; i++) {
+        if ((s = lk_check_disjoint(kc, "k_cache", in[i], inn[i]))) return s;
+        if ((s = lk_check_disjoint(vc, "v_cache", in[i], inn[i]))) return s;
+    }
+    for (int i = 0; i < 2; i++) {
+        const lk_tensor *st = i ? vst : kst;
+        if (!st) continue;
+        if ((s = lk_check_disjoint(kc, "k_cache", st, i ? "v_scale" : "k_scale"))) return s;
+        if ((s = lk_check_disjoint(vc, "v_cache", st, i ? "v_scale" : "k_scale"))) return s;
+    }
+    int64_t NB = a->kc.num_blocks, bs = a->kc.block_size;
+    return check_slots(sm, NB * bs, NB, bs);
+}
+
+lk_status lk_reshape_and_cache_flash_fp8(const lk_tensor *k, const lk_tensor *v, const lk_tensor *k_cache,
+                                         const lk_tensor *v_cache, const lk_tensor *slot_mapping,
+                                         const lk_tensor *k_scale, const lk_tensor *v_scale, lk_kv_layout layout) {
+    lk_clear_error();
+    lk_set_op("lk_reshape_and_cache_flash_fp8");
+    if (!k || !v || !k_cache || !v_cache || !slot_mapping)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !k         ? "k"
+                       : !v       ? "v"
+                       : !k_cache ? "k_cache"
+                       : !v_cache ? "v_cache"
+                                  : "slot_mapping");
+    lk_cache8_args a;
+    a.k = *k, a.v = *v, a.slot_mapping = *slot_mapping;
+    lk_status s = check_cache8(&a, k_cache, v_cache, k_scale, v_scale, layout);
+    if (s) return s;
+    if (slot_mapping->shape[0] == 0 || k->shape[1] == 0 || (k->shape[2] == 0 && v->shape[2] == 0))
+        return LK_OK;
+    return lk_kernels()->reshape_and_cache_paged(&a);
 }

@@ -17,6 +17,11 @@
  *     fit the block table); sum must equal out's first dim (LK_ERR_SHAPE naming out).
  *   block_table: entries of pages that are read must be in [0, num_blocks)
  *     (LK_ERR_INDEX); entries past a request's last page are not looked at.
+ *
+ * The _fp8 entry points (since 0.3) also take fp8 caches (src/core/paged.h:
+ * lk_paged_init8, NZ tiles 32 wide) and a per-tensor scale: concat stores
+ * fp8(x / scale), gather reads f32(q) * scale; a gather into an fp8 out copies bits out
+ * of a cache of the same dtype.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -60,8 +65,14 @@ static lk_status check_slots(const lk_tensor *sm, int64_t num_slots) {
     return LK_OK;
 }
 
+/* fp8: the caches may be fp8 (lk_paged_init8) */
+static lk_status paged_init(int fp8, lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H, int64_t D,
+                            const char *name) {
+    return fp8 ? lk_paged_init8(pc, t, layout, H, D, name) : lk_paged_init(pc, t, layout, H, D, name);
+}
+
 static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
-                           const lk_tensor *k_pe_cache, lk_kv_layout layout) {
+                           const lk_tensor *k_pe_cache, lk_kv_layout layout, int fp8) {
     lk_status s;
     if ((s = lk_check_float(&a->kv_c, "kv_c", 2, 2))) return s;
     if ((s = lk_check_float(&a->k_pe, "k_pe", 2, 2))) return s;
@@ -74,8 +85,8 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
                        (long long)a->slot_mapping.shape[0], (long long)a->kv_c.shape[0]);
     int64_t Dl = a->kv_c.shape[1], Dr = a->k_pe.shape[1];
     if (k_pe_cache) {
-        if ((s = lk_paged_init(&a->kv_c_cache, kv_c_cache, layout, 1, Dl, "kv_c_cache"))) return s;
-        if ((s = lk_paged_init(&a->k_pe_cache, k_pe_cache, layout, 1, Dr, "k_pe_cache"))) return s;
+        if ((s = paged_init(fp8, &a->kv_c_cache, kv_c_cache, layout, 1, Dl, "kv_c_cache"))) return s;
+        if ((s = paged_init(fp8, &a->k_pe_cache, k_pe_cache, layout, 1, Dr, "k_pe_cache"))) return s;
         if (a->k_pe_cache.num_blocks != a->kv_c_cache.num_blocks ||
             a->k_pe_cache.block_size != a->kv_c_cache.block_size)
             return lk_fail(LK_ERR_SHAPE, "k_pe_cache: shape %s: num_blocks and block_size must match kv_c_cache %s",
@@ -83,7 +94,7 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
         a->pe_c0 = 0;
     } else {
         if (Dl > INT64_MAX - Dr) return lk_fail(LK_ERR_OVERFLOW, "k_pe: Dl + Dr overflows int64");
-        if ((s = lk_paged_init(&a->kv_c_cache, kv_c_cache, layout, 1, Dl + Dr, "kv_c_cache"))) return s;
+        if ((s = paged_init(fp8, &a->kv_c_cache, kv_c_cache, layout, 1, Dl + Dr, "kv_c_cache"))) return s;
         a->k_pe_cache = a->kv_c_cache;
         a->pe_c0 = Dl;
     }
@@ -100,11 +111,11 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
     return check_slots(&a->slot_mapping, lk_paged_slots(&a->kv_c_cache));
 }
 
-lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
-                                  const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
-                                  const lk_tensor *slot_mapping, lk_kv_layout layout) {
+static lk_status concat(const char *op, const lk_tensor *kv_c, const lk_tensor *k_pe, const lk_tensor *kv_c_cache,
+                        const lk_tensor *k_pe_cache, const lk_tensor *slot_mapping, lk_kv_layout layout, int fp8,
+                        const lk_tensor *scale) {
     lk_clear_error();
-    lk_set_op("lk_concat_and_cache_mla");
+    lk_set_op(op);
     if (!kv_c || !k_pe || !kv_c_cache || !slot_mapping)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
                        !kv_c ? "kv_c" : !k_pe ? "k_pe" : !kv_c_cache ? "kv_c_cache" : "slot_mapping");
@@ -112,10 +123,31 @@ lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe,
     a.kv_c = *kv_c;
     a.k_pe = *k_pe;
     a.slot_mapping = *slot_mapping;
-    lk_status s = check_mla(&a, kv_c_cache, k_pe_cache, layout);
+    lk_status s = check_mla(&a, kv_c_cache, k_pe_cache, layout, fp8);
     if (s) return s;
+    lk_scale sc = {0};
+    if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
+    if (scale) {
+        const lk_tensor *caches[2] = {kv_c_cache, k_pe_cache};
+        const char *cn[2] = {"kv_c_cache", "k_pe_cache"};
+        for (int i = 0; i < 2 && caches[i]; i++)
+            if ((s = lk_check_disjoint(caches[i], cn[i], scale, "scale"))) return s;
+    }
+    a.scale = lk_scale_at(&sc, 0, 0);
     if (a.slot_mapping.shape[0] == 0 || a.kv_c.shape[1] + a.k_pe.shape[1] == 0) return LK_OK;
     return lk_kernels()->concat_and_cache_mla(&a);
+}
+
+lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe, const lk_tensor *kv_c_cache,
+                                  const lk_tensor *k_pe_cache, const lk_tensor *slot_mapping, lk_kv_layout layout) {
+    return concat("lk_concat_and_cache_mla", kv_c, k_pe, kv_c_cache, k_pe_cache, slot_mapping, layout, 0, NULL);
+}
+
+lk_status lk_concat_and_cache_mla_fp8(const lk_tensor *kv_c, const lk_tensor *k_pe, const lk_tensor *kv_c_cache,
+                                      const lk_tensor *k_pe_cache, const lk_tensor *slot_mapping, lk_kv_layout layout,
+                                      const lk_tensor *scale) {
+    return concat("lk_concat_and_cache_mla_fp8", kv_c, k_pe, kv_c_cache, k_pe_cache, slot_mapping, layout, 1,
+                  scale);
 }
 
 /* ---------------------------------------------------------------- gather_cache */
@@ -130,10 +162,13 @@ static int64_t stride_mul(int64_t a, int64_t b) {
 /* entry shape (H, D) of the cache as out sees it, and out / an ND cache as views of
  * that shape: out [S, C] -> [S, H, D]; ND cache [nb, bs, C] -> [nb, bs, H, D] */
 static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layout, int64_t *H,
-                             int64_t *D) {
+                             int64_t *D, int fp8) {
     lk_status s;
-    if ((s = lk_check_float(out, "out", 2, 3))) return s;
-    if ((s = lk_check_float(cache, "cache", 3, 4))) return s;
+    if ((s = (fp8 ? lk_check_float8 : lk_check_float)(out, "out", 2, 3))) return s;
+    if ((s = (fp8 ? lk_check_float8 : lk_check_float)(cache, "cache", 3, 4))) return s;
+    if (lk_is_fp8(out->dtype) && out->dtype != cache->dtype)
+        return lk_fail(LK_ERR_DTYPE, "out: dtype %s needs a cache of the same dtype (bit copy), cache is %s",
+                       lk_dtype_name(out->dtype), lk_dtype_name(cache->dtype));
     int64_t C;
     if (out->ndim == 3) *H = out->shape[1], *D = out->shape[2], C = *H * *D;
     else if (layout == LK_KV_ND && cache->ndim == 4) {
@@ -160,12 +195,12 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
     return LK_OK;
 }
 
-static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout) {
+static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout, int fp8) {
     lk_status s;
-    int64_t H, D;
+    int64_t H = 0, D = 0;
     lk_tensor out_user = a->out;
-    if ((s = entry_views(&a->out, &cache, layout, &H, &D))) return s;
-    if ((s = lk_paged_init(&a->cache, &cache, layout, H, D, "cache"))) return s;
+    if ((s = entry_views(&a->out, &cache, layout, &H, &D, fp8))) return s;
+    if ((s = paged_init(fp8, &a->cache, &cache, layout, H, D, "cache"))) return s;
     const lk_tensor *bt = &a->block_table, *sl = &a->seq_lens;
     if ((s = lk_check_view(bt, "block_table", 2, 2))) return s;
     if (bt->dtype != LK_I32)
@@ -207,10 +242,10 @@ static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_la
     return LK_OK;
 }
 
-lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
-                          const lk_tensor *seq_lens, lk_kv_layout layout) {
+static lk_status gather(const char *op, const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
+                        const lk_tensor *seq_lens, lk_kv_layout layout, int fp8, const lk_tensor *scale) {
     lk_clear_error();
-    lk_set_op("lk_gather_cache");
+    lk_set_op(op);
     if (!out || !cache || !block_table || !seq_lens)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
                        !out ? "out" : !cache ? "cache" : !block_table ? "block_table" : "seq_lens");
@@ -218,8 +253,22 @@ lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk
     a.out = *out;
     a.block_table = *block_table;
     a.seq_lens = *seq_lens;
-    lk_status s = check_gather(&a, *cache, layout);
+    lk_status s = check_gather(&a, *cache, layout, fp8);
     if (s) return s;
+    lk_scale sc = {0};
+    if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
+    if (scale && (s = lk_check_disjoint(out, "out", scale, "scale"))) return s;
+    a.scale = lk_scale_at(&sc, 0, 0);
     if (lk_numel(&a.out) == 0) return LK_OK;
     return lk_kernels()->gather_cache(&a);
+}
+
+lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
+                          const lk_tensor *seq_lens, lk_kv_layout layout) {
+    return gather("lk_gather_cache", out, cache, block_table, seq_lens, layout, 0, NULL);
+}
+
+lk_status lk_gather_cache_fp8(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
+                              const lk_tensor *seq_lens, lk_kv_layout layout, const lk_tensor *scale) {
+    return gather("lk_gather_cache_fp8", out, cache, block_table, seq_lens, layout, 1, scale);
 }

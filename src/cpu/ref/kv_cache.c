@@ -45,3 +45,42 @@ lk_status lk_ref_reshape_and_cache_flash(const lk_cache_args *a) {
     }
     return LK_OK;
 }
+
+/* ---------------------------------------------------------------- paged caches (fp8)
+ *
+ *   cache(slot / bs, slot % bs, h, d) = fp8(x[t, h, d] / scale(h))   fp8 cache
+ *                                     = round(x[t, h, d])            other dtypes
+ *
+ * for k and v alike; every cache element addressed through lk_paged_off (ND or NZ, any
+ * strides), so NZ and ND hold the same values bit for bit. */
+
+/* entry (page, o) of pc = src[t, :, :] */
+static void put_token(const lk_paged *pc, const lk_tensor *src, const lk_scale *sc, int64_t t, int64_t page,
+                      int64_t o) {
+    int64_t H = src->shape[1], D = src->shape[2];
+    if (D == 0) return; /* strides of an empty k / v were never validated */
+    size_t es = lk_dtype_size(pc->dtype);
+    int fp8 = pc->dtype == LK_F8E4M3 || pc->dtype == LK_F8E5M2;
+    for (int64_t h = 0; h < H; h++) {
+        float scale = lk_scale_at(sc, 0, h);
+        for (int64_t d = 0; d < D; d++) {
+            int64_t co = lk_paged_off(pc, page, o, h, d); // cache element
+            int64_t so = t * src->stride[0] + h * src->stride[1] + d * src->stride[2];
+            if (src->dtype == pc->dtype) memcpy((char *)pc->data + co * (int64_t)es, lk_at(src, so), es);
+            else if (fp8) lk_store_f(pc->data, pc->dtype, co, lk_load_f(src->data, src->dtype, so) / scale);
+            else lk_store_f(pc->data, pc->dtype, co, lk_load_f(src->data, src->dtype, so));
+        }
+    }
+}
+
+lk_status lk_ref_reshape_and_cache_paged(const lk_cache8_args *a) {
+    const lk_tensor *sm = &a->slot_mapping; // [N]
+    int64_t N = sm->shape[0], bs = a->kc.block_size;
+    for (int64_t t = 0; t < N; t++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
+        if (slot < 0) continue; /* padding */
+        put_token(&a->kc, &a->k, &a->ks, t, slot / bs, slot % bs);
+        put_token(&a->vc, &a->v, &a->vs, t, slot / bs, slot % bs);
+    }
+    return LK_OK;
+}

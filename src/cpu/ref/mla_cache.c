@@ -10,28 +10,34 @@
  *
  * Every cache element is addressed through lk_paged_off, so ND and NZ (and any strides)
  * take the same loops. round() is the one conversion to the destination dtype; same
- * dtype is a bit copy (NaN payloads kept). No threads.
+ * dtype is a bit copy (NaN payloads kept). fp8 caches (since 0.3): concat stores
+ * fp8(x / scale), gather reads f32(q) * scale (one f32 operation, then the rounding).
+ * The SIMD kernels hand every call with an fp8 cache to these loops. No threads.
  */
 #include <string.h>
 
 #include "../../core/half.h"
 #include "../kernels.h"
 
-/* dst[doff] = round(src[soff]) */
+static inline int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* dst[doff] = round(src[soff]); into fp8: fp8(src / scale); out of fp8: round(src * scale) */
 static inline void copy_elem(void *dst, lk_dtype dt, int64_t doff, const void *src, lk_dtype st,
-                             int64_t soff) {
+                             int64_t soff, float scale) {
     size_t es = lk_dtype_size(dt);
     if (dt == st) memcpy((char *)dst + doff * (int64_t)es, (const char *)src + soff * (int64_t)es, es);
+    else if (is_fp8(dt)) lk_store_f(dst, dt, doff, lk_load_f(src, st, soff) / scale);
+    else if (is_fp8(st)) lk_store_f(dst, dt, doff, lk_load_f(src, st, soff) * scale);
     else lk_store_f(dst, dt, doff, lk_load_f(src, st, soff));
 }
 
 /* row t of src [T, n] into dims [c0, c0 + n) of the H = 1 entry (page, s) of pc */
 static void write_entry(const lk_paged *pc, int64_t page, int64_t s, int64_t c0,
-                        const lk_tensor *src, int64_t t) {
+                        const lk_tensor *src, int64_t t, float scale) {
     int64_t n = src->shape[1];
     for (int64_t d = 0; d < n; d++)
         copy_elem(pc->data, pc->dtype, lk_paged_off(pc, page, s, 0, c0 + d), src->data, src->dtype,
-                  t * src->stride[0] + d * src->stride[1]);
+                  t * src->stride[0] + d * src->stride[1], scale);
 }
 
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a) {
@@ -40,8 +46,8 @@ lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a) {
     for (int64_t t = 0; t < N; t++) {
         int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
         if (slot < 0) continue; /* padding token */
-        write_entry(&a->kv_c_cache, slot / bs, slot % bs, 0, &a->kv_c, t);          // kv_c [T, Dl]
-        write_entry(&a->k_pe_cache, slot / bs, slot % bs, a->pe_c0, &a->k_pe, t);   // k_pe [T, Dr]
+        write_entry(&a->kv_c_cache, slot / bs, slot % bs, 0, &a->kv_c, t, a->scale);        // kv_c [T, Dl]
+        write_entry(&a->k_pe_cache, slot / bs, slot % bs, a->pe_c0, &a->k_pe, t, a->scale); // k_pe [T, Dr]
     }
     return LK_OK;
 }
@@ -61,7 +67,7 @@ lk_status lk_ref_gather_cache(const lk_gather_cache_args *a) {
                 for (int64_t d = 0; d < pc->D; d++)
                     copy_elem(out->data, out->dtype,
                               t * out->stride[0] + h * out->stride[1] + d * out->stride[2], pc->data,
-                              pc->dtype, lk_paged_off(pc, page, s, h, d));
+                              pc->dtype, lk_paged_off(pc, page, s, h, d), a->scale);
         }
     }
     return LK_OK;

@@ -97,4 +97,82 @@ static lk_status reshape_and_cache_flash(const lk_cache_args *a) {
     return LK_OK;
 }
 
-void LKV_FN(register_kv_cache)(lk_kernel_table *t) { t->reshape_and_cache_flash = reshape_and_cache_flash; }
+/* ---------------------------------------------------------------- paged caches (fp8)
+ *
+ * reshape_and_cache_paged (formula in ref/kv_cache.c): sources with last-dim stride 1
+ * (or D <= 1) and caches with unit element stride s3 (or one element per run); others go
+ * to the reference. Per token and head, the entry is written in runs where both sides
+ * advance by one element: a whole head in ND, the rest of a tile row in NZ (16 wide, 32
+ * for 1-byte caches). A run into an fp8 cache is W lanes loaded as f32, divided by the
+ * head's scale (IEEE division, as the reference) and stored through lkv_store (round to
+ * nearest even, saturating: bit-identical to src/core/fp8.h); same dtype is a byte copy;
+ * else one rounding. Work split: tokens over threads as above (distinct slots). */
+
+/* d[0, n) = fp8(s[0, n) / scale) into an fp8 dt, else round(s[0, n)) */
+static inline void put_run(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, float scale) {
+    if (dt != LK_F8E4M3 && dt != LK_F8E5M2) {
+        copy_row(d, dt, s, st, n, 0);
+        return;
+    }
+    int64_t ses = lk_esize(st), i = 0;
+    lkv_f32 r = lkv_set1(scale);
+    for (; i + 2 * LKV_W <= n; i += 2 * LKV_W) {
+        lkv_f32 a = lkv_div(lkv_load(s + i * ses, st), r), b = lkv_div(lkv_load(s + (i + LKV_W) * ses, st), r);
+        lkv_store(d + i, dt, a);
+        lkv_store(d + i + LKV_W, dt, b);
+    }
+    for (; i + LKV_W <= n; i += LKV_W) lkv_store(d + i, dt, lkv_div(lkv_load(s + i * ses, st), r));
+    if (i < n) lkv_store_part(d + i, dt, lkv_div(lkv_load_part(s + i * ses, st, n - i), r), n - i);
+}
+
+/* entry (page, o) of pc = src[t, :, :] */
+static inline void put_token(const lk_paged *pc, const lk_tensor *src, const lk_scale *sc, int64_t t, int64_t page,
+                             int64_t o) {
+    int64_t H = src->shape[1], D = src->shape[2], ces = lk_esize(pc->dtype), ses = lk_esize(src->dtype);
+    if (D == 0) return; /* strides of an empty k / v were never validated */
+    int nz = pc->layout == LK_KV_NZ;
+    for (int64_t h = 0; h < H; h++) {
+        float scale = lk_scale_at(sc, 0, h);
+        const char *s = (const char *)src->data + (t * src->stride[0] + h * src->stride[1]) * ses; // [D]
+        for (int64_t d = 0, n; d < D; d += n) {
+            int64_t c = h * pc->D + d;
+            n = nz ? PTILE(pc) - c % PTILE(pc) : D - d;
+            if (n > D - d) n = D - d;
+            put_run((char *)pc->data + lk_paged_off(pc, page, o, h, d) * ces, pc->dtype, s + d * ses, src->dtype, n,
+                    scale);
+        }
+    }
+}
+
+static void paged_tokens(void *ctx, int64_t t0, int64_t t1) {
+    const lk_cache8_args *a = ctx;
+    const lk_tensor *sm = &a->slot_mapping; // [N]
+    int64_t bs = a->kc.block_size;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
+        if (slot < 0) continue; /* padding */
+        put_token(&a->kc, &a->k, &a->ks, t, slot / bs, slot % bs);
+        put_token(&a->vc, &a->v, &a->vs, t, slot / bs, slot % bs);
+    }
+}
+
+/* runs of pc are unit-stride (s3 == 1), or every run is one element */
+static int unit_runs(const lk_paged *pc) {
+    int64_t run = pc->layout == LK_KV_NZ ? (PTILE(pc) < pc->D ? PTILE(pc) : pc->D) : pc->D;
+    return pc->s3 == 1 || run <= 1;
+}
+
+static lk_status reshape_and_cache_paged(const lk_cache8_args *a) {
+    if (!unit_last(&a->k) || !unit_last(&a->v) || !unit_runs(&a->kc) || !unit_runs(&a->vc))
+        return lk_ref_reshape_and_cache_paged(a);
+    int64_t N = a->slot_mapping.shape[0], H = a->k.shape[1], Dk = a->k.shape[2], Dv = a->v.shape[2];
+    int64_t bytes = H * (Dk * (lk_esize(a->kc.dtype) + lk_esize(a->k.dtype)) +
+                         Dv * (lk_esize(a->vc.dtype) + lk_esize(a->v.dtype))); /* per token */
+    lk_parallel_for(N, bytes, paged_tokens, (void *)a);
+    return LK_OK;
+}
+
+void LKV_FN(register_kv_cache)(lk_kernel_table *t) {
+    t->reshape_and_cache_flash = reshape_and_cache_flash;
+    t->reshape_and_cache_paged = reshape_and_cache_paged;
+}

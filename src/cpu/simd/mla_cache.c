@@ -11,7 +11,8 @@
  * in mla_cache_common.c; this file copies one group's runs: same dtype = vector moves
  * (bit copy), else W lanes converted through f32 with one rounding (lkv.h,
  * bit-identical to half.h). Large outputs use non-temporal stores
- * where the destination is aligned.
+ * where the destination is aligned. Calls with an fp8 cache (since 0.3) take the
+ * reference kernels.
  */
 #include <string.h>
 
@@ -128,15 +129,17 @@ static void copy_runs(const lk_copy_group *g) {
     if (g->fence) lkv_sfence();
 }
 
+static inline int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
 static lk_status concat_and_cache_mla(const lk_mla_cache_args *a) {
-    if (a->kv_c.stride[1] != 1 || a->k_pe.stride[1] != 1 || a->kv_c_cache.s3 != 1 ||
+    if (is_fp8(a->kv_c_cache.dtype) || is_fp8(a->k_pe_cache.dtype) || a->kv_c.stride[1] != 1 || a->k_pe.stride[1] != 1 || a->kv_c_cache.s3 != 1 ||
         a->k_pe_cache.s3 != 1)
         return lk_ref_concat_and_cache_mla(a);
     return lk_mla_cache_drive(a, copy_runs);
 }
 
 static lk_status gather_cache(const lk_gather_cache_args *a) {
-    if (a->out.stride[2] != 1 || a->cache.s3 != 1) return lk_ref_gather_cache(a);
+    if (is_fp8(a->cache.dtype) || a->out.stride[2] != 1 || a->cache.s3 != 1) return lk_ref_gather_cache(a);
     return lk_gather_cache_drive(a, copy_runs);
 }
 
