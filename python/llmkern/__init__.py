@@ -33,6 +33,7 @@ from .ops import (
 )
 from .ops import copy_blocks, copy_blocks_mla, swap_blocks  # noqa: E402  (cache management)
 from .ops import flash_attn_with_kvcache  # noqa: E402
+from .ops import convert_fp8, cp_gather_cache, gather_and_maybe_dequant_cache  # noqa: E402  (fp8 caches)
 from .ops import (  # vLLM's other activations
     fatrelu_and_mul,
     gelu_and_mul,
@@ -54,4 +55,5 @@ __all__ = [
     "gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast",
     "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla", "flash_attn_with_kvcache",
     "flash_mla_with_kvcache", "get_mla_metadata",
+    "convert_fp8", "cp_gather_cache", "gather_and_maybe_dequant_cache",  # fp8 caches
 ]

@@ -159,6 +159,11 @@ concat_and_cache_mla = cfunc("lk_concat_and_cache_mla", [_T, _T, _T, _T, _T, _i]
 gather_cache = cfunc("lk_gather_cache", [_T, _T, _T, _T, _i])
 swap_blocks = cfunc("lk_swap_blocks", [_T, _T, _T])
 copy_blocks = cfunc("lk_copy_blocks", [_i, ctypes.c_char_p, _T])
+# fp8 caches (since 0.3)
+reshape_and_cache_flash_fp8 = cfunc("lk_reshape_and_cache_flash_fp8", [_T, _T, _T, _T, _T, _T, _T, _i])
+concat_and_cache_mla_fp8 = cfunc("lk_concat_and_cache_mla_fp8", [_T, _T, _T, _T, _T, _i, _T])
+gather_cache_fp8 = cfunc("lk_gather_cache_fp8", [_T, _T, _T, _T, _i, _T])
+convert_fp8 = cfunc("lk_convert_fp8", [_T, _T, _f])
 flash_attn_varlen = cfunc("lk_flash_attn_varlen", [_T] * 9 + [ctypes.c_char_p])
 mla_prefix_prefill = cfunc("lk_mla_prefix_prefill", [_T] * 10 + [ctypes.c_char_p])
 mla_last_trace = cfunc("lk_mla_last_trace", [], ctypes.c_char_p)
@@ -381,6 +386,21 @@ def fp8_out_view(x, name, dt):
     """out_view() of an fp8 cache of lk dtype dt: a uint8 buffer (as vLLM allocates fp8
     caches) is viewed as dt; an fp8-typed array or tensor must be of dtype dt."""
     _writable(x, name)
+    return fp8_view(x, name, dt)
+
+
+def is_fp8_buffer(x):
+    """A uint8 buffer or an fp8-typed array / tensor (ml_dtypes, torch.float8_*)."""
+    if x is None:
+        return False
+    if _is_uint8(x):
+        return True
+    name = str(getattr(x, "dtype", ""))
+    return "float8_e4m3fn" in name or "float8_e5m2" in name
+
+
+def fp8_view(x, name, dt):
+    """view() of an fp8 cache read or written: uint8 viewed as dt, fp8-typed of dtype dt."""
     if _is_uint8(x):
         if isinstance(x, np.ndarray):
             return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides

@@ -204,34 +204,46 @@ def _layout(layout):
 _FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
 
 
-def _scalar_scale(scale, name):
-    """A per-tensor scale (a Python number or a one-element array / tensor) as a float."""
+def _scale_arg(scale, name, required=True):
+    """A scale as (keep-alive object, packed f32 view): a Python number becomes a 0-d f32
+    array; arrays / tensors ([], [1], per head [H]) go to C as they are, which checks
+    their dtype (f32), shape and values (finite, > 0). None: NULL (1) unless required."""
     if scale is None:
-        raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        if required:
+            raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        return None, None
     if isinstance(scale, (int, float)):
-        return float(scale)
-    shape = tuple(getattr(scale, "shape", ()))
-    if int(np.prod(shape)) != 1:
-        raise ValueError("%s: shape %s, expected one element (per-head fp8 scales are not "
-                         "supported yet)" % (name, shape))
-    return float(scale.reshape(-1)[0])
+        scale = np.array(scale, np.float32)
+    return scale, _view(scale, name)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                            k_scale=None, v_scale=None):
+                            k_scale=None, v_scale=None, layout="ND"):
     """key, value [T, H, D] -> key_cache, value_cache [num_blocks, block_size, H, D] at
     slot_mapping [N <= T] (slot < 0 skipped). kv_cache_dtype 'auto': the cache is in
     its own dtype and k_scale / v_scale (scalars or per-head [H]) are ignored, as in vLLM.
     'fp8' / 'fp8_e4m3' / 'fp8_e5m2': the caches are uint8 buffers (as vLLM allocates
     them) or float8_e4m3fn / float8_e5m2 arrays, each element stored as
-    fp8(x / scale) with per-tensor k_scale / v_scale (saturated to the finite range)."""
-    if kv_cache_dtype in _FP8_KV:
-        dt = _FP8_KV[kv_cache_dtype]
-        ks, vs = _scalar_scale(k_scale, "k_scale"), _scalar_scale(v_scale, "v_scale")
-        s = L.reshape_and_cache_flash_scaled(_view(key, "key"), _view(value, "value"),
-                                             L.fp8_out_view(key_cache, "key_cache", dt),
-                                             L.fp8_out_view(value_cache, "value_cache", dt),
-                                             _view(slot_mapping, "slot_mapping"), ks, vs)
+    fp8(x / scale) with k_scale / v_scale per tensor (numbers, [] or [1] f32) or per head
+    ([H] f32), saturated to the finite range. layout 'NZ' (fp8 caches, and 'auto' as
+    well): physical [num_blocks, H*D/32, block_size, 32] for fp8 (16 wide otherwise)."""
+    if kv_cache_dtype in _FP8_KV or layout != "ND":
+        if kv_cache_dtype in _FP8_KV:
+            dt = _FP8_KV[kv_cache_dtype]
+            ks, ksv = _scale_arg(k_scale, "k_scale")
+            vs, vsv = _scale_arg(v_scale, "v_scale")
+            kc, vc = L.fp8_out_view(key_cache, "key_cache", dt), L.fp8_out_view(value_cache, "value_cache", dt)
+        elif kv_cache_dtype == "auto":
+            heads = key.shape[1] if len(key.shape) == 3 else None
+            _check_scale(k_scale, "k_scale", heads)
+            _check_scale(v_scale, "v_scale", heads)
+            ksv = vsv = None
+            kc, vc = _out(key_cache, "key_cache"), _out(value_cache, "value_cache")
+        else:
+            raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                                      % (kv_cache_dtype,))
+        s = L.reshape_and_cache_flash_fp8(_view(key, "key"), _view(value, "value"), kc, vc,
+                                          _view(slot_mapping, "slot_mapping"), ksv, vsv, _layout(layout))
         if s:
             _raise(s)
         return
@@ -252,7 +264,19 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                          layout="ND", k_pe_cache=None):
     """MLA latent cache write: kv_c [T, Dl] and k_pe [T, Dr] -> kv_cache, one buffer
     ND [num_blocks, block_size, Dl + Dr] or NZ physical [num_blocks, (Dl + Dr)/16,
-    block_size, 16]. With k_pe_cache given, kv_cache holds only the latent part."""
+    block_size, 16]. With k_pe_cache given, kv_cache holds only the latent part.
+    kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2': uint8 or float8 caches (NZ tile 32
+    wide), each element fp8(x / scale), scale a number or an f32 [] / [1] tensor."""
+    if kv_cache_dtype in _FP8_KV:
+        dt = _FP8_KV[kv_cache_dtype]
+        keep, sv = _scale_arg(scale, "scale")
+        kpc = None if k_pe_cache is None else L.fp8_out_view(k_pe_cache, "k_pe_cache", dt)
+        s = L.concat_and_cache_mla_fp8(_view(kv_c, "kv_c"), _view(k_pe, "k_pe"),
+                                       L.fp8_out_view(kv_cache, "kv_cache", dt), kpc,
+                                       _view(slot_mapping, "slot_mapping"), _layout(layout), sv)
+        if s:
+            _raise(s)
+        return
     _check_auto(kv_cache_dtype)
     _check_scale(scale, "scale")
     s = L.concat_and_cache_mla(_view(kv_c, "kv_c"), _view(k_pe, "k_pe"), _out(kv_cache, "kv_cache"),
@@ -273,30 +297,106 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
                  layout="ND"):
     """vLLM's gather_cache: request b's first cu_seq_lens[b+1] - cu_seq_lens[b] tokens,
     read through block_table[b], go to dst[cu_seq_lens[b]:cu_seq_lens[b+1]]."""
+    cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout)
+
+
+def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale):
     if seq_starts is not None:
         raise NotImplementedError("seq_starts: gathering from an offset into each request is "
                                   "not supported by lk_gather_cache")
     cu = _to_numpy(cu_seq_lens)[:batch_size + 1]
     seq_lens = np.ascontiguousarray(np.diff(cu), dtype=np.int32)
     first, last = (int(cu[0]), int(cu[-1])) if len(cu) else (0, 0)
-    s = L.gather_cache(_out(dst[first:last], "dst"), _view(src_cache, "src_cache"),
-                       _view(block_table[:batch_size], "block_table"),
-                       _view(seq_lens, "seq_lens"), _layout(layout))
+    out = dst[first:last]
+    if kv_cache_dtype in _FP8_KV:
+        dt = _FP8_KV[kv_cache_dtype]
+        keep, sv = _scale_arg(scale, "scale", required=False)
+        ov = L.fp8_out_view(out, "dst", dt) if L.is_fp8_buffer(out) else _out(out, "dst")
+        s = L.gather_cache_fp8(ov, L.fp8_view(src_cache, "src_cache", dt),
+                               _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens"),
+                               _layout(layout), sv)
+    elif kv_cache_dtype == "auto":
+        _check_scale(scale, "scale")
+        s = L.gather_cache(_out(out, "dst"), _view(src_cache, "src_cache"),
+                           _view(block_table[:batch_size], "block_table"),
+                           _view(seq_lens, "seq_lens"), _layout(layout))
+    else:
+        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                                  % (kv_cache_dtype,))
     if s:
         _raise(s)
 
 
+def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype,
+                                   scale, seq_starts=None, *rest, layout="ND"):
+    """vLLM's gather_and_maybe_dequant_cache: request b's tokens (cu_seq_lens[b + 1] -
+    cu_seq_lens[b] of them, read through block_table[b]) go to dst[cu_seq_lens[b]:
+    cu_seq_lens[b + 1]], dequantized as f32(q) * scale with an fp8 kv_cache_dtype (src_cache
+    uint8 or float8, scale [] / [1] f32 or a number). Both of vLLM's signatures:
+    (..., cu_seq_lens, batch_size, kv_cache_dtype, scale, seq_starts) and
+    (..., cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts)."""
+    if not isinstance(batch_size, (int, np.integer)):  # token_to_seq, num_tokens, ...
+        batch_size, kv_cache_dtype, scale, seq_starts = (len(_to_numpy(cu_seq_lens)) - 1, scale, seq_starts,
+                                                         rest[0] if rest else None)
+    _gather(src_cache, dst, block_table, cu_seq_lens, int(batch_size), seq_starts, layout, kv_cache_dtype, scale)
+
+
+def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None, layout="ND"):
+    """vLLM's cp_gather_cache: gather_cache as a plain copy (uint8 fp8 caches: bytes)."""
+    if L.is_fp8_buffer(src_cache) and L.is_fp8_buffer(dst):
+        kv = "fp8_e5m2" if "e5m2" in str(getattr(src_cache, "dtype", "")) else "fp8"
+        _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv, None)
+    else:
+        _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, "auto", None)
+
+
+def convert_fp8(output, input, scale=1.0, kv_dtype="fp8"):
+    """vLLM's convert_fp8: the fp8 side (uint8 buffer or float8 array / tensor) is
+    dequantized into a f32/f16/bf16 output (output = f32(q) * scale) or quantized from a
+    float input (output = fp8(x / scale)), element by element over one shape.
+    kv_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' names the fp8 format of uint8 buffers;
+    'auto' copies between two float tensors (one rounding)."""
+    if kv_dtype == "auto":
+        if L.is_fp8_buffer(output) or L.is_fp8_buffer(input):
+            raise ValueError("kv_dtype='auto': both tensors must be f32/f16/bf16")
+        if tuple(output.shape) != tuple(input.shape):
+            raise ValueError("output: shape %s, input %s" % (tuple(output.shape), tuple(input.shape)))
+        _copy_into(output, input)
+        return
+    if kv_dtype not in _FP8_KV:
+        raise NotImplementedError("kv_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_dtype,))
+    dt = _FP8_KV[kv_dtype]
+    if L.is_fp8_buffer(input):
+        d, x = _out(output, "output") if not L.is_fp8_buffer(output) else L.fp8_out_view(output, "output", dt), \
+            L.fp8_view(input, "input", dt)
+    else:
+        d, x = L.fp8_out_view(output, "output", dt) if L.is_fp8_buffer(output) else _out(output, "output"), \
+            _view(input, "input")
+    s = L.convert_fp8(d, x, float(scale))
+    if s:
+        _raise(s)
+
+
+def _block_view(x, name, write):
+    """A cache for the block copies: uint8 buffers (vLLM's fp8 caches) as bytes (f8e4m3)."""
+    if L._is_uint8(x):
+        return (L.fp8_out_view if write else L.fp8_view)(x, name, L.F8E4M3)
+    return _out(x, name) if write else _view(x, name)
+
+
 def swap_blocks(src, dst, block_mapping):
     """vLLM's swap_blocks: dst[block_mapping[i, 1]] = src[block_mapping[i, 0]] for every
-    row of block_mapping [N, 2] (int64 or int32); whole blocks (dim 0), bits."""
-    s = L.swap_blocks(_view(src, "src"), _out(dst, "dst"), _view(block_mapping, "block_mapping"))
+    row of block_mapping [N, 2] (int64 or int32); whole blocks (dim 0), bits (fp8 caches:
+    uint8 or float8 buffers, as bytes)."""
+    s = L.swap_blocks(_block_view(src, "src", False), _block_view(dst, "dst", True),
+                      _view(block_mapping, "block_mapping"))
     if s:
         _raise(s)
 
 
 def _caches_array(caches, name):
     caches = list(caches)
-    return len(caches), b"".join(_out(c, "%s[%d]" % (name, i)) for i, c in enumerate(caches))
+    return len(caches), b"".join(_block_view(c, "%s[%d]" % (name, i), True) for i, c in enumerate(caches))
 
 
 def copy_blocks(key_caches, value_caches, block_mapping):
