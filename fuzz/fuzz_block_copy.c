@@ -6,8 +6,36 @@
  * passed twice), block_mapping [N, 2] i32/i64 with injected out-of-range values,
  * duplicate destinations and (copy) destinations that are also sources. The harness
  * re-validates the stored mapping; caches are compared with the ref kernel bit for bit.
+ * Dtypes include e4m3 / e5m2 (fp8 caches are copied as bytes, since 0.3).
  */
 #include "fuzz_common.h"
+
+static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* a cache dtype: f32 / f16 / bf16 / e4m3 / e5m2 */
+static lk_dtype btype(fz_in *in) {
+    static const lk_dtype BT[5] = {LK_F32, LK_F16, LK_BF16, LK_F8E4M3, LK_F8E5M2};
+    return BT[fz_u8(in) % 5];
+}
+
+/* fz_view_new for a cache: its rare retype to fp8 is no error of its own (fp8 caches are
+ * copied too; the input is then just not clean) */
+static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
+    int mf = w->must_fail;
+    const char *why = w->why_fail;
+    int vi = fz_view_new(w, in, name, dt, nd, shape, role);
+    fz_view *v = &w->v[vi];
+    if (v->bad && is_fp8(v->t.dtype) && v->t.dtype != dt && !fz_view_invalid(&v->t))
+        v->bad = 0, w->must_fail = mf, w->why_fail = why, w->clean = 0;
+    return vi;
+}
+
+/* random bytes in an fp8 view (fz_fill fills float views only) */
+static void fill8(fz_world *w, int vi) {
+    if (vi < 0 || !fz_usable(w, vi) || !is_fp8(w->v[vi].t.dtype)) return;
+    int64_t n = fz_numel(&w->v[vi].t);
+    for (int64_t i = 0; i < n; i++) ((unsigned char *)w->v[vi].t.data)[fz_off(&w->v[vi].t, i)] = (unsigned char)fz_next(&w->rng);
+}
 
 typedef struct {
     int copy, src, dst, c1, bm;
@@ -31,9 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t NBs = fz_dim(&in, 6), NBd = a.copy ? NBs : fz_dim(&in, 6);
     int bnd = (int)(fz_u8(&in) % 3); /* dims after dim 0 */
     int64_t shape[4] = {NBs, fz_dim(&in, 4), fz_dim(&in, 3), fz_dim(&in, 9)};
-    lk_dtype st = fz_ftype(&in), dt = st;
+    lk_dtype st = btype(&in), dt = st;
     if (!a.copy && fz_chance(&in, 8)) {
-        dt = fz_ftype(&in);
+        dt = btype(&in);
         if (dt != st) fz_fail_expected(&w, "dst dtype differs from src's");
     }
     int64_t dshape[4] = {NBd, shape[1], shape[2], shape[3]};
@@ -42,17 +70,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_fail_expected(&w, "dst's block dims differ from src's");
     }
     if (a.copy) {
-        a.dst = fz_view_new(&w, &in, "caches[0]", st, 1 + bnd, shape, FZ_OUT);
+        a.dst = view8(&w, &in, "caches[0]", st, 1 + bnd, shape, FZ_OUT);
         if (fz_chance(&in, 8)) {
             a.c1 = fz_view_alias(&w, a.dst, "caches[1]", FZ_OUT); /* one cache twice: overlap */
             w.v[a.c1].inplace_of = -1;
         } else {
             int64_t s1[3] = {NBs, fz_dim(&in, 5), fz_dim(&in, 40)};
-            a.c1 = fz_view_new(&w, &in, "caches[1]", fz_ftype(&in), 1 + (int)(fz_u8(&in) % 3), s1, FZ_OUT);
+            a.c1 = view8(&w, &in, "caches[1]", btype(&in), 1 + (int)(fz_u8(&in) % 3), s1, FZ_OUT);
         }
     } else {
-        a.src = fz_view_new(&w, &in, "src", st, 1 + bnd, shape, FZ_IN);
-        a.dst = fz_view_new(&w, &in, "dst", dt, 1 + bnd, dshape, FZ_OUT);
+        a.src = view8(&w, &in, "src", st, 1 + bnd, shape, FZ_IN);
+        a.dst = view8(&w, &in, "dst", dt, 1 + bnd, dshape, FZ_OUT);
     }
     /* valid: copy: sources in the lower half, distinct destinations in the upper half;
      * swap: any sources, distinct destinations (N clamped so that the pattern exists;
@@ -94,6 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (a.src >= 0) fz_fill(&w, a.src, -4, 4);
     if (a.dst >= 0) fz_fill(&w, a.dst, -4, 4);
     if (a.c1 >= 0) fz_fill(&w, a.c1, -4, 4);
+    fill8(&w, a.src), fill8(&w, a.dst), fill8(&w, a.c1);
     if (fz_chance(&in, 4)) {
         unsigned k = fz_u8(&in) % 3;
         if (k == 0 && !a.copy) a.src = -1;

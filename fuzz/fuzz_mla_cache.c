@@ -7,18 +7,28 @@
  * rejected) with negative / too long values, block_table (i32) entries in and outside
  * [0, num_blocks) for pages that are and are not read, empty caches (block size 0
  * too), out [S, C] or [S, H, D], ND / NZ caches, out rows not matching sum(seq_lens).
- * Results are compared bit for bit.
+ * A third of the inputs call the _fp8 entries instead: caches of any float dtype incl.
+ * e4m3 / e5m2 (NZ tiles 32 wide for them), a scale tensor ([1], [], a wrong length,
+ * NULL; bad values among them), fp8 out of a cache of the same dtype (or another:
+ * rejected). Results are compared bit for bit.
  */
 #include "fuzz_common.h"
 
 typedef struct {
     int gather, layout;
+    int fp8, scale;                     /* the _fp8 entries and their scale (-1: NULL) */
     int kv_c, k_pe, c0, c1, sm;         /* concat */
     int out, cache, table, lens;        /* gather */
 } mla_attrs;
 
 static lk_status call(const fz_world *w, const void *ap) {
     const mla_attrs *a = ap;
+    if (a->fp8 && !a->gather)
+        return lk_concat_and_cache_mla_fp8(fz_t(w, a->kv_c), fz_t(w, a->k_pe), fz_t(w, a->c0), fz_t(w, a->c1),
+                                           fz_t(w, a->sm), (lk_kv_layout)a->layout, fz_t(w, a->scale));
+    if (a->fp8)
+        return lk_gather_cache_fp8(fz_t(w, a->out), fz_t(w, a->cache), fz_t(w, a->table), fz_t(w, a->lens),
+                                   (lk_kv_layout)a->layout, fz_t(w, a->scale));
     if (!a->gather)
         return lk_concat_and_cache_mla(fz_t(w, a->kv_c), fz_t(w, a->k_pe), fz_t(w, a->c0), fz_t(w, a->c1),
                                        fz_t(w, a->sm), (lk_kv_layout)a->layout);
@@ -26,25 +36,76 @@ static lk_status call(const fz_world *w, const void *ap) {
                            (lk_kv_layout)a->layout);
 }
 
+static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+static int g_fp8; /* this input calls an _fp8 entry */
+
+/* fz_view_new; for an argument of an _fp8 entry that takes fp8, its rare retype to fp8
+ * is no error of its own (the op decides; the input is then just not clean) */
+static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
+    int mf = w->must_fail;
+    const char *why = w->why_fail;
+    int vi = fz_view_new(w, in, name, dt, nd, shape, role);
+    fz_view *v = &w->v[vi];
+    if (g_fp8 && v->bad && is_fp8(v->t.dtype) && v->t.dtype != dt && !fz_view_invalid(&v->t))
+        v->bad = 0, w->must_fail = mf, w->why_fail = why, w->clean = 0;
+    return vi;
+}
+
+static int tile_of(lk_dtype dt) { return lk_dtype_size(dt) == 1 ? 32 : 16; }
+
 /* a cache view of `width` entry dims: ND [NB, bs, width] (or [NB, bs, H, width / H]
- * with h4), NZ [NB, width / 16, bs, 16]; a width that NZ cannot hold must be rejected */
+ * with h4), NZ [NB, width / tile, bs, tile] (tile 32 for fp8, else 16); a width that
+ * NZ cannot hold must be rejected */
 static int cache_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nz, int64_t NB,
                       int64_t bs, int64_t H, int64_t width, int h4) {
     if (nz) {
-        if (width % 16) fz_fail_expected(w, "NZ width not a multiple of 16");
-        int64_t s[4] = {NB, width / 16, bs, 16};
-        return fz_view_new(w, in, name, dt, 4, s, FZ_OUT);
+        int64_t t = tile_of(dt);
+        if (width % t) fz_fail_expected(w, "NZ width not a multiple of the tile");
+        int64_t s[4] = {NB, width / t, bs, t};
+        return view8(w, in, name, dt, 4, s, FZ_OUT);
     }
     if (h4) {
         int64_t s[4] = {NB, bs, H, H ? width / H : 0};
-        return fz_view_new(w, in, name, dt, 4, s, FZ_OUT);
+        return view8(w, in, name, dt, 4, s, FZ_OUT);
     }
     int64_t s[3] = {NB, bs, width};
-    return fz_view_new(w, in, name, dt, 3, s, FZ_OUT);
+    return view8(w, in, name, dt, 3, s, FZ_OUT);
+}
+
+/* a cache dtype: float, or (fp8 entries) fp8 as well */
+static lk_dtype cache_type(fz_in *in) {
+    if (g_fp8 && fz_u8(in) & 1) return fz_u8(in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+    return fz_ftype(in);
+}
+
+/* random bytes in the elements of an fp8 view (fz_fill fills float views only) */
+static void fill8(fz_world *w, int vi) {
+    if (vi < 0 || !fz_usable(w, vi) || !is_fp8(w->v[vi].t.dtype)) return;
+    int64_t n = fz_numel(&w->v[vi].t);
+    for (int64_t i = 0; i < n; i++) ((unsigned char *)w->v[vi].t.data)[fz_off(&w->v[vi].t, i)] = (unsigned char)fz_next(&w->rng);
+}
+
+/* the scale of an _fp8 entry: f32 [1] or [] with a value from a list (bad ones too),
+ * a wrong length, or -1 (NULL) */
+static int scale_view(fz_world *w, fz_in *in) {
+    static const float SC[] = {1.0f, 0.03125f, 3.7f, 1e-30f, 1e30f, 0.0f, -1.0f, NAN, INFINITY};
+    unsigned k = fz_u8(in) % 6;
+    if (k == 0) return -1;
+    int64_t n = k == 5 ? 2 : 1;
+    if (n != 1) fz_fail_expected(w, "scale of 2 values");
+    int vi = fz_view_new(w, in, "scale", LK_F32, 1, &n, FZ_IN);
+    if (k == 1 && !w->v[vi].bad) w->v[vi].t.ndim = 0;
+    if (!fz_usable(w, vi)) return vi;
+    for (int64_t i = 0; i < n; i++) {
+        float x = SC[fz_u8(in) % 9];
+        if (!(x > 0 && x <= 3.40282347e38f)) fz_fail_expected(w, "scale not finite > 0");
+        ((float *)w->v[vi].t.data)[fz_off(&w->v[vi].t, i)] = x;
+    }
+    return vi;
 }
 
 static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
-    w->op = "lk_concat_and_cache_mla";
+    w->op = g_fp8 ? "lk_concat_and_cache_mla_fp8" : "lk_concat_and_cache_mla";
     int nz = a->layout == LK_KV_NZ;
     int64_t T = fz_dim(in, 6), NB = fz_dim(in, 4), bs = fz_dim(in, 4), N = fz_range(in, 0, T);
     int64_t Dl = nz ? 16 * fz_range(in, 0, 2) + (fz_chance(in, 16) ? 8 : 0) : fz_dim(in, 40);
@@ -57,26 +118,26 @@ static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
     }
     a->kv_c = fz_view_new(w, in, "kv_c", fz_ftype(in), 2, ks, FZ_IN);
     a->k_pe = fz_view_new(w, in, "k_pe", fz_ftype(in), 2, ps, FZ_IN);
-    lk_dtype ct = fz_ftype(in);
+    lk_dtype ct = cache_type(in);
     unsigned two = fz_u8(in) % 4;
     if (two == 0) { /* one cache holding both parts */
         a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl + Dr, fz_u8(in) & 1);
         a->c1 = -1;
     } else if (two == 1) { /* k_pe_cache is kv_c_cache */
-        if (nz && (Dl % 16 || Dr % 16)) fz_fail_expected(w, "NZ width not a multiple of 16");
+        if (nz && (Dl % tile_of(ct) || Dr % tile_of(ct))) fz_fail_expected(w, "NZ width not a multiple of the tile");
         a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl, 0);
         a->c1 = fz_view_alias(w, a->c0, "k_pe_cache", FZ_OUT);
         w->v[a->c1].inplace_of = -1;
         if (Dl != Dr) fz_fail_expected(w, "k_pe_cache's width differs");
     } else {
-        if (nz && Dl % 16) fz_fail_expected(w, "NZ width not a multiple of 16");
+        if (nz && Dl % tile_of(ct)) fz_fail_expected(w, "NZ width not a multiple of the tile");
         a->c0 = cache_view(w, in, "kv_c_cache", ct, nz, NB, bs, 1, Dl, 0);
         int64_t NB1 = NB;
         if (fz_chance(in, 6)) {
             NB1 += 1;
             fz_fail_expected(w, "k_pe_cache's num_blocks differ");
         }
-        a->c1 = cache_view(w, in, "k_pe_cache", fz_ftype(in), nz, NB1, bs, 1, Dr, 0);
+        a->c1 = cache_view(w, in, "k_pe_cache", cache_type(in), nz, NB1, bs, 1, Dr, 0);
     }
     a->sm = fz_view_new(w, in, "slot_mapping", fz_u8(in) & 1 ? LK_I64 : LK_I32, 1, &N, FZ_IDX);
     int64_t nslots = NB * bs, sv[6], perm[16];
@@ -108,7 +169,7 @@ static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
 }
 
 static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
-    w->op = "lk_gather_cache";
+    w->op = g_fp8 ? "lk_gather_cache_fp8" : "lk_gather_cache";
     int nz = a->layout == LK_KV_NZ;
     int64_t B = fz_range(in, 0, 3), bs = 1 + (int64_t)(fz_u8(in) % 4), NB = 1 + (int64_t)(fz_u8(in) % 6);
     if (fz_chance(in, 8)) { /* an empty cache, [0, 0, ..] (block_size 0) too */
@@ -126,14 +187,19 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
     }
     maxp += fz_range(in, 0, 1);
     if (fz_chance(in, 6)) S += 1; /* judged below from the stored seq_lens */
-    lk_dtype ot = fz_ftype(in), ct = fz_ftype(in);
+    lk_dtype ot = fz_ftype(in), ct = cache_type(in);
+    if (g_fp8 && is_fp8(ct) && fz_u8(in) % 4 == 0) ot = ct; /* bit copy */
+    if (g_fp8 && fz_chance(in, 8)) {
+        ot = fz_u8(in) & 1 ? LK_F8E4M3 : LK_F8E5M2;
+        if (ot != ct) fz_fail_expected(w, "fp8 out of a cache of another dtype");
+    }
     unsigned shape3 = fz_u8(in) % 3;
     if (shape3 == 0) { /* out [S, H, D] */
         int64_t s[3] = {S, H, D};
-        a->out = fz_view_new(w, in, "out", ot, 3, s, FZ_OUT);
+        a->out = view8(w, in, "out", ot, 3, s, FZ_OUT);
     } else { /* out [S, C] */
         int64_t s[2] = {S, C};
-        a->out = fz_view_new(w, in, "out", ot, 2, s, FZ_OUT);
+        a->out = view8(w, in, "out", ot, 2, s, FZ_OUT);
     }
     int h4 = !nz && (fz_u8(in) & 1);
     if (!nz && shape3 != 0 && !h4) H = 1, D = C; /* 2-D out and 3-D ND cache: one head of C */
@@ -166,6 +232,7 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
         if (sum != S) fz_fail_expected(w, "out's rows differ from sum(seq_lens)");
     }
     fz_fill(w, a->cache, -4, 4);
+    fill8(w, a->cache);
     if (fz_chance(in, 4)) {
         unsigned k = fz_u8(in) % 4;
         if (k == 0) a->out = -1;
@@ -191,6 +258,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int lay_for_views = a.layout;
     if (lay_for_views != LK_KV_ND && lay_for_views != LK_KV_NZ) a.layout = LK_KV_ND;
+    a.fp8 = g_fp8 = fz_u8(&in) % 3 == 0;
+    if (a.fp8) a.scale = scale_view(&w, &in);
     if (a.gather) gather(&w, &in, &a);
     else concat(&w, &in, &a);
     a.layout = lay_for_views;

@@ -205,6 +205,7 @@ static void make_swap(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "src", LK_BF16, 4, sh, 0, 1), -2, 2);
     tu_fill_uniform(add(in, "dst", LK_BF16, 4, sh, 1, 0), -2, 2);
     fill_block_map(add(in, "block_mapping", LK_I64, 2, (int64_t[]){N, 2}, 0, 0), N, NB);
+    in->arg[0].fp8 = in->arg[1].fp8 = 1; /* fp8 blocks are copied too (since 0.3) */
 }
 static lk_status call_swap(const oc_inst *in) { return lk_swap_blocks(T(in, 0), T(in, 1), T(in, 2)); }
 static void make_copy_blocks(oc_inst *in, oc_size sz) {
@@ -212,6 +213,7 @@ static void make_copy_blocks(oc_inst *in, oc_size sz) {
     tu_fill_uniform(add(in, "caches[0]", LK_F16, 4, (int64_t[]){NB, bs, 2, sz == OC_LARGE ? 128 : 16}, 1, 0), -2, 2);
     tu_fill_uniform(add(in, "caches[1]", LK_F32, 3, (int64_t[]){NB, bs, 48}, 1, 1), -2, 2); /* an MLA cache */
     fill_block_map(add(in, "block_mapping", LK_I32, 2, (int64_t[]){N, 2}, 0, 1), N, NB);
+    in->arg[0].fp8 = in->arg[1].fp8 = 1; /* fp8 blocks are copied too (since 0.3) */
 }
 static lk_status call_copy_blocks(const oc_inst *in) {
     lk_tensor c[2] = {in->arg[0].t, in->arg[1].t};
@@ -458,6 +460,111 @@ static lk_status call_mla_plan(const oc_inst *in) {
     return lk_mla_decode_plan(T(in, 0), &split);
 }
 
+/* ---------------------------------------------------------------- fp8 caches (since 0.3) */
+
+static void make_scale(oc_inst *in, const char *name, int64_t n, float v0) {
+    tu_buf *b = add(in, name, LK_F32, 1, &n, 0, 1);
+    for (int64_t i = 0; i < n; i++) tu_set(b, i, v0 * (float)(i + 1));
+    in->arg[in->nargs - 1].optional = 1; /* NULL: scale 1 */
+}
+
+/* k, v, k_cache (e4m3), v_cache (bf16 in ND, e5m2 in NZ), slot_mapping, k_scale [H],
+ * v_scale [1]; flag: the layout */
+static void make_kv8(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    int64_t Tn = sz == OC_LARGE ? 256 : sz == OC_MEDIUM ? 24 : 3, H = sz == OC_LARGE ? 4 : 2;
+    int64_t D = sz == OC_LARGE ? 64 : 16, NB = sz == OC_LARGE ? 40 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_fill_uniform(add(in, "k", LK_BF16, 3, (int64_t[]){Tn, H, D}, 0, 0), -3, 3);
+    tu_fill_uniform(add(in, "v", LK_F32, 3, (int64_t[]){Tn, H, D}, 0, 1), -3, 3);
+    if (lay == LK_KV_NZ) {
+        add(in, "k_cache", LK_F8E4M3, 4, (int64_t[]){NB, H * D / 32, bs, 32}, 1, 0);
+        add(in, "v_cache", LK_F8E5M2, 4, (int64_t[]){NB, H * D / 32, bs, 32}, 1, 1);
+    } else {
+        add(in, "k_cache", LK_F8E4M3, 4, (int64_t[]){NB, bs, H, D}, 1, 1);
+        add(in, "v_cache", LK_BF16, 4, (int64_t[]){NB, bs, H, D}, 1, 0);
+    }
+    in->arg[2].fp8 = in->arg[3].fp8 = 1;
+    fill_slots(add(in, "slot_mapping", LK_I64, 1, &Tn, 0, 0), Tn, NB * bs);
+    make_scale(in, "k_scale", H, 0.03125f);
+    make_scale(in, "v_scale", 1, 3.0f);
+    in->flag = lay;
+}
+static void make_kv8_nd(oc_inst *in, oc_size sz) { make_kv8(in, sz, LK_KV_ND); }
+static void make_kv8_nz(oc_inst *in, oc_size sz) { make_kv8(in, sz, LK_KV_NZ); }
+static lk_status call_kv8(const oc_inst *in) {
+    return lk_reshape_and_cache_flash_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6),
+                                          (lk_kv_layout)in->flag);
+}
+
+/* concat into fp8 caches: one NZ buffer (e5m2), or two ND (e4m3 latent, bf16 rope);
+ * args kv_c, k_pe, kv_c_cache, k_pe_cache, slot_mapping, scale */
+static void make_concat8(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    make_concat(in, sz);
+    int64_t NB = in->arg[2].buf.t.shape[0], bs = in->arg[2].buf.t.shape[1], Dl = in->arg[2].buf.t.shape[2];
+    int64_t Dr = in->arg[3].buf.t.shape[2];
+    tu_free(&in->arg[2].buf);
+    if (lay == LK_KV_NZ) in->arg[2].buf = tu_alloc(LK_F8E5M2, 4, (int64_t[]){NB, (Dl + Dr) / 32, bs, 32}, 1);
+    else in->arg[2].buf = tu_alloc(LK_F8E4M3, 3, (int64_t[]){NB, bs, Dl}, 1);
+    in->arg[2].t = in->arg[2].buf.t;
+    in->arg[2].fp8 = in->arg[3].fp8 = 1;
+    if (lay == LK_KV_NZ) in->arg[3].is_null = 1; /* one buffer */
+    make_scale(in, "scale", 1, 0.5f);
+    in->flag = lay;
+}
+static void make_concat8_nd(oc_inst *in, oc_size sz) { make_concat8(in, sz, LK_KV_ND); }
+static void make_concat8_nz(oc_inst *in, oc_size sz) { make_concat8(in, sz, LK_KV_NZ); }
+static lk_status call_concat8(const oc_inst *in) {
+    return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), (lk_kv_layout)in->flag,
+                                       T(in, 5));
+}
+
+/* gather out of an fp8 cache (e4m3 ND, e5m2 NZ) into f32 / bf16; args out, cache,
+ * block_table, seq_lens, scale */
+static void make_gather8(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    make_gather(in, sz);
+    int64_t NB = in->arg[1].buf.t.shape[0], bs = in->arg[1].buf.t.shape[1], C = in->arg[1].buf.t.shape[2];
+    tu_free(&in->arg[1].buf);
+    if (lay == LK_KV_NZ) in->arg[1].buf = tu_alloc(LK_F8E5M2, 4, (int64_t[]){NB, C / 32, bs, 32}, 0);
+    else in->arg[1].buf = tu_alloc(LK_F8E4M3, 3, (int64_t[]){NB, bs, C}, 1);
+    in->arg[1].t = in->arg[1].buf.t;
+    tu_fill_uniform(&in->arg[1].buf, -2, 2);
+    in->arg[1].fp8 = 1;
+    in->arg[0].fp8 = 1; /* an fp8 out takes a cache of its dtype (the cache's retype is then the error) */
+    make_scale(in, "scale", 1, 0.75f);
+    in->flag = lay;
+}
+static void make_gather8_nd(oc_inst *in, oc_size sz) { make_gather8(in, sz, LK_KV_ND); }
+static void make_gather8_nz(oc_inst *in, oc_size sz) { make_gather8(in, sz, LK_KV_NZ); }
+static lk_status call_gather8(const oc_inst *in) {
+    return lk_gather_cache_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), (lk_kv_layout)in->flag, T(in, 4));
+}
+
+/* convert_fp8: dst, src (quantize bf16 -> e4m3, or dequantize e5m2 -> f32) */
+static void make_convert8(oc_inst *in, oc_size sz, int dequant) {
+    int64_t NB = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 12 : 3, s[4] = {NB, 16, 2, sz == OC_LARGE ? 128 : 40};
+    add(in, "dst", dequant ? LK_F32 : LK_F8E4M3, 4, s, 1, 1);
+    tu_fill_uniform(add(in, "src", dequant ? LK_F8E5M2 : LK_BF16, 4, s, 0, 0), -100, 100);
+    in->arg[0].fp8 = in->arg[1].fp8 = 1;
+    in->scale[0] = 0.25f;
+}
+static void make_convert8_q(oc_inst *in, oc_size sz) { make_convert8(in, sz, 0); }
+static void make_convert8_dq(oc_inst *in, oc_size sz) { make_convert8(in, sz, 1); }
+static lk_status call_convert8(const oc_inst *in) { return lk_convert_fp8(T(in, 0), T(in, 1), in->scale[0]); }
+
+/* swap_blocks between fp8 caches */
+static void make_swap8(oc_inst *in, oc_size sz) {
+    make_swap(in, sz);
+    for (int k = 0; k < 2; k++) {
+        oc_arg *a = &in->arg[k];
+        int64_t sh[4];
+        for (int d = 0; d < 4; d++) sh[d] = a->buf.t.shape[d];
+        tu_free(&a->buf);
+        a->buf = tu_alloc(LK_F8E5M2, 4, sh, k);
+        a->t = a->buf.t;
+        tu_fill_uniform(&a->buf, -2, 2);
+        a->fp8 = 1;
+    }
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const oc_op OC_OPS[] = {
@@ -493,6 +600,16 @@ const oc_op OC_OPS[] = {
     {"lk_mla_decode", make_mla_dec_nd, call_mla_dec},                /* ND one buffer, planned split */
     {"lk_mla_decode", make_mla_dec_nz2, call_mla_dec},               /* NZ two buffers, split 128 */
     {"lk_mla_decode_plan", make_mla_plan, call_mla_plan},
+    /* fp8 caches (since 0.3) */
+    {"lk_reshape_and_cache_flash_fp8", make_kv8_nd, call_kv8},   /* ND, e4m3 + bf16 caches */
+    {"lk_reshape_and_cache_flash_fp8", make_kv8_nz, call_kv8},   /* NZ, e4m3 + e5m2 caches */
+    {"lk_concat_and_cache_mla_fp8", make_concat8_nd, call_concat8}, /* ND two buffers */
+    {"lk_concat_and_cache_mla_fp8", make_concat8_nz, call_concat8}, /* NZ one buffer */
+    {"lk_gather_cache_fp8", make_gather8_nd, call_gather8},
+    {"lk_gather_cache_fp8", make_gather8_nz, call_gather8},
+    {"lk_convert_fp8", make_convert8_q, call_convert8},
+    {"lk_convert_fp8", make_convert8_dq, call_convert8},
+    {"lk_swap_blocks", make_swap8, call_swap},
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 
