@@ -495,26 +495,33 @@ static lk_status call_kv8(const oc_inst *in) {
                                           (lk_kv_layout)in->flag);
 }
 
-/* concat into fp8 caches: one NZ buffer (e5m2), or two ND (e4m3 latent, bf16 rope);
- * args kv_c, k_pe, kv_c_cache, k_pe_cache, slot_mapping, scale */
+/* concat into fp8 caches. ND: two buffers (e4m3 latent, bf16 rope), args kv_c, k_pe,
+ * kv_c_cache, k_pe_cache, slot_mapping, scale; NZ: one e5m2 buffer of Dl + Dr (a
+ * multiple of 32), args kv_c, k_pe, kv_c_cache, slot_mapping, scale */
 static void make_concat8(oc_inst *in, oc_size sz, lk_kv_layout lay) {
-    make_concat(in, sz);
-    int64_t NB = in->arg[2].buf.t.shape[0], bs = in->arg[2].buf.t.shape[1], Dl = in->arg[2].buf.t.shape[2];
-    int64_t Dr = in->arg[3].buf.t.shape[2];
-    tu_free(&in->arg[2].buf);
-    if (lay == LK_KV_NZ) in->arg[2].buf = tu_alloc(LK_F8E5M2, 4, (int64_t[]){NB, (Dl + Dr) / 32, bs, 32}, 1);
-    else in->arg[2].buf = tu_alloc(LK_F8E4M3, 3, (int64_t[]){NB, bs, Dl}, 1);
-    in->arg[2].t = in->arg[2].buf.t;
-    in->arg[2].fp8 = in->arg[3].fp8 = 1;
-    if (lay == LK_KV_NZ) in->arg[3].is_null = 1; /* one buffer */
+    int64_t Tn = sz == OC_LARGE ? 512 : sz == OC_MEDIUM ? 24 : 3, Dl = sz == OC_LARGE ? 512 : 32;
+    int64_t Dr = sz == OC_LARGE ? 64 : 32, NB = sz == OC_LARGE ? 48 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_fill_uniform(add(in, "kv_c", LK_BF16, 2, (int64_t[]){Tn, Dl}, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "k_pe", LK_F32, 2, (int64_t[]){Tn, Dr}, 0, 1), -2, 2);
+    if (lay == LK_KV_NZ) {
+        add(in, "kv_c_cache", LK_F8E5M2, 4, (int64_t[]){NB, (Dl + Dr) / 32, bs, 32}, 1, 1);
+        in->arg[2].fp8 = 1;
+    } else {
+        add(in, "kv_c_cache", LK_F8E4M3, 3, (int64_t[]){NB, bs, Dl}, 1, 0);
+        add(in, "k_pe_cache", LK_BF16, 3, (int64_t[]){NB, bs, Dr}, 1, 1);
+        in->arg[2].fp8 = in->arg[3].fp8 = 1;
+        in->arg[3].optional = 1;
+    }
+    fill_slots(add(in, "slot_mapping", LK_I32, 1, &Tn, 0, 0), Tn, NB * bs);
     make_scale(in, "scale", 1, 0.5f);
     in->flag = lay;
 }
 static void make_concat8_nd(oc_inst *in, oc_size sz) { make_concat8(in, sz, LK_KV_ND); }
 static void make_concat8_nz(oc_inst *in, oc_size sz) { make_concat8(in, sz, LK_KV_NZ); }
 static lk_status call_concat8(const oc_inst *in) {
-    return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), (lk_kv_layout)in->flag,
-                                       T(in, 5));
+    if (in->flag == LK_KV_NZ) /* one buffer */
+        return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), NULL, T(in, 3), LK_KV_NZ, T(in, 4));
+    return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), LK_KV_ND, T(in, 5));
 }
 
 /* gather out of an fp8 cache (e4m3 ND, e5m2 NZ) into f32 / bf16; args out, cache,

@@ -16,7 +16,6 @@
 #include "../core/core.h"
 #include "../common/attn_state.h"
 #include "../core/paged.h"
-#include "f8shim.h" /* TEMPORARY */
 
 typedef struct {
     lk_tensor out, x, w; /* out, x: [..., D]; w: [D] */

@@ -192,6 +192,7 @@ static lk_status cache_write(const char *op, const lk_tensor *k, const lk_tensor
             pc[i]->H = c[i]->shape[2], pc[i]->D = c[i]->shape[3];
             pc[i]->s0 = c[i]->stride[0], pc[i]->s1 = c[i]->stride[1];
             pc[i]->s2 = c[i]->stride[2], pc[i]->s3 = c[i]->stride[3];
+            pc[i]->tile = 16; /* ND: unused */
             lk_paged_drop_unit_strides(pc[i]);
         }
         p.ks = (lk_scale){&k_scale, 0, 0};

@@ -136,7 +136,7 @@ static inline void put_token(const lk_paged *pc, const lk_tensor *src, const lk_
         const char *s = (const char *)src->data + (t * src->stride[0] + h * src->stride[1]) * ses; // [D]
         for (int64_t d = 0, n; d < D; d += n) {
             int64_t c = h * pc->D + d;
-            n = nz ? PTILE(pc) - c % PTILE(pc) : D - d;
+            n = nz ? pc->tile - c % pc->tile : D - d;
             if (n > D - d) n = D - d;
             put_run((char *)pc->data + lk_paged_off(pc, page, o, h, d) * ces, pc->dtype, s + d * ses, src->dtype, n,
                     scale);
@@ -158,7 +158,7 @@ static void paged_tokens(void *ctx, int64_t t0, int64_t t1) {
 
 /* runs of pc are unit-stride (s3 == 1), or every run is one element */
 static int unit_runs(const lk_paged *pc) {
-    int64_t run = pc->layout == LK_KV_NZ ? (PTILE(pc) < pc->D ? PTILE(pc) : pc->D) : pc->D;
+    int64_t run = pc->layout == LK_KV_NZ ? (pc->tile < pc->D ? pc->tile : pc->D) : pc->D;
     return pc->s3 == 1 || run <= 1;
 }
 
