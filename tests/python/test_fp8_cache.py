@@ -24,8 +24,10 @@ def np_fp8(kv):
 
 
 def expect_codes(x, scale, kv):
-    """uint8 codes of fp8(f32(x) / f32(scale)) (values inside the finite range)."""
+    """uint8 codes of fp8(f32(x) / f32(scale)), saturated to the finite range (beyond it
+    round to nearest even gives +-max too; NaN stays NaN)."""
     y = np.asarray(x, np.float32) / np.float32(scale)
+    y = np.clip(y, -MAX[kv], MAX[kv])
     return y.astype(np_fp8(kv)).view(np.uint8)
 
 

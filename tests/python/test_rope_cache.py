@@ -189,7 +189,7 @@ def test_concat_and_cache_mla(rng, layout, dt):
     lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", None, layout=layout)
     got = from_nz(cache, (DL + DR,)) if layout == "NZ" else cache
     assert np.array_equal(got, want)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(TypeError, match="kv_cache"):  # fp8 wants uint8 or float8 caches
         lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_e4m3", 1.0, layout=layout)
     with pytest.raises(ValueError, match="scale"):  # 'auto': a scale of one element, ignored
         lk.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", np.ones(2, np.float32), layout=layout)
