@@ -276,6 +276,86 @@ static void test_fp8_cache(void) {
     }
 }
 
+/* ---------------------------------------------------------------- fp8 cache operators (since 0.3)
+ * docs/numerics.md "fp8": the rules of test_fp8_cache above through the other fp8 cache
+ * paths, rows of D = 40 (full vectors and a tail on every ISA): per-head scale tensors
+ * (ND and the 32-wide NZ tile), convert_fp8 both ways, gather_cache out of fp8 (f16
+ * overflow of q * scale to inf, NaN / -0 kept), fp8 block copies (NaN codes as bytes) */
+static void test_fp8_ops(void) {
+    static const float SPK[8] = {INFINITY, -INFINITY, NAN, -0.0f, 1e6f, 0.5f * 0.5f * 0.001953125f, 3.0f * 1.125f, -NAN};
+    static const uint8_t WK[8] = {0x7e, 0xfe, 0x7f, 0x80, 0x7e, 0x00, 0x4e, 0xff}; /* e4m3 of x / 0.5 */
+    float x[2][D], ks[2] = {0.5f, 0.5f};
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < D; i++) x[h][i] = SPK[i % 8];
+    int64_t slot[1] = {1};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        /* per-head scales, ND [1, 2, 2, D] */
+        uint8_t kc[2][2][D], vc[2][2][D];
+        memset(kc, 0x11, sizeof kc), memset(vc, 0x11, sizeof vc);
+        lk_tensor tx = t3(x, LK_F32, 1, 2, D), ts = t1(slot, LK_I64, 1), tks = t1(ks, LK_F32, 2);
+        lk_tensor tkc = lk_tensor_make(kc, LK_F8E4M3, 4, (int64_t[]){1, 2, 2, D});
+        lk_tensor tvc = lk_tensor_make(vc, LK_F8E4M3, 4, (int64_t[]){1, 2, 2, D});
+        lk_status s = lk_reshape_and_cache_flash_fp8(&tx, &tx, &tkc, &tvc, &ts, &tks, &tks, LK_KV_ND);
+        int ok = s == LK_OK && kc[0][0][0] == 0x11 && vc[0][1][D - 1] == 0x11;
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < D; i++) ok &= kc[1][h][i] == WK[i % 8] && vc[1][h][i] == WK[i % 8];
+        /* NZ [1, 2 * 16 / 32, 2, 32]: the same codes at c = h * 16 + d */
+        uint8_t nz[1][1][2][32];
+        memset(nz, 0x11, sizeof nz);
+        lk_tensor tx16 = lk_tensor_make(x, LK_F32, 3, (int64_t[]){1, 2, 16});
+        tx16.stride[1] = D;
+        lk_tensor tnz = lk_tensor_make(nz, LK_F8E4M3, 4, (int64_t[]){1, 1, 2, 32});
+        s = lk_reshape_and_cache_flash_fp8(&tx16, &tx16, &tnz, &tnz, &ts, &tks, &tks, LK_KV_NZ);
+        ok &= s == LK_ERR_ALIAS; /* one buffer for k and v: rejected */
+        uint8_t nzv[1][1][2][32];
+        lk_tensor tnzv = lk_tensor_make(nzv, LK_F8E4M3, 4, (int64_t[]){1, 1, 2, 32});
+        s = lk_reshape_and_cache_flash_fp8(&tx16, &tx16, &tnz, &tnzv, &ts, &tks, NULL, LK_KV_NZ);
+        ok &= s == LK_OK && nz[0][0][0][0] == 0x11;
+        for (int c = 0; c < 32; c++) ok &= nz[0][0][1][c] == WK[(c % 16) % 8];
+        tu_check(ok, "%s reshape_and_cache_flash_fp8: per-head scales, ND and NZ (32-wide tile): saturation, NaN, -0, "
+                 "ties to even, underflow (%s)", lk_isa_name(isas[ii]), lk_status_str(s));
+        /* convert_fp8 both ways */
+        uint8_t q[2][D];
+        float back[2][D];
+        lk_tensor tq = t2(q, LK_F8E4M3, 2, D), tb = t2(back, LK_F32, 2, D), tx2 = t2(x, LK_F32, 2, D);
+        s = lk_convert_fp8(&tq, &tx2, 0.5f);
+        ok = s == LK_OK;
+        for (int i = 0; i < D; i++) ok &= q[0][i] == WK[i % 8] && q[1][i] == WK[i % 8];
+        s = lk_convert_fp8(&tb, &tq, 0.5f);
+        ok &= s == LK_OK && back[0][0] == 224.0f && back[0][1] == -224.0f && isnan(back[0][2]) && !signbit(back[0][2]) &&
+              is_negzero(back[0][3]) && is_poszero(back[0][5]) && back[0][6] == 3.5f && isnan(back[1][7]) &&
+              signbit(back[1][7]);
+        tu_check(ok, "%s convert_fp8: e4m3 of x / scale as the cache write; back f32(q) * scale: NaN with its sign, -0, "
+                 "+-max * scale (%s)", lk_isa_name(isas[ii]), lk_status_str(s));
+        /* gather_cache out of e5m2 into f16: 57344 * 2 overflows to inf, NaN / inf codes, -0 */
+        uint8_t gc[1][1][D];
+        static const uint8_t GC[8] = {0x7b, 0xfb, 0x7f, 0x80, 0x7c, 0xfc, 0x3e, 0x01};
+        for (int i = 0; i < D; i++) gc[0][0][i] = GC[i % 8];
+        uint16_t go[1][D];
+        float gsc = 2.0f;
+        int32_t bt[1] = {0}, sl[1] = {1};
+        lk_tensor tgc = lk_tensor_make(gc, LK_F8E5M2, 3, (int64_t[]){1, 1, D}), tgo = t2(go, LK_F16, 1, D);
+        lk_tensor tbt = t2(bt, LK_I32, 1, 1), tsl = t1(sl, LK_I32, 1), tgs = t1(&gsc, LK_F32, 1);
+        s = lk_gather_cache_fp8(&tgo, &tgc, &tbt, &tsl, LK_KV_ND, &tgs);
+        ok = s == LK_OK;
+        for (int i = 0; i < D; i += 8)
+            ok &= go[0][i] == 0x7c00 && go[0][i + 1] == 0xfc00 && (go[0][i + 2] & 0x7fff) > 0x7c00 && go[0][i + 3] == 0x8000 &&
+                  go[0][i + 4] == 0x7c00 && go[0][i + 5] == 0xfc00 && go[0][i + 6] == 0x4200 /* 1.5 * 2 */ &&
+                  go[0][i + 7] == 0x0200 /* 2^-16 * 2 = 2^-15 = 2^9 f16 subnormal steps */;
+        tu_check(ok, "%s gather_cache_fp8 e5m2 -> f16: q * scale beyond 65504 -> inf, inf and NaN codes kept, -0, "
+                 "subnormal results (%s)", lk_isa_name(isas[ii]), lk_status_str(s));
+        /* fp8 block copies: NaN codes and -0 as bytes */
+        uint8_t bsrc[2][D], bdst[2][D];
+        for (int i = 0; i < D; i++) bsrc[1][i] = (uint8_t)(0x7f + i * 0x80), bsrc[0][i] = 0, bdst[0][i] = bdst[1][i] = 0x11;
+        int64_t map[2] = {1, 0};
+        lk_tensor tbs = t2(bsrc, LK_F8E4M3, 2, D), tbd = t2(bdst, LK_F8E4M3, 2, D), tm = t2(map, LK_I64, 1, 2);
+        s = lk_swap_blocks(&tbs, &tbd, &tm);
+        tu_check(s == LK_OK && !memcmp(bdst[0], bsrc[1], D) && bdst[1][0] == 0x11,
+                 "%s swap_blocks fp8: NaN codes and -0 copied as bytes (%s)", lk_isa_name(isas[ii]), lk_status_str(s));
+    }
+}
+
 /* ---------------------------------------------------------------- merge */
 
 static void test_merge(void) {
@@ -832,6 +912,7 @@ int main(void) {
     test_rotary();
     test_copies();
     test_fp8_cache();
+    test_fp8_ops(); /* fp8 cache operators */
     test_merge();
     test_softmax();
     test_attention();
