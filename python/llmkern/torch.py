@@ -77,6 +77,21 @@ _register("gather_cache",
           "Tensor? seq_starts=None) -> ()",
           lambda src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None:
           _ops.gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts))
+# fp8 caches (since 0.3)
+_register("gather_and_maybe_dequant_cache",
+          "(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor cu_seq_lens, int batch_size, "
+          "str kv_cache_dtype, Tensor scale, Tensor? seq_starts=None) -> ()",
+          lambda src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype, scale, seq_starts=None:
+          _ops.gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype,
+                                              scale, seq_starts))
+_register("cp_gather_cache",
+          "(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor cu_seq_lens, int batch_size, "
+          "Tensor? seq_starts=None) -> ()",
+          lambda src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None:
+          _ops.cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts))
+_register("convert_fp8", "(Tensor! dst_cache, Tensor src_cache, float scale, str kv_cache_dtype) -> ()",
+          lambda dst_cache, src_cache, scale, kv_cache_dtype: _ops.convert_fp8(dst_cache, src_cache, scale,
+                                                                              kv_cache_dtype))
 _register("swap_blocks", "(Tensor src, Tensor! dst, Tensor block_mapping) -> ()",
           lambda src, dst, block_mapping: _ops.swap_blocks(src, dst, block_mapping))
 _register("copy_blocks", "(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()",

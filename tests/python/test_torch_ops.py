@@ -55,6 +55,21 @@ def cases():
     c.append(("gather_cache", (rn(NB, bs, 48), torch.zeros(9, 48), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
                                torch.tensor([0, 6, 9], dtype=torch.int32), 2), {}))
     c.append(("swap_blocks", (rn(NB, bs, Hk, D), torch.zeros(NB, bs, Hk, D), torch.tensor([[0, 3], [2, 1]])), {}))
+    # fp8 caches (uint8 buffers as vLLM allocates them)
+    u8 = torch.randint(0, 120, (NB, bs, 48), dtype=torch.uint8)
+    c.append(("reshape_and_cache_flash", (rn(T, Hk, D), rn(T, Hk, D), torch.zeros(NB, bs, Hk, D, dtype=torch.uint8),
+                                          torch.zeros(NB, bs, Hk, D, dtype=torch.uint8), torch.tensor([3, 0, 9, -1, 15]),
+                                          "fp8", torch.tensor([0.5, 2.0]), torch.tensor(1.0)), {}))
+    c.append(("concat_and_cache_mla", (rn(T, 32), rn(T, 16), torch.zeros(NB, bs, 48, dtype=torch.uint8),
+                                       torch.tensor([3, 0, 9, -1, 15]), "fp8_e5m2", torch.tensor([0.25])), {}))
+    c.append(("gather_and_maybe_dequant_cache", (u8, torch.zeros(9, 48, dtype=torch.bfloat16),
+                                                 torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                                                 torch.tensor([0, 6, 9], dtype=torch.int32), 2, "fp8",
+                                                 torch.tensor([0.5])), {}))
+    c.append(("cp_gather_cache", (u8, torch.zeros(9, 48, dtype=torch.uint8), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                                  torch.tensor([0, 6, 9], dtype=torch.int32), 2), {}))
+    c.append(("convert_fp8", (torch.zeros(NB, bs, 48), u8, 2.0, "fp8"), {}))
+    c.append(("convert_fp8", (torch.zeros(NB, bs, 48, dtype=torch.uint8), rn(NB, bs, 48), 0.5, "fp8_e5m2"), {}))
     c.append(("copy_blocks", ([rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)], [rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)],
                               torch.tensor([[0, 3], [1, 2]])), {}))
     c.append(("copy_blocks_mla", ([rn(NB, bs, 48)], torch.tensor([[0, 3]])), {}))
@@ -124,6 +139,10 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "swap_blocks": "swap_blocks(Tensor src, Tensor! dst, Tensor block_mapping) -> ()",
     "copy_blocks": "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()",
     "copy_blocks_mla": "copy_blocks_mla(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
+    "convert_fp8": "convert_fp8(Tensor! dst_cache, Tensor src_cache, float scale, str kv_cache_dtype) -> ()",
+    "gather_and_maybe_dequant_cache": "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor! dst, "
+                                      "Tensor block_table, Tensor cu_seq_lens, int batch_size, "
+                                      "str kv_cache_dtype, Tensor scale, Tensor? seq_starts=None) -> ()",
 }
 
 
