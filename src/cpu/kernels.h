@@ -207,6 +207,8 @@ typedef struct {
     int stream;       /* large output: non-temporal stores where aligned */
     int fence;        /* then sfence: the driver ends every thread's range with a call
                          {nparts = 0, ntok = 0, stream = fence = 1} */
+    float scale;      /* fp8 caches (since 0.3): into fp8 x / scale, out of fp8 into a
+                         float row q * scale (an fp8 row of the cache's dtype: bytes) */
 } lk_copy_group;
 typedef void (*lk_copy_runs_fn)(const lk_copy_group *g);
 lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy);

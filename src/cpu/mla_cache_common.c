@@ -8,8 +8,8 @@
  * lk_paged_off(p, s, 0, 0) + lk_paged_off(0, 0, h, d) in both layouts. The table lists
  * the maximal stretches where both the cache (through lk_paged_off) and the row advance
  * by one element: ND with packed heads gives one run per entry, ND with padded heads one
- * per head, NZ one per 16-dim chunk (or one per entry when block_size is 1 and the
- * chunks are packed). It is built once per call.
+ * per head, NZ one per tile-row chunk (16 dims, 32 for fp8 caches; or one per entry
+ * when block_size is 1 and the chunks are packed). It is built once per call.
  *
  * Groups: tokens in consecutive slots of one page (a prefill, every page of a gather)
  * are handed to the copy function together. Short runs (NZ) are copied run by run
@@ -43,7 +43,7 @@ static int64_t build_runs(lk_copy_run *runs, const lk_paged *pc, int64_t c0, int
     for (int64_t i = 0, step; i < n; i += step) {
         int64_t c = c0 + i, h = c / pc->D, d = c % pc->D;
         int64_t co = lk_paged_off(pc, 0, 0, h, d), ro = (i / rD) * rs_h + (i % rD) * rs_d;
-        step = pc->s3 != 1 ? 1 : pc->layout == LK_KV_NZ ? 16 - (c & 15) : pc->D - d;
+        step = pc->s3 != 1 ? 1 : pc->layout == LK_KV_NZ ? pc->tile - c % pc->tile : pc->D - d;
         step = min64(min64(step, rs_d != 1 ? 1 : rD - i % rD), n - i);
         if (nr && runs[nr - 1].coff + runs[nr - 1].len == co && runs[nr - 1].roff + runs[nr - 1].len == ro)
             runs[nr - 1].len += step;
@@ -115,6 +115,7 @@ lk_status lk_mla_cache_drive(const lk_mla_cache_args *a, lk_copy_runs_fn copy) {
     *g = (lk_copy_group){0};
     g->nparts = 2;
     g->to_cache = 1;
+    g->scale = a->scale;
     for (int p = 0; p < 2; p++) {
         c.ces[p] = (int64_t)lk_dtype_size(pcs[p]->dtype);
         c.res[p] = (int64_t)lk_dtype_size(src[p]->dtype);
@@ -189,6 +190,7 @@ lk_status lk_gather_cache_drive(const lk_gather_cache_args *a, lk_copy_runs_fn c
     lk_copy_group *g = &c.proto;
     *g = (lk_copy_group){0};
     g->nparts = 1;
+    g->scale = a->scale;
     int64_t rstep = a->out.shape[0] > 1 ? a->out.stride[0] : 0; /* as in concat */
     g->part[0] = (lk_copy_part){NULL, pc->dtype, lk_paged_off(pc, 0, 1, 0, 0), NULL, a->out.dtype, rstep,
                                 runs, build_runs(runs, pc, 0, C, pc->D, a->out.stride[1], a->out.stride[2])};

@@ -11,17 +11,36 @@
  * in mla_cache_common.c; this file copies one group's runs: same dtype = vector moves
  * (bit copy), else W lanes converted through f32 with one rounding (lkv.h,
  * bit-identical to half.h). Large outputs use non-temporal stores
- * where the destination is aligned. Calls with an fp8 cache (since 0.3) take the
- * reference kernels.
+ * where the destination is aligned. fp8 caches (since 0.3): into fp8 the lanes are
+ * divided by the scale before the fp8 store, out of fp8 multiplied by it after the exact
+ * fp8 load (one IEEE operation, as the reference; fp8 stores bit-identical to fp8.h);
+ * they take the per-run path (not copy_4x16) and ordinary stores.
  */
 #include <string.h>
 
 #include "../kernels.h"
 #include "../vec/lkv.h"
 
-/* dst[i] = round(src[i]), i < n, contiguous; stream: non-temporal when dst is aligned */
-static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st, int64_t n, int stream) {
+static inline int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* dst[i] = round(src[i]) (into fp8: fp8(src[i] / scale); out of fp8: round(src[i] *
+ * scale)), i < n, contiguous; stream: non-temporal when dst is aligned (not fp8) */
+static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st, int64_t n, int stream,
+                           float scale) {
     int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
+    if (is_fp8(dt) || is_fp8(st)) {
+        lkv_f32 k = lkv_set1(scale);
+        int q = is_fp8(dt);
+        for (; i + LKV_W <= n; i += LKV_W) {
+            lkv_f32 v = lkv_load(src + i * ses, st);
+            lkv_store(dst + i * des, dt, q ? lkv_div(v, k) : lkv_mul(v, k));
+        }
+        if (i < n) {
+            lkv_f32 v = lkv_load_part(src + i * ses, st, n - i);
+            lkv_store_part(dst + i * des, dt, q ? lkv_div(v, k) : lkv_mul(v, k), n - i);
+        }
+        return;
+    }
     if (stream && ((uintptr_t)dst & (uintptr_t)(LKV_W * des - 1)) == 0)
         for (; i + LKV_W <= n; i += LKV_W) lkv_stream(dst + i * des, dt, lkv_load(src + i * ses, st));
     for (; i + LKV_W <= n; i += LKV_W) lkv_store(dst + i * des, dt, lkv_load(src + i * ses, st));
@@ -91,10 +110,11 @@ static inline void copy_4x16(const lk_copy_group *g, const lk_copy_part *q, cons
 }
 
 /* one run of n elements of one token */
-static inline void copy_run(char *cp, lk_dtype ct, char *rp, lk_dtype rt, int64_t n, int to_cache, int stream) {
+static inline void copy_run(char *cp, lk_dtype ct, char *rp, lk_dtype rt, int64_t n, int to_cache, int stream,
+                            float scale) {
     if (ct == rt) lkv_copy_bytes(to_cache ? cp : rp, to_cache ? rp : cp, (size_t)(n * lk_esize(ct)), stream);
-    else if (to_cache) convert(cp, ct, rp, rt, n, stream);
-    else convert(rp, rt, cp, ct, n, stream);
+    else if (to_cache) convert(cp, ct, rp, rt, n, stream, scale);
+    else convert(rp, rt, cp, ct, n, stream, scale);
 }
 
 /* one group of tokens (see lk_copy_group) */
@@ -107,15 +127,16 @@ static void copy_runs(const lk_copy_group *g) {
                 char *cp = q->cache + i * q->cstep * ces, *rp = q->row + i * q->rstep * res;
                 for (int64_t r = 0; r < q->nruns; r++)
                     copy_run(cp + q->runs[r].coff * ces, q->ct, rp + q->runs[r].roff * res, q->rt, q->runs[r].len,
-                             g->to_cache, g->stream);
+                             g->to_cache, g->stream, g->scale);
             }
     else
         for (int p = 0; p < g->nparts; p++) {
             const lk_copy_part *q = &g->part[p];
             const lk_copy_run *runs = q->runs;
             int64_t ces = lk_esize(q->ct), res = lk_esize(q->rt), cb = q->cstep * ces, rb = q->rstep * res;
+            int wide = ces >= 2 && res >= 2; /* copy_4x16 moves 16-/32-bit chunks only */
             for (int64_t r = 0; r < q->nruns; r++) {
-                if (runs[r].len == 16 && r + 4 <= q->nruns && runs[r + 1].len == 16 && runs[r + 2].len == 16 &&
+                if (wide && runs[r].len == 16 && r + 4 <= q->nruns && runs[r + 1].len == 16 && runs[r + 2].len == 16 &&
                     runs[r + 3].len == 16) {
                     copy_4x16(g, q, runs + r);
                     r += 3;
@@ -123,23 +144,21 @@ static void copy_runs(const lk_copy_group *g) {
                 }
                 char *cp = q->cache + runs[r].coff * ces, *rp = q->row + runs[r].roff * res;
                 for (int64_t i = 0; i < g->ntok; i++, cp += cb, rp += rb)
-                    copy_run(cp, q->ct, rp, q->rt, runs[r].len, g->to_cache, g->stream);
+                    copy_run(cp, q->ct, rp, q->rt, runs[r].len, g->to_cache, g->stream, g->scale);
             }
         }
     if (g->fence) lkv_sfence();
 }
 
-static inline int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
-
 static lk_status concat_and_cache_mla(const lk_mla_cache_args *a) {
-    if (is_fp8(a->kv_c_cache.dtype) || is_fp8(a->k_pe_cache.dtype) || a->kv_c.stride[1] != 1 || a->k_pe.stride[1] != 1 || a->kv_c_cache.s3 != 1 ||
+    if (a->kv_c.stride[1] != 1 || a->k_pe.stride[1] != 1 || a->kv_c_cache.s3 != 1 ||
         a->k_pe_cache.s3 != 1)
         return lk_ref_concat_and_cache_mla(a);
     return lk_mla_cache_drive(a, copy_runs);
 }
 
 static lk_status gather_cache(const lk_gather_cache_args *a) {
-    if (is_fp8(a->cache.dtype) || a->out.stride[2] != 1 || a->cache.s3 != 1) return lk_ref_gather_cache(a);
+    if (a->out.stride[2] != 1 || a->cache.s3 != 1) return lk_ref_gather_cache(a);
     return lk_gather_cache_drive(a, copy_runs);
 }
 
