@@ -159,7 +159,7 @@ static lk_status check_cache(const lk_cache_args *a, int fp8_ok) {
 }
 
 /* both entry points: validation (scales, then tensors; fp8 caches only when `fp8`),
- * nothing written on an error; fp8 caches take the reference kernel on every ISA */
+ * nothing written on an error; fp8 caches take the paged kernel (reshape_and_cache_paged) */
 static lk_status cache_write(const char *op, const lk_tensor *k, const lk_tensor *v, const lk_tensor *k_cache,
                              const lk_tensor *v_cache, const lk_tensor *slot_mapping, float k_scale, float v_scale,
                              int fp8) {

@@ -12,7 +12,7 @@
  * take the same loops. round() is the one conversion to the destination dtype; same
  * dtype is a bit copy (NaN payloads kept). fp8 caches (since 0.3): concat stores
  * fp8(x / scale), gather reads f32(q) * scale (one f32 operation, then the rounding).
- * The SIMD kernels hand every call with an fp8 cache to these loops. No threads.
+ * No threads.
  */
 #include <string.h>
 
