@@ -77,6 +77,9 @@ static void fill_ref(lk_kernel_table *r) {
     r->mla_softmax_block = lk_ref_mla_softmax_block;
     r->mla_prefix_prefill = lk_mla_prefill_drive;
     r->mla_decode = lk_ref_mla_decode;
+    /* fp8 activations */
+    r->fp8_quant = lk_ref_fp8_quant;
+    r->rms_norm_quant = lk_ref_rms_norm_quant;
 }
 
 static void fill_tables(void) {

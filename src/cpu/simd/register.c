@@ -19,6 +19,7 @@ void LKV_FN(register_attention)(lk_kernel_table *t);
 void LKV_FN(register_act_ext)(lk_kernel_table *t);
 void LKV_FN(register_block_copy)(lk_kernel_table *t);
 void LKV_FN(register_mla_decode)(lk_kernel_table *t);
+void LKV_FN(register_fp8_quant)(lk_kernel_table *t); /* fp8 activations */
 
 void LKV_FN(register)(lk_kernel_table *t);
 void LKV_FN(register)(lk_kernel_table *t) {
@@ -34,4 +35,5 @@ void LKV_FN(register)(lk_kernel_table *t) {
     LKV_FN(register_act_ext)(t);
     LKV_FN(register_block_copy)(t);
     LKV_FN(register_mla_decode)(t);
+    LKV_FN(register_fp8_quant)(t); /* fp8 activations */
 }
