@@ -25,9 +25,9 @@
 
 static int rounds = 8;
 static oc_size size = OC_MEDIUM;
-static oc_inst base[32], serial[32];
-static atomic_int n_ok[32], n_bad[32], err_ok, err_bad;
-static char first_bad[32][256];
+static oc_inst base[64], serial[64]; /* >= OC_NOPS */
+static atomic_int n_ok[64], n_bad[64], err_ok, err_bad;
+static char first_bad[64][256];
 static pthread_barrier_t bar;
 
 static void record(int o, int ok, const char *why) {
@@ -98,6 +98,8 @@ int main(void) {
     tu_init();
     const char *small = getenv("LLMKERN_TEST_SMALL");
     if (small && *small && *small != '0') rounds = 1, size = OC_SMALL;
+    if (!tu_check(OC_NOPS <= (int)(sizeof base / sizeof base[0]), "the registry's %d entries fit the tables", OC_NOPS))
+        return tu_finish("test_concurrency");
     pthread_barrier_init(&bar, NULL, NTHREADS);
     lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
