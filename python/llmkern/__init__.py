@@ -43,6 +43,16 @@ from .ops import (  # vLLM's other activations
     swigluoai_and_mul,
 )
 
+from .ops import (  # fp8 activations (vLLM's names)
+    dynamic_per_token_scaled_fp8_quant,
+    dynamic_scaled_fp8_quant,
+    fused_add_rms_norm_static_fp8_quant,
+    rms_norm_dynamic_per_token_quant,
+    rms_norm_static_fp8_quant,
+    scaled_fp8_quant,
+    static_scaled_fp8_quant,
+)
+
 __version__ = "0.2.0"
 
 __all__ = [
@@ -54,4 +64,8 @@ __all__ = [
     "gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast",
     "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla", "flash_attn_with_kvcache",
     "flash_mla_with_kvcache", "get_mla_metadata",
+    # fp8 activations
+    "scaled_fp8_quant", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
+    "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
 ]
