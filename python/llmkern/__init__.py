@@ -53,7 +53,7 @@ from .ops import (  # fp8 activations (vLLM's names)
     static_scaled_fp8_quant,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",
