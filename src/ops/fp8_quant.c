@@ -18,7 +18,7 @@
 lk_status lk_q_check_out(const lk_tensor *out, const char *name) {
     lk_status s = lk_check_view(out, name, 1, LK_MAX_DIMS);
     if (s) return s;
-    if (out->dtype != LK_F8E4M3 && out->dtype != LK_F8E5M2)
+    if (!lk_is_fp8(out->dtype))
         return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (the quantized output is f8e4m3 or f8e5m2)",
                        name, lk_dtype_name(out->dtype));
     return lk_check_no_self_overlap(out, name);
@@ -35,12 +35,12 @@ static lk_status scale_view(const lk_tensor *t, const char *name) {
     return LK_OK;
 }
 
+/* an input scale: the shared fp8 scale rules (src/core/core.h), one value (per tensor) */
 lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v) {
-    lk_status s = scale_view(t, name);
+    lk_scale sc;
+    lk_status s = lk_scale_init(&sc, t, -1, 1, name);
     if (s) return s;
-    *v = *(const float *)t->data;
-    if (!(*v > 0.0f) || isinf(*v))
-        return lk_fail(LK_ERR_VALUE, "%s: value %g must be finite and > 0", name, (double)*v);
+    *v = lk_scale_at(&sc, 0, 0);
     return LK_OK;
 }
 
