@@ -307,19 +307,25 @@ def _quant_dtype(x, quant_dtype):
     return getattr(ml_dtypes, name)
 
 
+def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub=None, residual=None):
+    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result fp8 and
+    scale [rows, 1] (or [rows]) f32 written in place."""
+    if scale_ub is not None:
+        scale_ub = _scale_in(scale_ub, "scale_ub")
+    s = L.rms_norm_dynamic_per_token_quant(_fp8_out(result, "result"), _view(input, "input"), _view(weight, "weight"),
+                                           _out(scale, "scale"), epsilon, _view(scale_ub, "scale_ub"),
+                                           None if residual is None else _out(residual, "residual"))
+    if s:
+        _raise(s)
+
+
 def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_ub=None, residual=None):
     """vLLM's rms_norm_dynamic_per_token_quant: returns (out, scales [rows, 1]); with
     residual, residual = input + residual (in place) and the norm is over it."""
     out = _fp8_like(input, tuple(input.shape), _quant_dtype(input, quant_dtype))
     n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
     scales = _f32_like(input, (n, 1))
-    if scale_ub is not None:
-        scale_ub = _scale_in(scale_ub, "scale_ub")
-    s = L.rms_norm_dynamic_per_token_quant(_out(out, "out"), _view(input, "input"), _view(weight, "weight"),
-                                           _out(scales, "scales"), epsilon, _view(scale_ub, "scale_ub"),
-                                           None if residual is None else _out(residual, "residual"))
-    if s:
-        _raise(s)
+    rms_norm_dynamic_per_token_quant_into(out, input, weight, scales, epsilon, scale_ub, residual)
     return out, scales
 
 
