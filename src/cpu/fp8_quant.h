@@ -59,5 +59,7 @@ lk_status lk_q_scale_out(const lk_tensor *t, const char *name);
 /* written per-row scales of x [..., D]: [rows] or [..., 1] (x's leading dims), f32, no
  * self overlap; *view = the [..., 1] form (the one the kernels walk) */
 lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view);
+/* every per-row scale of view (the [..., 1] form) = v: rows of D == 0, no kernel call */
+lk_status lk_q_fill_scales(const lk_tensor *view, float v);
 
 #endif

@@ -64,16 +64,25 @@ lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor 
     if ((s = lk_check_no_self_overlap(t, name))) return s;
     *view = *t;
     if (t->ndim == 1) { /* [rows] stride s0 as x's leading dims + [1] */
-        int64_t st = t->stride[0];
+        /* no rows: strides 0; else every partial product is at most s0 * rows, within the
+         * view's validated extent (rows >= 2) or s0 itself (rows == 1) */
+        int64_t st = rows > 0 ? t->stride[0] : 0;
         view->ndim = nd;
         view->shape[nd - 1] = 1;
         view->stride[nd - 1] = 0;
         for (int d = nd - 2; d >= 0; d--) {
             view->shape[d] = x->shape[d];
-            view->stride[d] = st;
-            st *= x->shape[d];
+            view->stride[d] = x->shape[d] > 1 ? st : 0;
+            if (d > 0) st *= x->shape[d];
         }
     }
+    return LK_OK;
+}
+
+lk_status lk_q_fill_scales(const lk_tensor *view, float v) {
+    lk_rowit si;
+    lk_rowit_init(&si, view, 1, 0);
+    for (int64_t r = 0, n = lk_rows(view, 1); r < n; r++, lk_rowit_next(&si)) ((float *)view->data)[si.off] = v;
     return LK_OK;
 }
 
@@ -88,7 +97,7 @@ static lk_status check_common(const lk_fp8_quant_args *a) {
 static lk_status run(const lk_fp8_quant_args *a) {
     if (lk_numel(&a->x) == 0) {
         if (a->mode == LK_Q_TENSOR) *a->scale_out = lk_q_scale(0.0f, INFINITY, a->out.dtype);
-        return LK_OK; /* per token: no rows, or rows of D == 0 (scales written below) */
+        return LK_OK;
     }
     return lk_kernels()->fp8_quant(a);
 }
@@ -137,5 +146,7 @@ lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_t
         if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
     }
     if (lk_rows(&a.x, 1) == 0) return LK_OK;
-    return lk_kernels()->fp8_quant(&a); /* D == 0 too: every row's scale is min_scale */
+    /* rows of D == 0 (the views touch no element: row addresses are never formed) */
+    if (lk_numel(&a.x) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    return lk_kernels()->fp8_quant(&a);
 }

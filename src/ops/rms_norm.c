@@ -170,5 +170,7 @@ lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_ten
         if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
     }
     if (lk_rows(input, 1) == 0) return LK_OK;
-    return lk_kernels()->rms_norm_quant(&a); /* D == 0: every row's scale is min_scale */
+    /* rows of D == 0 (the views touch no element: row addresses are never formed) */
+    if (lk_numel(input) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    return lk_kernels()->rms_norm_quant(&a);
 }

@@ -169,7 +169,7 @@ def test_opcheck(i):
     if any(isinstance(a, torch.Tensor) and a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for a in args):
         # test_schema compares the mutated arguments with arithmetic torch's CPU kernels
         # lack for float8 ("mul_cpu_reduced_float"); the mutation marks of the fp8 ops are
-        # checked by test_vllm_schema, the outputs by tests/python/test_fp8_act.py
+        # checked by test_schemas_as_vllm, the outputs by tests/python/test_fp8_act.py
         utils = utils[1:]
     torch.library.opcheck(getattr(OPS, name).default, args, kwargs, test_utils=utils)
 
