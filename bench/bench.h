@@ -140,6 +140,7 @@ double bench_err_variants(bench_fn fn, void *ctx, const void *out, const void *r
 
 /* op benches */
 void bench_rms_norm(void);
+void bench_fp8_act(void); /* fp8 activations */
 void bench_activation(void);
 void bench_rotary(void);
 void bench_kv_cache(void);

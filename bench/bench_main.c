@@ -54,6 +54,8 @@ static const struct {
     {"mla_cache", bench_mla_cache},
     {"mla_prefill", bench_mla_prefill},
     {"mla_decode", bench_mla_decode},
+    /* fp8 activations */
+    {"fp8_act", bench_fp8_act},
 };
 
 /* BENCH.isa from --isa's list; 0, or 2 on a name that is no ISA */

@@ -520,6 +520,68 @@ LK_API lk_status lk_mla_decode(const lk_tensor *out, const lk_tensor *lse, const
                                const lk_tensor *block_table, const lk_tensor *cache_seqlens,
                                const lk_mla_decode_params *params);
 
+/* ---------------------------------------------------------------- fp8 activations
+ * (since 0.3; vLLM's names and argument order). Quantized value q = fp8(y / scale)
+ * (one f32 division, then the converter of every fp8 path: round to nearest even,
+ * finite values and inf saturated to +-max, NaN kept), dequantized f32(q) * scale.
+ * out is LK_F8E4M3 or LK_F8E5M2 (its dtype picks the format; fp8_max 448 / 57344);
+ * inputs f32/f16/bf16, [..., D] with any strides; a row is the last dim. Scales are
+ * f32 tensors: a per-tensor scale has one element ([1] or []), per-token scales one
+ * per row ([rows] or [..., 1] with input's leading dims). An input scale (static
+ * `scale`, `scale_ub`) must be finite and > 0, else LK_ERR_VALUE naming it. Dynamic
+ * scales are written by the call:
+ *   per tensor: scale = max(absmax(y) / fp8_max, min_scale)
+ *   per token:  scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale)
+ *   min_scale = 1 / (fp8_max * 512) (vLLM's per-token minimum; also applied per tensor
+ *   so that an all-zero input gets a usable scale)
+ * absmax ignores NaN elements; an inf element makes the scale inf (its row or tensor
+ * then quantizes finite values to 0 and inf to NaN, as vLLM's). Outputs must not overlap
+ * the inputs or each other; rows == 0 (or D == 0) writes nothing but the scales of an
+ * empty input (per tensor: min_scale; per token: no rows). Results do not depend on the
+ * ISA or the thread count (reductions in a fixed order). */
+
+/* out = fp8(input / scale), scale [1] f32 given */
+LK_API lk_status lk_static_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                            const lk_tensor *scale);
+/* scale [1] f32 written (per-tensor dynamic scale), then out = fp8(input / scale) */
+LK_API lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                             const lk_tensor *scale);
+/* scales [rows] or [..., 1] f32 written per row, then out = fp8(input / scales[row]);
+ * scale_ub [1] f32 or NULL bounds the absmax */
+LK_API lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                                       const lk_tensor *scales, const lk_tensor *scale_ub);
+/* RMSNorm then quantization (no gemma form):
+ *   y = input * rsqrt(sum(input^2) / D + epsilon) * weight   (f32, weight NULL: 1)
+ *   out = fp8(y / scale)                                      scale [1] given
+ * The sum of squares is f32 in a fixed order (16 partial sums, lane i % 16, each an FMA
+ * chain, then halved pairwise: 8, 4, 2, 1), the same on every ISA. */
+LK_API lk_status lk_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                              const lk_tensor *weight, const lk_tensor *scale,
+                                              float epsilon);
+/* residual = round(input + residual) (in place, residual's dtype; input is not written),
+ * then out = fp8(rms_norm(residual) / scale) as above (the norm reads the rounded
+ * residual) */
+LK_API lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                                        const lk_tensor *residual, const lk_tensor *weight,
+                                                        const lk_tensor *scale, float epsilon);
+/* RMSNorm (over round(input + residual), stored to residual, when residual is not NULL)
+ * with dynamic per-token quantization: scales [rows] or [..., 1] written,
+ * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]) */
+LK_API lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input,
+                                                     const lk_tensor *weight, const lk_tensor *scales,
+                                                     float epsilon, const lk_tensor *scale_ub,
+                                                     const lk_tensor *residual);
+/* lk_merge_attn_states with an fp8 out (LK_F8E4M3 / LK_F8E5M2) and output_scale [1] f32
+ * (vLLM's output_scale): out = fp8(merged / output_scale), everything else as
+ * lk_merge_attn_states (the merged f32 value is the one a float out would round).
+ * output_scale NULL: exactly lk_merge_attn_states (out f32/f16/bf16); an fp8 out needs
+ * output_scale (LK_ERR_NULL naming it), a float out refuses one (LK_ERR_DTYPE naming out);
+ * output_scale must be finite and > 0 (LK_ERR_VALUE). */
+LK_API lk_status lk_merge_attn_states_scaled(const lk_tensor *out, const lk_tensor *out_lse,
+                                             const lk_tensor *a, const lk_tensor *lse_a,
+                                             const lk_tensor *b, const lk_tensor *lse_b,
+                                             const lk_tensor *output_scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -572,6 +572,87 @@ static void make_swap8(oc_inst *in, oc_size sz) {
     }
 }
 
+/* ---------------------------------------------------------------- fp8 activations */
+
+/* a [1] f32 scale argument holding v */
+static void add_scale(oc_inst *in, const char *name, float v, int written) {
+    tu_set(add(in, name, LK_F32, 1, (int64_t[]){1}, written, 0), 0, v);
+}
+
+static void make_quant(oc_inst *in, oc_size sz, lk_dtype ot, lk_dtype xt) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, D = sz == OC_LARGE ? 1024 : sz ? 520 : 40;
+    int64_t s[2] = {R, D};
+    add(in, "out", ot, 2, s, 1, 1);
+    in->arg[0].fp8 = 1;
+    tu_fill_uniform(add(in, "input", xt, 2, s, 0, 1), -3, 3);
+}
+static void make_quant_static(oc_inst *in, oc_size sz) {
+    make_quant(in, sz, LK_F8E4M3, LK_BF16);
+    add_scale(in, "scale", 0.0125f, 0);
+}
+static lk_status call_quant_static(const oc_inst *in) { return lk_static_scaled_fp8_quant(T(in, 0), T(in, 1), T(in, 2)); }
+static void make_quant_tensor(oc_inst *in, oc_size sz) {
+    make_quant(in, sz, LK_F8E5M2, LK_F16);
+    add_scale(in, "scale", 0.0f, 1);
+}
+static lk_status call_quant_tensor(const oc_inst *in) { return lk_dynamic_scaled_fp8_quant(T(in, 0), T(in, 1), T(in, 2)); }
+static void make_quant_token(oc_inst *in, oc_size sz) {
+    make_quant(in, sz, LK_F8E4M3, LK_F32);
+    add(in, "scales", LK_F32, 2, (int64_t[]){in->arg[1].t.shape[0], 1}, 1, 1);
+    add_scale(in, "scale_ub", 2.5f, 0);
+    in->arg[3].optional = 1;
+}
+static lk_status call_quant_token(const oc_inst *in) {
+    return lk_dynamic_per_token_scaled_fp8_quant(T(in, 0), T(in, 1), T(in, 2), T(in, 3));
+}
+
+static void make_norm_quant(oc_inst *in, oc_size sz, lk_dtype xt, int residual) {
+    make_quant(in, sz, LK_F8E4M3, xt);
+    int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
+    if (residual) tu_fill_uniform(add(in, "residual", LK_F32, 2, (int64_t[]){R, D}, 1, 0), -2, 2);
+    tu_fill_uniform(add(in, "weight", LK_BF16, 1, &D, 0, 1), -1, 1);
+    in->arg[in->nargs - 1].optional = 1; /* NULL: no weight */
+    in->eps = 1e-6f;
+}
+static void make_norm_static(oc_inst *in, oc_size sz) {
+    make_norm_quant(in, sz, LK_BF16, 0);
+    add_scale(in, "scale", 0.01f, 0);
+}
+static lk_status call_norm_static(const oc_inst *in) {
+    return lk_rms_norm_static_fp8_quant(T(in, 0), T(in, 1), T(in, 2), T(in, 3), in->eps);
+}
+static void make_norm_fused(oc_inst *in, oc_size sz) {
+    make_norm_quant(in, sz, LK_F16, 1);
+    add_scale(in, "scale", 0.02f, 0);
+}
+static lk_status call_norm_fused(const oc_inst *in) {
+    return lk_fused_add_rms_norm_static_fp8_quant(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), in->eps);
+}
+static void make_norm_token(oc_inst *in, oc_size sz) {
+    make_norm_quant(in, sz, LK_BF16, 1); /* out, input, residual, weight */
+    in->arg[2].optional = 1;            /* NULL: no residual add */
+    add(in, "scales", LK_F32, 1, (int64_t[]){in->arg[1].t.shape[0]}, 1, 1);
+    add_scale(in, "scale_ub", 1.5f, 0);
+    in->arg[5].optional = 1;
+}
+static lk_status call_norm_token(const oc_inst *in) {
+    return lk_rms_norm_dynamic_per_token_quant(T(in, 0), T(in, 1), T(in, 3), T(in, 4), in->eps, T(in, 5), T(in, 2));
+}
+
+static void make_merge_fp8(oc_inst *in, oc_size sz) {
+    make_merge2(in, sz);
+    oc_arg *o = &in->arg[0];
+    int64_t shape[3] = {o->t.shape[0], o->t.shape[1], o->t.shape[2]};
+    tu_free(&o->buf);
+    o->buf = tu_alloc(LK_F8E5M2, 3, shape, 1);
+    o->t = o->buf.t;
+    o->fp8 = 1;
+    add_scale(in, "output_scale", 0.05f, 0);
+}
+static lk_status call_merge_fp8(const oc_inst *in) {
+    return lk_merge_attn_states_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6));
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const oc_op OC_OPS[] = {
@@ -617,6 +698,14 @@ const oc_op OC_OPS[] = {
     {"lk_convert_fp8", make_convert8_q, call_convert8},
     {"lk_convert_fp8", make_convert8_dq, call_convert8},
     {"lk_swap_blocks", make_swap8, call_swap},
+    /* fp8 activations */
+    {"lk_static_scaled_fp8_quant", make_quant_static, call_quant_static},
+    {"lk_dynamic_scaled_fp8_quant", make_quant_tensor, call_quant_tensor},
+    {"lk_dynamic_per_token_scaled_fp8_quant", make_quant_token, call_quant_token},
+    {"lk_rms_norm_static_fp8_quant", make_norm_static, call_norm_static},
+    {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
+    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token, call_norm_token},
+    {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 

@@ -356,6 +356,64 @@ static void test_fp8_ops(void) {
     }
 }
 
+/* ---------------------------------------------------------------- fp8 activations */
+
+/* the fp8 activation ops' special values (docs/numerics.md "fp8 activations"), per ISA */
+static void test_fp8_act(void) {
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        float x[2][D], one = 1.0f, sc = 0.25f, scs[2];
+        uint8_t q[2][D];
+        lk_tensor tx = t2(x, LK_F32, 2, D), tq = lk_tensor_make(q, LK_F8E4M3, 2, (int64_t[]){2, D});
+        lk_tensor ts = t1(&sc, LK_F32, 1), tss = t1(scs, LK_F32, 2), t1s = t1(&one, LK_F32, 1);
+        /* static quant: x / 0.25; 1.0 -> 4 (0x48); ties to even: 3.375 * 4 = 13.5 between 13 (0x55)
+         * and 14 (0x56): 14; inf and 200 * 4 = 800 saturate to 448 (0x7e); NaN kept; -0 kept */
+        for (int i = 0; i < D; i++) x[0][i] = x[1][i] = 1.0f;
+        x[0][1] = 3.375f, x[0][2] = INFINITY, x[0][3] = -200.0f, x[0][4] = NAN, x[0][5] = -0.0f;
+        lk_static_scaled_fp8_quant(&tq, &tx, &ts);
+        int ok = q[0][0] == 0x48 && q[0][1] == 0x56 && q[0][2] == 0x7e && q[0][3] == 0xfe && q[0][4] == 0x7f &&
+                 q[0][5] == 0x80 && q[1][D - 1] == 0x48;
+        tu_check(ok, "%s static_scaled_fp8_quant: ties to even, +-inf and beyond-max saturate, NaN and -0 kept", isa);
+        /* per token: NaN ignored by the absmax (row 0's scale from 200), inf makes it inf */
+        x[0][2] = 2.0f;
+        lk_dynamic_per_token_scaled_fp8_quant(&tq, &tx, &tss, NULL);
+        ok = scs[0] == 200.0f / 448.0f && q[0][3] == 0xfe && q[0][4] == 0x7f && scs[1] == 1.0f / 448.0f &&
+             q[1][0] == 0x7e;
+        x[1][7] = INFINITY;
+        lk_dynamic_per_token_scaled_fp8_quant(&tq, &tx, &tss, NULL);
+        ok &= isinf(scs[1]) && q[1][0] == 0x00 && (q[1][7] & 0x7f) == 0x7f;
+        tu_check(ok, "%s dynamic_per_token_scaled_fp8_quant: NaN ignored by the absmax, absmax at the max code, an inf "
+                 "row gets scale inf (finite values 0, the inf NaN)", isa);
+        /* rms_norm + quant: a NaN in the row makes the row NaN; an inf: inv = 0, the inf NaN,
+         * the rest +-0 with their signs */
+        for (int i = 0; i < D; i++) x[0][i] = x[1][i] = (float)(i % 5) - 2.0f;
+        x[0][7] = NAN, x[1][7] = INFINITY;
+        lk_rms_norm_static_fp8_quant(&tq, &tx, NULL, &t1s, 1e-6f);
+        ok = 1;
+        for (int i = 0; i < D; i++) {
+            ok &= (q[0][i] & 0x7f) == 0x7f;
+            if (i != 7) ok &= q[1][i] == (x[1][i] < 0 || (x[1][i] == 0 && signbit(x[1][i])) ? 0x80 : 0x00);
+        }
+        ok &= (q[1][7] & 0x7f) == 0x7f;
+        tu_check(ok, "%s rms_norm_static_fp8_quant: a NaN makes the row NaN; an inf: inv 0, the inf NaN, others "
+                 "signed zeros", isa);
+        /* merge with an fp8 out: NaN LSE -> NaN codes, all empty -> zeros, scale applied */
+        enum { H = 3 };
+        float a[1][H][D], b[1][H][D], la[1][H] = {{NAN, -INFINITY, 0.0f}}, lb[1][H] = {{0.0f, INFINITY, 0.0f}};
+        uint8_t mo[1][H][D];
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < D; i++) a[0][h][i] = 1.0f, b[0][h][i] = 3.0f;
+        lk_tensor ta = t3(a, LK_F32, 1, H, D), tb = t3(b, LK_F32, 1, H, D), tla = t2(la, LK_F32, 1, H),
+                  tlb = t2(lb, LK_F32, 1, H), tmo = lk_tensor_make(mo, LK_F8E5M2, 3, (int64_t[]){1, H, D});
+        lk_merge_attn_states_scaled(&tmo, NULL, &ta, &tla, &tb, &tlb, &ts);
+        ok = 1;
+        for (int i = 0; i < D; i++) ok &= (mo[0][0][i] & 0x7c) == 0x7c && (mo[0][0][i] & 3) && mo[0][1][i] == 0 &&
+                                          mo[0][2][i] == 0x48; /* 2 / 0.25 = 8 = 0x48 in e5m2 */
+        tu_check(ok, "%s merge_attn_states_scaled (e5m2 out): NaN LSE -> NaN, all empty -> 0, merged / scale", isa);
+    }
+}
+
 /* ---------------------------------------------------------------- merge */
 
 static void test_merge(void) {
@@ -913,6 +971,7 @@ int main(void) {
     test_copies();
     test_fp8_cache();
     test_fp8_ops(); /* fp8 cache operators */
+    test_fp8_act();
     test_merge();
     test_softmax();
     test_attention();

@@ -44,6 +44,16 @@ from .ops import (  # vLLM's other activations
     swigluoai_and_mul,
 )
 
+from .ops import (  # fp8 activations (vLLM's names)
+    dynamic_per_token_scaled_fp8_quant,
+    dynamic_scaled_fp8_quant,
+    fused_add_rms_norm_static_fp8_quant,
+    rms_norm_dynamic_per_token_quant,
+    rms_norm_static_fp8_quant,
+    scaled_fp8_quant,
+    static_scaled_fp8_quant,
+)
+
 __version__ = "0.3.0"
 
 __all__ = [
@@ -56,4 +66,8 @@ __all__ = [
     "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla", "flash_attn_with_kvcache",
     "flash_mla_with_kvcache", "get_mla_metadata",
     "convert_fp8", "cp_gather_cache", "gather_and_maybe_dequant_cache",  # fp8 caches
+    # fp8 activations
+    "scaled_fp8_quant", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
+    "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
+    "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
 ]

@@ -171,6 +171,164 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
         _raise(s)
 
 
+# ---------------------------------------------------------------- fp8 activations
+# vLLM's names and argument order: the raw custom ops write into `out` (and the scale
+# tensors) in place; scaled_fp8_quant and rms_norm_dynamic_per_token_quant allocate and
+# return (output, scale) as vLLM's Python wrappers do. An fp8 output is a float8_e4m3fn /
+# float8_e5m2 tensor or array (ml_dtypes for NumPy), or a uint8 buffer taken as e4m3.
+
+
+def _fp8_out(x, name):
+    if L._is_uint8(x):
+        return L.fp8_out_view(x, name, L.F8E4M3)
+    return _out(x, name)
+
+
+def _scale_in(scale, name):
+    """A per-tensor scale: a number becomes a one-element f32 array (validated in C)."""
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return np.array([scale], dtype=np.float32)
+    return scale
+
+
+def static_scaled_fp8_quant(out, input, scale):
+    """out = fp8(input / scale); scale: one f32 element."""
+    scale = _scale_in(scale, "scale")
+    s = L.static_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _view(scale, "scale"))
+    if s:
+        _raise(s)
+
+
+def dynamic_scaled_fp8_quant(out, input, scale):
+    """scale[0] = max(absmax(input) / fp8_max, 1 / (fp8_max * 512)); out = fp8(input / scale)."""
+    s = L.dynamic_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _out(scale, "scale"))
+    if s:
+        _raise(s)
+
+
+def dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub=None):
+    """Per row r: scales[r] = max(min(absmax(input[r]), scale_ub) / fp8_max, min_scale),
+    out[r] = fp8(input[r] / scales[r]); scales [rows] or [rows, 1] f32."""
+    if scale_ub is not None:
+        scale_ub = _scale_in(scale_ub, "scale_ub")
+    s = L.dynamic_per_token_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _out(scales, "scales"),
+                                             _view(scale_ub, "scale_ub"))
+    if s:
+        _raise(s)
+
+
+def _fp8_like(x, shape, dtype=None):
+    """A new fp8 output of `shape` beside x (torch: float8_e4m3fn unless dtype; NumPy:
+    ml_dtypes' float8_e4m3fn / float8_e5m2 when installed, else uint8 taken as e4m3)."""
+    if L.is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=dtype or torch.float8_e4m3fn)
+    try:
+        import ml_dtypes
+        return np.empty(shape, dtype=dtype or ml_dtypes.float8_e4m3fn)
+    except ImportError:
+        if dtype is not None:
+            raise ValueError("quant_dtype: %r needs ml_dtypes for NumPy inputs" % (dtype,)) from None
+        return np.empty(shape, dtype=np.uint8)
+
+
+def _f32_like(x, shape, zero=False):
+    if L.is_torch(x):
+        import torch
+        return (torch.zeros if zero else torch.empty)(shape, dtype=torch.float32)
+    return np.zeros(shape, dtype=np.float32)
+
+
+def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, use_per_token_if_dynamic=False,
+                     output=None):
+    """vLLM's scaled_fp8_quant: returns (output, scale). scale given: static per-tensor;
+    else dynamic, per token ([rows, 1] scales, scale_ub bounds the absmax) with
+    use_per_token_if_dynamic, per tensor ([1]) otherwise. num_token_padding: output has
+    max(num_token_padding, rows) rows of which the first rows are written."""
+    shape = tuple(input.shape)
+    if num_token_padding:
+        if output is not None:
+            raise ValueError("num_token_padding: not with an output given")
+        if len(shape) != 2:
+            raise ValueError("num_token_padding: input must be 2-D, got shape %s" % (shape,))
+        shape = (max(int(num_token_padding), shape[0]), shape[1])
+    if output is None:
+        output = _fp8_like(input, shape)
+    out = output[:input.shape[0]] if num_token_padding else output
+    if scale is None:
+        if use_per_token_if_dynamic:
+            n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
+            scale = _f32_like(input, (n, 1))
+            dynamic_per_token_scaled_fp8_quant(out, input, scale, scale_ub)
+        else:
+            scale = _f32_like(input, (1,), zero=True)
+            dynamic_scaled_fp8_quant(out, input, scale)
+    else:
+        static_scaled_fp8_quant(out, input, scale)
+    return output, scale
+
+
+def rms_norm_static_fp8_quant(out, input, weight, scale, epsilon):
+    """out = fp8(rms_norm(input, weight, epsilon) / scale) (weight None: no weight)."""
+    scale = _scale_in(scale, "scale")
+    s = L.rms_norm_static_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _view(weight, "weight"),
+                                    _view(scale, "scale"), epsilon)
+    if s:
+        _raise(s)
+
+
+def fused_add_rms_norm_static_fp8_quant(out, input, residual, weight, scale, epsilon):
+    """residual = input + residual (in place; input is not written), then
+    out = fp8(rms_norm(residual, weight, epsilon) / scale)."""
+    scale = _scale_in(scale, "scale")
+    s = L.fused_add_rms_norm_static_fp8_quant(_fp8_out(out, "out"), _view(input, "input"),
+                                              _out(residual, "residual"), _view(weight, "weight"),
+                                              _view(scale, "scale"), epsilon)
+    if s:
+        _raise(s)
+
+
+def _quant_dtype(x, quant_dtype):
+    """The output dtype for quant_dtype (torch.float8_e4m3fn / float8_e5m2, ml_dtypes'
+    or their names); int8 is not supported."""
+    name = str(quant_dtype).replace("torch.", "")
+    if not name.startswith("float8"):
+        try:
+            name = np.dtype(quant_dtype).name
+        except TypeError:
+            pass
+    if name not in ("float8_e4m3fn", "float8_e5m2"):
+        raise NotImplementedError("quant_dtype: %r, only float8_e4m3fn and float8_e5m2 are supported"
+                                  % (quant_dtype,))
+    if L.is_torch(x):
+        import torch
+        return getattr(torch, name)
+    import ml_dtypes
+    return getattr(ml_dtypes, name)
+
+
+def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub=None, residual=None):
+    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result fp8 and
+    scale [rows, 1] (or [rows]) f32 written in place."""
+    if scale_ub is not None:
+        scale_ub = _scale_in(scale_ub, "scale_ub")
+    s = L.rms_norm_dynamic_per_token_quant(_fp8_out(result, "result"), _view(input, "input"), _view(weight, "weight"),
+                                           _out(scale, "scale"), epsilon, _view(scale_ub, "scale_ub"),
+                                           None if residual is None else _out(residual, "residual"))
+    if s:
+        _raise(s)
+
+
+def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_ub=None, residual=None):
+    """vLLM's rms_norm_dynamic_per_token_quant: returns (out, scales [rows, 1]); with
+    residual, residual = input + residual (in place) and the norm is over it."""
+    out = _fp8_like(input, tuple(input.shape), _quant_dtype(input, quant_dtype))
+    n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
+    scales = _f32_like(input, (n, 1))
+    rms_norm_dynamic_per_token_quant_into(out, input, weight, scales, epsilon, scale_ub, residual)
+    return out, scales
+
+
 # ---------------------------------------------------------------- KV cache
 
 
@@ -440,9 +598,16 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     suffix_lse); LSEs [H, T] f32 as in vLLM (passed to C as their [T, H] transposes).
     prefill_tokens_with_context = N (vLLM): only tokens < N have a prefix state; tokens
     >= N take the suffix as it is (output = suffix_output rounded to output's dtype,
-    output_lse = suffix_lse), their prefix state is not read."""
-    if output_scale is not None:
-        raise NotImplementedError("output_scale: fp8 outputs are not supported")
+    output_lse = suffix_lse), their prefix state is not read. output_scale (a one-element
+    f32 tensor or a number): output is fp8 (float8_e4m3fn / float8_e5m2, or uint8 taken
+    as e4m3) and holds fp8(merged / output_scale)."""
+    scaled = output_scale is not None
+    if scaled:  # fp8 output = fp8(merged / output_scale)
+        output_scale = _scale_in(output_scale, "output_scale")
+        merge = (lambda o, ol, a, la, b, lb: L.merge_attn_states_scaled(
+            _fp8_out(o, "output"), ol, a, la, b, lb, _view(output_scale, "output_scale")))
+    else:
+        merge = (lambda o, ol, a, la, b, lb: L.merge_attn_states(_out(o, "output"), ol, a, la, b, lb))
     n = prefill_tokens_with_context
     T = output.shape[0] if len(output.shape) else 0
     if n is not None:
@@ -457,21 +622,27 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                 raise ValueError("%s: shape %s, expected %d tokens like output"
                                  % (name, tuple(x.shape), T))
     if n is None or n == T:
-        s = L.merge_attn_states(_out(output, "output"), _tview(output_lse, "output_lse", True),
-                                _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
-                                _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
+        s = merge(output, _tview(output_lse, "output_lse", True),
+                  _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
+                  _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
         if s:
             _raise(s)
         return
     # tokens [0, n): the merge (validates everything the copies below rely on: dtypes,
     # heads, head size, overlaps) over views of the first n tokens; then the copies
     lse_head = (lambda x: None if x is None else x[:, :n])
-    s = L.merge_attn_states(_out(output[:n], "output"), _tview(lse_head(output_lse), "output_lse", True),
-                            _view(prefix_output[:n], "prefix_output"), _tview(lse_head(prefix_lse), "prefix_lse"),
-                            _view(suffix_output[:n], "suffix_output"), _tview(lse_head(suffix_lse), "suffix_lse"))
+    s = merge(output[:n], _tview(lse_head(output_lse), "output_lse", True),
+              _view(prefix_output[:n], "prefix_output"), _tview(lse_head(prefix_lse), "prefix_lse"),
+              _view(suffix_output[:n], "suffix_output"), _tview(lse_head(suffix_lse), "suffix_lse"))
     if s:
         _raise(s)
-    _copy_into(output[n:], suffix_output[n:])
+    if scaled:  # the suffix quantized as it is
+        s = L.static_scaled_fp8_quant(_fp8_out(output[n:], "output"), _view(suffix_output[n:], "suffix_output"),
+                                      _view(output_scale, "output_scale"))
+        if s:
+            _raise(s)
+    else:
+        _copy_into(output[n:], suffix_output[n:])
     if output_lse is not None:
         _copy_into(output_lse[:, n:], suffix_lse[:, n:])
 

@@ -99,15 +99,36 @@ _register("copy_blocks", "(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, T
 _register("copy_blocks_mla", "(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
           lambda kv_caches, block_mapping: _ops.copy_blocks_mla(kv_caches, block_mapping))
 
+# ---------------------------------------------------------------- fp8 activations (vLLM's _C schemas)
+
+_register("static_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor scale) -> ()",
+          lambda result, input, scale: _ops.static_scaled_fp8_quant(result, input, scale))
+_register("dynamic_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! scale) -> ()",
+          lambda result, input, scale: _ops.dynamic_scaled_fp8_quant(result, input, scale))
+_register("dynamic_per_token_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) -> ()",
+          lambda result, input, scale, scale_ub: _ops.dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub))
+_register("rms_norm_static_fp8_quant", "(Tensor! result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()",
+          lambda result, input, weight, scale, epsilon: _ops.rms_norm_static_fp8_quant(result, input, weight, scale,
+                                                                                       epsilon))
+_register("fused_add_rms_norm_static_fp8_quant",
+          "(Tensor! result, Tensor input, Tensor! residual, Tensor weight, Tensor scale, float epsilon) -> ()",
+          lambda result, input, residual, weight, scale, epsilon:
+          _ops.fused_add_rms_norm_static_fp8_quant(result, input, residual, weight, scale, epsilon))
+_register("rms_norm_dynamic_per_token_quant",
+          "(Tensor! result, Tensor input, Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
+          "Tensor!? residual) -> ()",
+          lambda result, input, weight, scale, epsilon, scale_ub, residual:
+          _ops.rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub, residual))
+
 # ---------------------------------------------------------------- attention
 
 _register("merge_attn_states",
           "(Tensor! output, Tensor!? output_lse, Tensor prefix_output, Tensor prefix_lse, Tensor suffix_output, "
-          "Tensor suffix_lse, int? prefill_tokens_with_context=None) -> ()",
+          "Tensor suffix_lse, int? prefill_tokens_with_context=None, Tensor? output_scale=None) -> ()",
           lambda output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-          prefill_tokens_with_context=None:
+          prefill_tokens_with_context=None, output_scale=None:
           _ops.merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse,
-                                 prefill_tokens_with_context))
+                                 prefill_tokens_with_context, output_scale))
 _register("causal_softmax", "(Tensor! out, Tensor x) -> ()", lambda out, x: _ops.causal_softmax(out, x))
 
 

@@ -80,6 +80,9 @@ static void fill_ref(lk_kernel_table *r) {
     /* fp8 caches */
     r->reshape_and_cache_paged = lk_ref_reshape_and_cache_paged;
     r->convert_fp8 = lk_ref_convert_fp8;
+    /* fp8 activations */
+    r->fp8_quant = lk_ref_fp8_quant;
+    r->rms_norm_quant = lk_ref_rms_norm_quant;
 }
 
 static void fill_tables(void) {

@@ -85,11 +85,41 @@ typedef struct {
     int n;                    /* >= 1 */
     const lk_tensor *states;  /* n x [T, H, D] */
     const lk_tensor *lses;    /* n x [T, H] f32 */
+    float out_scale;          /* fp8 out: stored fp8(merged / out_scale); else 1, unused */
 } lk_merge_args;
 
 typedef struct {
     lk_tensor out, x; /* [..., q_len, k_len] */
 } lk_softmax_args;
+
+/* ---- fp8 activations (src/ops/fp8_quant.c, src/ops/rms_norm.c, src/cpu/fp8_quant.h) ---- */
+typedef enum {
+    LK_Q_STATIC = 0,  /* scale given */
+    LK_Q_TENSOR,      /* dynamic per tensor: scale written */
+    LK_Q_TOKEN        /* dynamic per token (row): scales written */
+} lk_quant_mode;
+
+/* scaled_fp8_quant: out = fp8(x / scale) */
+typedef struct {
+    lk_tensor out, x;  /* out fp8, x float: [..., D] */
+    lk_quant_mode mode;
+    float scale;       /* LK_Q_STATIC: the validated scale */
+    float *scale_out;  /* LK_Q_TENSOR: where the scale goes */
+    lk_tensor scales;  /* LK_Q_TOKEN: [rows] f32 view (a [..., 1] view flattened) */
+    float ub;          /* LK_Q_TOKEN: scale_ub, or +inf without one */
+} lk_fp8_quant_args;
+
+/* the rms_norm + quant ops: y = x_or_residual * inv_rms * w; out = fp8(y / scale) */
+typedef struct {
+    lk_tensor out, x, w;  /* out fp8 [..., D]; x [..., D]; w [D] (stride 0: no weight) */
+    lk_tensor residual;   /* [..., D]; ignored if !has_residual */
+    int has_residual;
+    float eps;
+    lk_quant_mode mode;   /* LK_Q_STATIC or LK_Q_TOKEN */
+    float scale;          /* LK_Q_STATIC */
+    lk_tensor scales;     /* LK_Q_TOKEN: [rows] f32 */
+    float ub;             /* LK_Q_TOKEN: scale_ub or +inf */
+} lk_rms_norm_quant_args;
 
 /* flash_attn_varlen. Dense K/V are described as paged caches too: one "page" per
  * request starting at cu_seqlens_k[b] (kc.s1 = row stride), so kernels see one addressing
@@ -292,6 +322,9 @@ typedef struct {
     lk_status (*mla_decode)(const lk_mla_decode_args *a);
     lk_status (*reshape_and_cache_paged)(const lk_cache8_args *a); /* fp8 caches */
     lk_status (*convert_fp8)(const lk_convert_fp8_args *a);         /* fp8 caches */
+    /* fp8 activations */
+    lk_status (*fp8_quant)(const lk_fp8_quant_args *a);
+    lk_status (*rms_norm_quant)(const lk_rms_norm_quant_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -315,6 +348,9 @@ lk_status lk_ref_block_copy(const lk_block_copy_args *a);
 lk_status lk_ref_mla_decode(const lk_mla_decode_args *a);
 lk_status lk_ref_reshape_and_cache_paged(const lk_cache8_args *a); /* fp8 caches */
 lk_status lk_ref_convert_fp8(const lk_convert_fp8_args *a);         /* fp8 caches */
+/* fp8 activations */
+lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a);
+lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a);
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

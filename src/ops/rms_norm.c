@@ -1,9 +1,12 @@
 /*
- * Public entry points lk_rms_norm and lk_fused_add_rms_norm: validation (before any
- * store), then the kernel of the ISA in use. Contract in include/llmkern.h.
+ * Public entry points lk_rms_norm and lk_fused_add_rms_norm, and their fp8-quantizing
+ * forms (vLLM's rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant,
+ * rms_norm_dynamic_per_token_quant; one kernel entry, rms_norm_quant): validation
+ * (before any store), then the kernel of the ISA in use. Contract in include/llmkern.h.
  */
 #include <math.h>
 
+#include "../cpu/fp8_quant.h"
 #include "../cpu/kernels.h"
 
 /* w == NULL (weightless RMSNorm): the kernels see a broadcast view of 1.0 (stride 0),
@@ -81,4 +84,93 @@ lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual, c
     if (s) return s;
     if (lk_numel(x) == 0) return LK_OK;
     return lk_kernels()->fused_add_rms_norm(&a);
+}
+
+/* ---------------------------------------------------------------- fp8-quantizing forms
+ * out [..., D] fp8 = fp8(rms_norm(input or round(input + residual)) / scale); argument
+ * names as vLLM's (input, weight, residual, scale / scales, scale_ub, epsilon). */
+
+static lk_status check_norm_quant(lk_rms_norm_quant_args *a, const lk_tensor *w, const lk_tensor *residual) {
+    lk_status s;
+    if ((s = lk_check_float(&a->x, "input", 1, LK_MAX_DIMS))) return s;
+    if ((s = lk_q_check_out(&a->out, "out"))) return s;
+    if ((s = lk_check_same_shape(&a->out, "out", &a->x, "input"))) return s;
+    int64_t D = a->x.shape[a->x.ndim - 1];
+    if (w) {
+        if ((s = lk_check_float(w, "weight", 1, 1))) return s;
+        if (w->shape[0] != D)
+            return lk_fail(LK_ERR_SHAPE, "weight: shape %s does not match last dim of input (%lld)", lk_shape_str(w),
+                           (long long)D);
+        a->w = *w;
+    } else a->w = unit_weight(D);
+    if (!(a->eps >= 0.0f) || isinf(a->eps))
+        return lk_fail(LK_ERR_VALUE, "epsilon: must be finite and >= 0, got %g", (double)a->eps);
+    if ((s = lk_check_disjoint(&a->out, "out", &a->x, "input"))) return s;
+    if ((s = lk_check_disjoint(&a->out, "out", &a->w, "weight"))) return s;
+    if (residual) {
+        a->residual = *residual;
+        a->has_residual = 1;
+        if ((s = lk_check_float(residual, "residual", 1, LK_MAX_DIMS))) return s;
+        if ((s = lk_check_same_shape(residual, "residual", &a->x, "input"))) return s;
+        if ((s = lk_check_no_self_overlap(residual, "residual"))) return s;
+        if ((s = lk_check_disjoint(residual, "residual", &a->x, "input"))) return s;
+        if ((s = lk_check_disjoint(residual, "residual", &a->w, "weight"))) return s;
+        if ((s = lk_check_disjoint(&a->out, "out", residual, "residual"))) return s;
+    }
+    return LK_OK;
+}
+
+lk_status lk_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
+                                       const lk_tensor *scale, float epsilon) {
+    lk_clear_error();
+    lk_set_op("lk_rms_norm_static_fp8_quant");
+    if (!out || !input || !scale)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
+    lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
+    lk_status s = check_norm_quant(&a, weight, NULL);
+    if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (s) return s;
+    if (lk_numel(input) == 0) return LK_OK;
+    return lk_kernels()->rms_norm_quant(&a);
+}
+
+lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                                 const lk_tensor *residual, const lk_tensor *weight,
+                                                 const lk_tensor *scale, float epsilon) {
+    lk_clear_error();
+    lk_set_op("lk_fused_add_rms_norm_static_fp8_quant");
+    if (!out || !input || !residual || !scale)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
+                       !out ? "out" : !input ? "input" : !residual ? "residual" : "scale");
+    lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
+    lk_status s = check_norm_quant(&a, weight, residual);
+    if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (s) return s;
+    if (lk_numel(input) == 0) return LK_OK;
+    return lk_kernels()->rms_norm_quant(&a);
+}
+
+lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
+                                              const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
+                                              const lk_tensor *residual) {
+    lk_clear_error();
+    lk_set_op("lk_rms_norm_dynamic_per_token_quant");
+    if (!out || !input || !scales)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
+    lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_TOKEN, .ub = INFINITY};
+    lk_status s;
+    if ((s = check_norm_quant(&a, weight, residual))) return s;
+    if ((s = lk_q_scales_out(scales, "scales", &a.x, &a.scales))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.w, "weight"))) return s;
+    if (residual && (s = lk_check_disjoint(scales, "scales", residual, "residual"))) return s;
+    if (scale_ub) {
+        if ((s = lk_q_scale_in(scale_ub, "scale_ub", &a.ub))) return s;
+        if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
+    }
+    if (lk_rows(input, 1) == 0) return LK_OK;
+    /* rows of D == 0 (the views touch no element: row addresses are never formed) */
+    if (lk_numel(input) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    return lk_kernels()->rms_norm_quant(&a);
 }

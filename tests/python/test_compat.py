@@ -577,6 +577,8 @@ def test_vllm_flash_attn_keywords(rng):
         with pytest.raises(NotImplementedError, match=kw):
             lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, 3, 5, block_table=table,
                                       seqused_k=np.array([4, 5], np.int32), **{kw: np.ones(1, np.float32)})
-    with pytest.raises(NotImplementedError, match="output_scale"):
+    # output_scale quantizes into an fp8 output (tests/python/test_fp8_act.py); a float
+    # output refuses it, naming it
+    with pytest.raises(lk.LlmkernError, match="output_scale"):
         lk.merge_attn_states(out, q, np.zeros((4, 5), np.float32), q, np.zeros((4, 5), np.float32),
                              output_scale=np.ones(1, np.float32))

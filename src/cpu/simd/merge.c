@@ -21,11 +21,15 @@
  * written with non-temporal stores where rows are aligned to the vector width and a
  * multiple of twice it (no read-for-ownership: llama3 T = 4096 bf16 at 2 threads ~10 -> 11-12 GB/s;
  * a software prefetch of the rows ahead measured no gain).
+ * An fp8 out (lk_merge_attn_states_scaled): every row goes through the f32 tile (same
+ * sums), then fp8(tile / out_scale) per element (fp8_store.h): bit-identical to the
+ * reference, whose sum is the same FMA chain.
  */
 #include <math.h>
 
 #include "../merge_row.h"
 #include "../vec/lkv.h"
+#include "fp8_store.h"
 
 #define MERGE_TILE 256
 
@@ -135,6 +139,34 @@ static void fill_row(char *orow, lk_dtype ot, int64_t D, float value) {
     if (j < D) lkv_store_part(orow + j * oes, ot, v, D - j);
 }
 
+/* fp8 out: row (t, h) summed into the f32 tile MERGE_TILE elements at a time, each
+ * chunk then stored as fp8(value / out_scale) */
+static void merge_row_fp8(const lk_merge_args *a, const lk_merge_row *row, int64_t t, int64_t h, char *orow) {
+    int64_t D = a->out.shape[2];
+    lk_dtype ot = a->out.dtype;
+    lkv_f32 vs = lkv_set1(a->out_scale);
+    float tile[MERGE_TILE];
+    for (int64_t d0 = 0; d0 < D; d0 += MERGE_TILE) {
+        int64_t len = D - d0 < MERGE_TILE ? D - d0 : MERGE_TILE, j = 0;
+        if (row->kind != LK_MERGE_NORMAL) {
+            float v = row->kind == LK_MERGE_NAN ? NAN : 0.0f;
+            for (int64_t k = 0; k < len; k++) tile[k] = v;
+        } else {
+            lk_merge_group g;
+            int i = 0, first = 1, last;
+            do {
+                lk_merge_next_group(a, row, t, h, &i, &g);
+                last = i >= a->n;
+                accumulate(&g, d0, len, tile, first, 0, 0, NULL, LK_F32);
+                first = 0;
+            } while (!last);
+        }
+        for (; j + LKV_W <= len; j += LKV_W) lkq_store_fp8(orow + d0 + j, ot, lkv_div(lkv_loadu(tile + j), vs), LKV_W);
+        if (j < len)
+            lkq_store_fp8(orow + d0 + j, ot, lkv_div(lkv_load_part(tile + j, LK_F32, len - j), vs), len - j);
+    }
+}
+
 typedef struct {
     const lk_merge_args *a;
     int stream;    /* out of LK_STREAM_MIN_BYTES or more: non-temporal stores where aligned */
@@ -151,6 +183,10 @@ static void merge_rows(void *ctx, int64_t r0, int64_t r1) {
         lk_merge_row_init(&row, a, t, h); /* also writes out_lse[t, h] */
         if (D == 0) continue;
         char *orow = lk_merge_row_ptr(out, t, h); // [D]
+        if (out->dtype == LK_F8E4M3 || out->dtype == LK_F8E5M2) {
+            merge_row_fp8(a, &row, t, h, orow);
+            continue;
+        }
         /* whole vector stores: the row and every 4W- (or 2W-) element block aligned */
         int stream = mc->stream && ((uintptr_t)orow & (LKV_BYTES - 1)) == 0 &&
                      (D * lk_esize(out->dtype)) % (2 * LKV_BYTES) == 0;

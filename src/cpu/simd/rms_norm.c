@@ -21,8 +21,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../../core/half.h"
 #include "../kernels.h"
 #include "../vec/lkv.h"
+#include "fp8_store.h"
 
 typedef struct {
     const lk_tensor *x, *out; /* [..., D]; fused: x = residual (input), out = x (output) */
@@ -341,7 +343,129 @@ static lk_status fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
     return LK_OK;
 }
 
+/* ---------------------------------------------------------------- fp8-quantizing forms
+ *
+ *   v = x, or round(x + residual) stored to residual; ss = sum v^2 in the fixed order of
+ *   src/cpu/fp8_quant.h (element i in lane i % 16: 16 / W vectors of FMA chains, stored and
+ *   halved 8, 4, 2, 1 in scalar); y = (v * inv) * g; out = fp8(y / scale), the scale
+ *   static or per row from absmax(y) (a second pass over the row recomputes y).
+ * The reference computes each of these steps with the same f32 operations in the same
+ * order, so the bits agree on every ISA and thread count. Fast path: last-dim stride 1
+ * on x, out and residual (w any: copied to f32 once); else the reference. Work split:
+ * rows, contiguous chunks per thread. */
+
+#define SS_VECS (LK_SS_LANES / LKV_W)
+
+typedef struct {
+    const lk_rms_norm_quant_args *a;
+    const float *g; /* [D] f32 weights */
+} quant_ctx;
+
+/* v of the row's elements [i, i + n) (n <= W), with the residual add and store */
+LK_ALWAYS_INLINE lkv_f32 quant_v(const char *x, lk_dtype xt, char *res, lk_dtype rt, int64_t i, int64_t n) {
+    int64_t xes = lk_esize(xt);
+    lkv_f32 v = n == LKV_W ? lkv_load(x + i * xes, xt) : lkv_load_part(x + i * xes, xt, n);
+    if (!res) return v;
+    int64_t res_es = lk_esize(rt);
+    char *p = res + i * res_es;
+    if (n == LKV_W) {
+        lkv_store(p, rt, lkv_add(v, lkv_load(p, rt)));
+        return lkv_load(p, rt); /* the rounded value */
+    }
+    lkv_store_part(p, rt, lkv_add(v, lkv_load_part(p, rt, n)), n);
+    return lkv_load_part(p, rt, n);
+}
+
+static float quant_sumsq(const char *x, lk_dtype xt, char *res, lk_dtype rt, int64_t D) {
+    lkv_f32 acc[SS_VECS];
+    for (int k = 0; k < SS_VECS; k++) acc[k] = lkv_zero();
+    int64_t i = 0;
+    for (; i + LK_SS_LANES <= D; i += LK_SS_LANES)
+        for (int k = 0; k < SS_VECS; k++) {
+            lkv_f32 v = quant_v(x, xt, res, rt, i + k * LKV_W, LKV_W);
+            acc[k] = lkv_fma(v, v, acc[k]);
+        }
+    for (int k = 0; k < SS_VECS && i + k * LKV_W < D; k++) { /* the last < 16: zero lanes add 0 */
+        int64_t n = D - (i + k * LKV_W);
+        lkv_f32 v = quant_v(x, xt, res, rt, i + k * LKV_W, n < LKV_W ? n : LKV_W);
+        acc[k] = lkv_fma(v, v, acc[k]);
+    }
+    float s[LK_SS_LANES];
+    for (int k = 0; k < SS_VECS; k++) lkv_storeu(s + k * LKV_W, acc[k]);
+    return lk_ss_reduce(s);
+}
+
+static float quant_absmax(const char *v, lk_dtype vt, const float *g, float inv, int64_t D) {
+    int64_t es = lk_esize(vt), i = 0;
+    lkv_f32 vinv = lkv_set1(inv), m = lkv_zero();
+    for (; i + LKV_W <= D; i += LKV_W)
+        m = lkq_absmax(m, lkv_mul(lkv_mul(lkv_load(v + i * es, vt), vinv), lkv_loadu(g + i)));
+    if (i < D)
+        m = lkq_absmax(m, lkv_mul(lkv_mul(lkv_load_part(v + i * es, vt, D - i), vinv),
+                                  lkv_load_part(g + i, LK_F32, D - i)));
+    return lkv_hmax(m);
+}
+
+static void quant_store(char *o, lk_dtype ot, const char *v, lk_dtype vt, const float *g, float inv, float s,
+                        int64_t D) {
+    int64_t es = lk_esize(vt), i = 0;
+    lkv_f32 vinv = lkv_set1(inv), vs = lkv_set1(s);
+    for (; i + LKV_W <= D; i += LKV_W) {
+        lkv_f32 y = lkv_mul(lkv_mul(lkv_load(v + i * es, vt), vinv), lkv_loadu(g + i));
+        lkq_store_fp8(o + i, ot, lkv_div(y, vs), LKV_W);
+    }
+    if (i < D) {
+        lkv_f32 y = lkv_mul(lkv_mul(lkv_load_part(v + i * es, vt, D - i), vinv), lkv_load_part(g + i, LK_F32, D - i));
+        lkq_store_fp8(o + i, ot, lkv_div(y, vs), D - i);
+    }
+}
+
+static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
+    const quant_ctx *c = ctx;
+    const lk_rms_norm_quant_args *a = c->a;
+    const lk_tensor *x = &a->x, *out = &a->out, *res = &a->residual;
+    int64_t D = x->shape[x->ndim - 1];
+    lk_rowit xi, oi, ri, si;
+    lk_rowit_init(&xi, x, 1, r0);
+    lk_rowit_init(&oi, out, 1, r0);
+    if (a->has_residual) lk_rowit_init(&ri, res, 1, r0);
+    if (a->mode == LK_Q_TOKEN) lk_rowit_init(&si, &a->scales, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
+        const char *xr = lk_at(x, xi.off); // [D]
+        char *orow = lk_at(out, oi.off);   // [D]
+        char *rr = NULL;                   // [D]
+        if (a->has_residual) rr = lk_at(res, ri.off), lk_rowit_next(&ri);
+        const char *vr = rr ? rr : xr;
+        lk_dtype vt = rr ? res->dtype : x->dtype;
+        float inv = lk_q_inv_rms(quant_sumsq(xr, x->dtype, rr, res->dtype, D), D, a->eps), s = a->scale;
+        if (a->mode == LK_Q_TOKEN) {
+            s = lk_q_scale(quant_absmax(vr, vt, c->g, inv, D), a->ub, out->dtype);
+            ((float *)a->scales.data)[si.off] = s;
+            lk_rowit_next(&si);
+        }
+        quant_store(orow, out->dtype, vr, vt, c->g, inv, s, D);
+    }
+}
+
+static lk_status rms_norm_quant(const lk_rms_norm_quant_args *a) {
+    int nd = a->x.ndim;
+    if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1 ||
+        (a->has_residual && a->residual.stride[nd - 1] != 1))
+        return lk_ref_rms_norm_quant(a);
+    int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1);
+    float *g = malloc(sizeof(float) * (size_t)(D > 0 ? D : 1));
+    if (!g) return LK_ERR_NOMEM;
+    /* exact f32 copy of w (no + 0.0f: a -0 weight stays -0, as the reference reads it) */
+    for (int64_t i = 0; i < D; i++) g[i] = lk_load_f(a->w.data, a->w.dtype, i * a->w.stride[0]);
+    quant_ctx c = {a, g};
+    int64_t bytes = D * (lk_esize(a->x.dtype) + 1 + (a->has_residual ? 2 * lk_esize(a->residual.dtype) : 0));
+    lk_parallel_for(rows, bytes, quant_rows, &c);
+    free(g);
+    return LK_OK;
+}
+
 void LKV_FN(register_rms_norm)(lk_kernel_table *t) {
     t->rms_norm = rms_norm;
     t->fused_add_rms_norm = fused_add_rms_norm;
+    t->rms_norm_quant = rms_norm_quant;
 }

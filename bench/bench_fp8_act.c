@@ -1,0 +1,95 @@
+/*
+ * fp8 activations at LLM shapes (prefill 4096 tokens x hidden 4096, Llama-3-8B; the
+ * merge at llama3 32 heads x 128): bf16 inputs to e4m3 outputs. One row per op:
+ * static / dynamic per-tensor / dynamic per-token scaled_fp8_quant, rms_norm +
+ * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
+ * merge_attn_states into fp8. Bytes: what the op must move once (inputs read, outputs
+ * written: a per-tensor dynamic scale reads the input twice but counts it once), set
+ * against the read bandwidth probe. Error: max |out - ref| / (1 + |ref|) of the
+ * dequantized codes against the reference kernel (0: bit-identical).
+ * These functions are called directly, not through bench_api.h's table: a --lib build
+ * without them still loads, and every variant's row times this build's kernels.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+enum { Q_STATIC, Q_TENSOR, Q_TOKEN, N_STATIC, N_FUSED, N_TOKEN, M_FP8, NQ };
+static const char *QN[NQ] = {"static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
+                             "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
+                             "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
+                             "merge_attn_states_scaled"};
+
+typedef struct {
+    int op;
+    lk_tensor out, x, w, res, scale, scales, b, la, lb;
+} q_ctx;
+
+static void run_q(void *p) {
+    q_ctx *c = p;
+    switch (c->op) {
+    case Q_STATIC: (void)(lk_static_scaled_fp8_quant)(&c->out, &c->x, &c->scale); break;
+    case Q_TENSOR: (void)(lk_dynamic_scaled_fp8_quant)(&c->out, &c->x, &c->scale); break;
+    case Q_TOKEN: (void)(lk_dynamic_per_token_scaled_fp8_quant)(&c->out, &c->x, &c->scales, NULL); break;
+    case N_STATIC: (void)(lk_rms_norm_static_fp8_quant)(&c->out, &c->x, &c->w, &c->scale, 1e-6f); break;
+    /* in place on the residual: repeated calls add x each time (values stay bounded for
+     * the few hundred calls of a row: |residual| grows linearly) */
+    case N_FUSED:
+        (void)(lk_fused_add_rms_norm_static_fp8_quant)(&c->out, &c->x, &c->res, &c->w, &c->scale, 1e-6f);
+        break;
+    case N_TOKEN: (void)(lk_rms_norm_dynamic_per_token_quant)(&c->out, &c->x, &c->w, &c->scales, 1e-6f, NULL, NULL); break;
+    default: (void)(lk_merge_attn_states_scaled)(&c->out, NULL, &c->x, &c->la, &c->b, &c->lb, &c->scale); break;
+    }
+}
+
+static void one_case(int op) {
+    int64_t T = 4096, D = 4096, H = 32, HD = 128, n = T * D;
+    q_ctx c;
+    c.op = op;
+    float scale = op == M_FP8 ? 0.01f : 0.02f;
+    float *sc = bench_alloc(LK_F32, T, 0, 0);
+    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
+    void *w = bench_alloc(LK_BF16, D, 0.5, 1.5), *res = bench_alloc(LK_BF16, n, -1, 1);
+    void *b = bench_alloc(LK_BF16, n + 1, -3, 3), *la = bench_alloc(LK_F32, T * H, -3, 3), *lb = bench_alloc(LK_F32, T * H + 1, -3, 3);
+    int64_t s2[2] = {T, D}, s3[3] = {T, H, HD};
+    int nd = op == M_FP8 ? 3 : 2;
+    const int64_t *sh = op == M_FP8 ? s3 : s2;
+    c.out = lk_tensor_make(out, LK_F8E4M3, nd, sh);
+    c.x = lk_tensor_make(x, LK_BF16, nd, sh);
+    c.b = lk_tensor_make(b, LK_BF16, 3, s3);
+    c.la = lk_tensor_make(la, LK_F32, 2, (int64_t[]){T, H});
+    c.lb = lk_tensor_make(lb, LK_F32, 2, (int64_t[]){T, H});
+    c.w = lk_tensor_make(w, LK_BF16, 1, &D);
+    c.res = lk_tensor_make(res, LK_BF16, 2, s2);
+    c.scale = lk_tensor_make(op == Q_TENSOR ? sc : &scale, LK_F32, 1, (int64_t[]){1});
+    c.scales = lk_tensor_make(sc, LK_F32, 1, &T);
+    double ms = bench_time(run_q, &c);
+    /* error against the reference kernel on the same inputs (the fused op from a fresh
+     * residual each time: the timing loop changed it) */
+    void *res0 = bench_alloc(LK_BF16, n, -1, 1);
+    q_ctx r = c;
+    r.out = lk_tensor_make(ref, LK_F8E4M3, nd, sh);
+    lk_isa isa = (lk_isa_current)();
+    if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
+    (lk_set_isa)(LK_ISA_REF);
+    run_q(&r);
+    (lk_set_isa)(isa);
+    if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
+    run_q(&c);
+    double err = bench_max_err(out, ref, LK_F8E4M3, n);
+    double bytes = (double)n * (2 + 1);
+    if (op == N_FUSED) bytes += (double)n * 2 * 2;
+    if (op == M_FP8) bytes += (double)n * 2 + (double)T * H * 2 * 4;
+    char shp[64];
+    if (op == M_FP8) snprintf(shp, sizeof shp, "llama3 T=%lld %lldx%lld", (long long)T, (long long)H, (long long)HD);
+    else snprintf(shp, sizeof shp, "%lld x %lld", (long long)T, (long long)D);
+    bench_row(QN[op], shp, "bf16->e4m3", ms, bytes, BENCH_READ_BW, err);
+    bench_free(sc), bench_free(x), bench_free(out), bench_free(ref), bench_free(w), bench_free(res), bench_free(res0);
+    bench_free(b), bench_free(la), bench_free(lb);
+}
+
+void bench_fp8_act(void) {
+    bench_section("fp8 activations (bandwidth-bound; ceiling = read bandwidth)");
+    for (int op = 0; op < NQ; op++) one_case(op);
+}

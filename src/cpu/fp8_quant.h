@@ -1,0 +1,65 @@
+/*
+ * The scalar pieces of the fp8 activation ops shared by the reference kernels and the
+ * SIMD sources, so that every ISA computes the same bits:
+ *   lk_q_store(p, dt, i, v)   element i of an fp8 row = fp8(v) (the src/core/fp8.h
+ *                             converter)
+ *   lk_q_max(dt)              fp8_max: 448 (e4m3fn), 57344 (e5m2)
+ *   lk_q_scale(absmax, ub, dt) the dynamic scale max(min(absmax, ub) / fp8_max, min_scale),
+ *                             min_scale = 1 / (fp8_max * 512) (vLLM's)
+ *   lk_ss_reduce(s)           the fixed-order sum of the LK_SS_LANES partial sums of
+ *                             squares (element i in lane i % 16, each lane an FMA chain in
+ *                             element order): pairwise halving 8, 4, 2, 1
+ *   lk_q_absmax_fold(m, v)    absmax step ignoring NaN (vLLM's fmaxf)
+ */
+#ifndef LK_FP8_QUANT_H
+#define LK_FP8_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "../core/fp8.h"
+#include "kernels.h"
+
+#define LK_SS_LANES 16
+
+static inline void lk_q_store(void *p, lk_dtype dt, int64_t i, float v) {
+    ((uint8_t *)p)[i] = dt == LK_F8E4M3 ? lk_f32_to_f8e4m3(v) : lk_f32_to_f8e5m2(v);
+}
+
+static inline float lk_q_max(lk_dtype dt) { return dt == LK_F8E4M3 ? 448.0f : 57344.0f; }
+
+static inline float lk_q_scale(float absmax, float ub, lk_dtype dt) {
+    float m = absmax < ub ? absmax : ub; /* absmax is never NaN; ub is +inf without one */
+    float s = m / lk_q_max(dt), lo = 1.0f / (lk_q_max(dt) * 512.0f);
+    return s > lo ? s : lo;
+}
+
+static inline float lk_q_absmax_fold(float m, float v) {
+    float a = fabsf(v);
+    return a > m ? a : m; /* false for NaN: ignored */
+}
+
+static inline float lk_ss_reduce(float *s) {
+    for (int w = LK_SS_LANES / 2; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) s[k] = s[k] + s[k + w];
+    return s[0];
+}
+
+/* 1 / sqrt(ss / D + eps): the row's inverse RMS from the reduced sum of squares */
+static inline float lk_q_inv_rms(float ss, int64_t D, float eps) { return 1.0f / sqrtf(ss / (float)D + eps); }
+
+/* ---- validation shared by the front-ends (src/ops/fp8_quant.c) ---- */
+
+/* out: fp8 dtype, 1..LK_MAX_DIMS dims, no self overlap */
+lk_status lk_q_check_out(const lk_tensor *out, const char *name);
+/* an input scale: f32, one element ([1] or []), finite and > 0; its value to *v */
+lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v);
+/* a written per-tensor scale: f32, one element */
+lk_status lk_q_scale_out(const lk_tensor *t, const char *name);
+/* written per-row scales of x [..., D]: [rows] or [..., 1] (x's leading dims), f32, no
+ * self overlap; *view = the [..., 1] form (the one the kernels walk) */
+lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view);
+/* every per-row scale of view (the [..., 1] form) = v: rows of D == 0, no kernel call */
+lk_status lk_q_fill_scales(const lk_tensor *view, float v);
+
+#endif

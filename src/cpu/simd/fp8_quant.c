@@ -1,0 +1,94 @@
+/*
+ * scaled_fp8_quant (static, dynamic per tensor, dynamic per token), every vector ISA
+ * (src/cpu/vec/lkv.h, W lanes).
+ *
+ *   out[r, i] = fp8(x[r, i] / s)
+ *   static: s given; per tensor: s = max(absmax(x) / fp8_max, min_scale);
+ *   per token: s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
+ *
+ * Shapes: x, out [..., D]; scales [..., 1]. Fast path: last-dim stride 1 on x and out,
+ * else the reference. Work split: rows, contiguous chunks per thread (lk_parallel_for).
+ * Per tensor: pass 1 writes each row's absmax to a scratch array (threads over rows),
+ * the max of those is taken in row order on the calling thread, pass 2 quantizes. The
+ * absmax is a max (exact, so any order gives the same bits); the quantization is one
+ * f32 division per element and the fp8.h converter (src/cpu/simd/fp8_store.h): results
+ * are bit-identical to the reference on every ISA and thread count.
+ */
+#include <stdlib.h>
+
+#include "fp8_store.h"
+
+static float row_absmax(const char *x, lk_dtype dt, int64_t D) {
+    int64_t es = lk_esize(dt), i = 0;
+    lkv_f32 m0 = lkv_zero(), m1 = m0;
+    for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {
+        m0 = lkq_absmax(m0, lkv_load(x + i * es, dt));
+        m1 = lkq_absmax(m1, lkv_load(x + (i + LKV_W) * es, dt));
+    }
+    if (i + LKV_W <= D) m0 = lkq_absmax(m0, lkv_load(x + i * es, dt)), i += LKV_W;
+    if (i < D) m1 = lkq_absmax(m1, lkv_load_part(x + i * es, dt, D - i)); /* zero-filled lanes */
+    return lkv_hmax(lkv_max(m0, m1));
+}
+
+static void quant_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, int64_t D, float s) {
+    int64_t es = lk_esize(xt), i = 0;
+    lkv_f32 vs = lkv_set1(s);
+    for (; i + LKV_W <= D; i += LKV_W) lkq_store_fp8(o + i, ot, lkv_div(lkv_load(x + i * es, xt), vs), LKV_W);
+    if (i < D) lkq_store_fp8(o + i, ot, lkv_div(lkv_load_part(x + i * es, xt, D - i), vs), D - i);
+}
+
+typedef struct {
+    const lk_fp8_quant_args *a;
+    float s;        /* static / per tensor: the scale */
+    float *rowmax;  /* per tensor, pass 1: [rows] */
+} quant_ctx;
+
+static void absmax_rows(void *ctx, int64_t r0, int64_t r1) {
+    const quant_ctx *c = ctx;
+    const lk_tensor *x = &c->a->x;
+    int64_t D = x->shape[x->ndim - 1];
+    lk_rowit xi;
+    lk_rowit_init(&xi, x, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi)) c->rowmax[r] = row_absmax(lk_at(x, xi.off), x->dtype, D);
+}
+
+static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
+    const quant_ctx *c = ctx;
+    const lk_fp8_quant_args *a = c->a;
+    const lk_tensor *x = &a->x, *out = &a->out;
+    int64_t D = x->shape[x->ndim - 1];
+    lk_rowit xi, oi, si;
+    lk_rowit_init(&xi, x, 1, r0);
+    lk_rowit_init(&oi, out, 1, r0);
+    if (a->mode == LK_Q_TOKEN) lk_rowit_init(&si, &a->scales, 1, r0);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
+        const char *xr = lk_at(x, xi.off); // [D]
+        char *orow = lk_at(out, oi.off);   // [D]
+        float s = c->s;
+        if (a->mode == LK_Q_TOKEN) {
+            s = lk_q_scale(row_absmax(xr, x->dtype, D), a->ub, out->dtype);
+            ((float *)a->scales.data)[si.off] = s;
+            lk_rowit_next(&si);
+        }
+        quant_row(orow, out->dtype, xr, x->dtype, D, s);
+    }
+}
+
+static lk_status fp8_quant(const lk_fp8_quant_args *a) {
+    int nd = a->x.ndim;
+    if (a->x.stride[nd - 1] != 1 || a->out.stride[nd - 1] != 1) return lk_ref_fp8_quant(a);
+    int64_t D = a->x.shape[nd - 1], rows = lk_rows(&a->x, 1), bytes = D * (lk_esize(a->x.dtype) + 1) + 4;
+    quant_ctx c = {a, a->scale, NULL};
+    if (a->mode == LK_Q_TENSOR) {
+        if (!(c.rowmax = malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1)))) return LK_ERR_NOMEM;
+        lk_parallel_for(rows, D * lk_esize(a->x.dtype), absmax_rows, &c);
+        float m = 0.0f;
+        for (int64_t r = 0; r < rows; r++) m = c.rowmax[r] > m ? c.rowmax[r] : m;
+        free(c.rowmax);
+        c.s = *a->scale_out = lk_q_scale(m, INFINITY, a->out.dtype);
+    }
+    lk_parallel_for(rows, bytes, quant_rows, &c);
+    return LK_OK;
+}
+
+void LKV_FN(register_fp8_quant)(lk_kernel_table *t) { t->fp8_quant = fp8_quant; }

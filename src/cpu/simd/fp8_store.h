@@ -1,0 +1,26 @@
+/*
+ * The fp8 pieces of the SIMD fp8 activation kernels (src/cpu/simd/fp8_quant.c,
+ * rms_norm.c, merge.c), over the vector layer:
+ *   lkq_store_fp8(p, dt, v, n)  the first n lanes of v as fp8 (dtype dt) at p: the vector
+ *                               layer's fp8 store, bit for bit the src/core/fp8.h converter
+ *                               the reference uses (tests/vec_check.c)
+ *   lkq_absmax(m, v)            lane-wise max(m, |v|), NaN lanes of v ignored
+ */
+#ifndef LK_SIMD_FP8_STORE_H
+#define LK_SIMD_FP8_STORE_H
+
+#include "../fp8_quant.h"
+#include "../vec/lkv.h"
+
+LK_ALWAYS_INLINE void lkq_store_fp8(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+    if (n == LKV_W) lkv_store_f8(p, dt, v);
+    else lkv_store_part(p, dt, v, n);
+}
+
+/* lkv_max(a, m) gives m where a is NaN on every ISA (x86 max_ps returns its second
+ * operand for a NaN; the NEON form is a > m ? a : m) */
+LK_ALWAYS_INLINE lkv_f32 lkq_absmax(lkv_f32 m, lkv_f32 v) {
+    return lkv_max(lkv_andnot(lkv_set1(-0.0f), v), m);
+}
+
+#endif

@@ -1,0 +1,152 @@
+/*
+ * Public entry points of the fp8 activation quantizers (vLLM's static_scaled_fp8_quant,
+ * dynamic_scaled_fp8_quant, dynamic_per_token_scaled_fp8_quant): validation before any
+ * store, then the fp8_quant kernel of the ISA in use. Contract in include/llmkern.h.
+ *
+ *   out[..., D] fp8 = fp8(x[..., D] / scale)
+ *   static: scale [1] given; per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale)
+ *   written first; per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max,
+ *   min_scale) per row r.
+ *
+ * Also the scale / fp8-output checks the fused rms_norm + quant ops (src/ops/rms_norm.c)
+ * and the merge with an fp8 output (src/ops/merge.c) share (src/cpu/fp8_quant.h).
+ */
+#include <math.h>
+
+#include "../cpu/fp8_quant.h"
+
+lk_status lk_q_check_out(const lk_tensor *out, const char *name) {
+    lk_status s = lk_check_view(out, name, 1, LK_MAX_DIMS);
+    if (s) return s;
+    if (!lk_is_fp8(out->dtype))
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (the quantized output is f8e4m3 or f8e5m2)",
+                       name, lk_dtype_name(out->dtype));
+    return lk_check_no_self_overlap(out, name);
+}
+
+static lk_status scale_view(const lk_tensor *t, const char *name) {
+    lk_status s = lk_check_view(t, name, 0, LK_MAX_DIMS);
+    if (s) return s;
+    if (t->dtype != LK_F32)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (scales are f32)", name, lk_dtype_name(t->dtype));
+    if (lk_numel(t) != 1)
+        return lk_fail(LK_ERR_SHAPE, "%s: shape %s, expected one element ([1]: a per-tensor scale)", name,
+                       lk_shape_str(t));
+    return LK_OK;
+}
+
+/* an input scale: the shared fp8 scale rules (src/core/core.h), one value (per tensor) */
+lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v) {
+    lk_scale sc;
+    lk_status s = lk_scale_init(&sc, t, -1, 1, name);
+    if (s) return s;
+    *v = lk_scale_at(&sc, 0, 0);
+    return LK_OK;
+}
+
+lk_status lk_q_scale_out(const lk_tensor *t, const char *name) { return scale_view(t, name); }
+
+lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view) {
+    lk_status s = lk_check_view(t, name, 1, LK_MAX_DIMS);
+    if (s) return s;
+    if (t->dtype != LK_F32)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (scales are f32)", name, lk_dtype_name(t->dtype));
+    int nd = x->ndim, ok;
+    int64_t rows = lk_rows(x, 1);
+    if (t->ndim == 1) ok = t->shape[0] == rows;
+    else {
+        ok = t->ndim == nd && t->shape[nd - 1] == 1;
+        for (int d = 0; ok && d < nd - 1; d++) ok = t->shape[d] == x->shape[d];
+    }
+    if (!ok)
+        return lk_fail(LK_ERR_SHAPE, "%s: shape %s, expected [%lld] or the input's leading dims and 1 (one scale "
+                       "per row of input %s)", name, lk_shape_str(t), (long long)rows, lk_shape_str(x));
+    if ((s = lk_check_no_self_overlap(t, name))) return s;
+    *view = *t;
+    if (t->ndim == 1) { /* [rows] stride s0 as x's leading dims + [1] */
+        /* no rows: strides 0; else every partial product is at most s0 * rows, within the
+         * view's validated extent (rows >= 2) or s0 itself (rows == 1) */
+        int64_t st = rows > 0 ? t->stride[0] : 0;
+        view->ndim = nd;
+        view->shape[nd - 1] = 1;
+        view->stride[nd - 1] = 0;
+        for (int d = nd - 2; d >= 0; d--) {
+            view->shape[d] = x->shape[d];
+            view->stride[d] = x->shape[d] > 1 ? st : 0;
+            if (d > 0) st *= x->shape[d];
+        }
+    }
+    return LK_OK;
+}
+
+lk_status lk_q_fill_scales(const lk_tensor *view, float v) {
+    lk_rowit si;
+    lk_rowit_init(&si, view, 1, 0);
+    for (int64_t r = 0, n = lk_rows(view, 1); r < n; r++, lk_rowit_next(&si)) ((float *)view->data)[si.off] = v;
+    return LK_OK;
+}
+
+static lk_status check_common(const lk_fp8_quant_args *a) {
+    lk_status s;
+    if ((s = lk_check_float(&a->x, "input", 1, LK_MAX_DIMS))) return s;
+    if ((s = lk_q_check_out(&a->out, "out"))) return s;
+    if ((s = lk_check_same_shape(&a->out, "out", &a->x, "input"))) return s;
+    return lk_check_disjoint(&a->out, "out", &a->x, "input");
+}
+
+static lk_status run(const lk_fp8_quant_args *a) {
+    if (lk_numel(&a->x) == 0) {
+        if (a->mode == LK_Q_TENSOR) *a->scale_out = lk_q_scale(0.0f, INFINITY, a->out.dtype);
+        return LK_OK;
+    }
+    return lk_kernels()->fp8_quant(a);
+}
+
+lk_status lk_static_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *scale) {
+    lk_clear_error();
+    lk_set_op("lk_static_scaled_fp8_quant");
+    if (!out || !input || !scale)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
+    lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_STATIC, .ub = INFINITY};
+    lk_status s = check_common(&a);
+    if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (s) return s;
+    return run(&a);
+}
+
+lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *scale) {
+    lk_clear_error();
+    lk_set_op("lk_dynamic_scaled_fp8_quant");
+    if (!out || !input || !scale)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
+    lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_TENSOR, .ub = INFINITY};
+    lk_status s;
+    if ((s = check_common(&a))) return s;
+    if ((s = lk_q_scale_out(scale, "scale"))) return s;
+    if ((s = lk_check_disjoint(scale, "scale", &a.out, "out"))) return s;
+    if ((s = lk_check_disjoint(scale, "scale", &a.x, "input"))) return s;
+    a.scale_out = scale->data;
+    return run(&a);
+}
+
+lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                                const lk_tensor *scales, const lk_tensor *scale_ub) {
+    lk_clear_error();
+    lk_set_op("lk_dynamic_per_token_scaled_fp8_quant");
+    if (!out || !input || !scales)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
+    lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_TOKEN, .ub = INFINITY};
+    lk_status s;
+    if ((s = check_common(&a))) return s;
+    if ((s = lk_q_scales_out(scales, "scales", &a.x, &a.scales))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
+    if (scale_ub) {
+        if ((s = lk_q_scale_in(scale_ub, "scale_ub", &a.ub))) return s;
+        if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
+    }
+    if (lk_rows(&a.x, 1) == 0) return LK_OK;
+    /* rows of D == 0 (the views touch no element: row addresses are never formed) */
+    if (lk_numel(&a.x) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    return lk_kernels()->fp8_quant(&a);
+}
