@@ -25,9 +25,10 @@
 
 static int rounds = 8;
 static oc_size size = OC_MEDIUM;
-static oc_inst base[32], serial[32];
-static atomic_int n_ok[32], n_bad[32], err_ok, err_bad;
-static char first_bad[32][256];
+#define MAXOPS 128 /* registry entries at most (checked in main) */
+static oc_inst base[MAXOPS], serial[MAXOPS];
+static atomic_int n_ok[MAXOPS], n_bad[MAXOPS], err_ok, err_bad;
+static char first_bad[MAXOPS][256];
 static pthread_barrier_t bar;
 
 static void record(int o, int ok, const char *why) {
@@ -98,6 +99,10 @@ int main(void) {
     tu_init();
     const char *small = getenv("LLMKERN_TEST_SMALL");
     if (small && *small && *small != '0') rounds = 1, size = OC_SMALL;
+    if (OC_NOPS > MAXOPS) {
+        fprintf(stderr, "test_concurrency: %d registry entries, room for %d (MAXOPS)\n", (int)OC_NOPS, MAXOPS);
+        return 1;
+    }
     pthread_barrier_init(&bar, NULL, NTHREADS);
     lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);
