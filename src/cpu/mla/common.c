@@ -475,10 +475,8 @@ lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float 
     fa.has_lse = lse != NULL;
     fa.q = a->q;
     const lk_tensor *k = &a->k, *v = &a->v;
-    fa.kc = (lk_paged){.data = k->data, .dtype = k->dtype, .layout = LK_KV_ND, .num_blocks = 1, .block_size = a->T,
-                       .H = a->H, .D = Dqk, .s0 = 0, .s1 = k->stride[0], .s2 = k->stride[1], .s3 = k->stride[2], .tile = 16};
-    fa.vc = (lk_paged){.data = v->data, .dtype = v->dtype, .layout = LK_KV_ND, .num_blocks = 1, .block_size = a->T,
-                       .H = a->H, .D = a->Dv, .s0 = 0, .s1 = v->stride[0], .s2 = v->stride[1], .s3 = v->stride[2], .tile = 16};
+    fa.kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, a->T, a->H, Dqk, 0, k->stride[0], k->stride[1], k->stride[2], 16};
+    fa.vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, a->T, a->H, a->Dv, 0, v->stride[0], v->stride[1], v->stride[2], 16};
     /* as lk_flash_attn_varlen does for dense K/V: strides of size-1 dims are not
      * validated (any value, e.g. 2^61 on a single head) and must not enter the kernels'
      * byte-step arithmetic */
