@@ -579,7 +579,7 @@ static void test_trace(void) {
         int32_t ql[MAXB], pl[MAXB];
         for (int b = 0; b < d.B; b++) ql[b] = (int32_t)d.ql[b], pl[b] = (int32_t)d.pl[b];
         lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs, lk_mla_gemm_bf16(),
-                           lk_mla_gemm_bf16(), 2 * (lk_isa_current() == LK_ISA_AVX512BF16)};
+                           lk_mla_gemm_bf16(), 2 * (lk_isa_current() == LK_ISA_AVX512BF16), 0};
         double cost[5];
         lk_mla_strategy want = lk_mla_choose(&sh, cost);
         char expect[64];
@@ -588,6 +588,17 @@ static void test_trace(void) {
         tu_check(st == LK_OK && strstr(tr, expect) == tr && rule_ok,
                  "mla auto B=%d q=%lld p=%lld H=%lld picks %s: %s", d.B, (long long)d.ql[0], (long long)d.pl[0],
                  (long long)d.H, lk_mla_strategy_name(want), tr);
+        free_bufs(&y);
+        /* an fp8 cache: the model with its gather term (common to every strategy) picks the same */
+        d.ct = LK_F8E4M3, d.ks = 0.5f;
+        build(&d, &y);
+        st = call(&d, &y, LK_MLA_AUTO);
+        tr = lk_mla_last_trace();
+        sh.f8_dims = d.Dl + d.Dr;
+        lk_mla_strategy want8 = lk_mla_choose(&sh, cost);
+        tu_check(st == LK_OK && strstr(tr, expect) == tr && want8 == want,
+                 "mla auto over an fp8 cache B=%d q=%lld p=%lld picks %s as over bf16: %s", d.B, (long long)d.ql[0],
+                 (long long)d.pl[0], lk_mla_strategy_name(want8), tr);
         free_bufs(&y);
     }
 }
