@@ -113,7 +113,11 @@ static void setup_dt(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl
     if (lay == LK_KV_NZ) c->cache = lk_tensor_make(c->bufs[7], cd, 4, (int64_t[]){nb, E / tl, BS, tl});
     else c->cache = lk_tensor_make(c->bufs[7], cd, 3, (int64_t[]){nb, BS, E});
     c->w = lk_tensor_make(c->bufs[8], LK_BF16, 2, (int64_t[]){H * (DN + DV), DL});
-    c->p = lk_mla_params_default(0.1147f);
+    /* the defaults spelled out: a --lib build of 0.2 returns lk_mla_params_default's
+     * 16-byte struct in registers, 0.3's (k_scale appended) through memory */
+    memset(&c->p, 0, sizeof c->p);
+    c->p.scale = 0.1147f, c->p.strategy = LK_MLA_AUTO, c->p.cache_layout = LK_KV_ND, c->p.dedup = 1;
+    c->p.k_scale = 1.0f;
     c->p.cache_layout = lay;
     if (f8) c->p.k_scale = 1.0f / 64;
     c->qlen = malloc(sizeof(int32_t) * (size_t)B), c->plen = malloc(sizeof(int32_t) * (size_t)B);
