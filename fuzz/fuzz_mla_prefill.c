@@ -70,7 +70,7 @@ static int cache_view(fz_world *w, fz_in *in, const char *name, int nz, int64_t 
         vi = fz_view_new(w, in, name, dt, 3, s, FZ_IN);
     }
     fz_view *v = &w->v[vi];
-    if (v->bad && !is_f8(dt) && is_f8(v->t.dtype) && !fz_view_invalid(&v->t)) { /* retyped to fp8: valid */
+    if (v->bad && is_f8(v->t.dtype) && !fz_view_invalid(&v->t)) { /* retyped to fp8: valid */
         v->bad = 0;
         w->must_fail = keep_fail, w->clean = keep_clean, w->why_fail = keep_why;
     }
@@ -401,9 +401,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fills[6] = {a.q, a.k, a.v, a.c0, a.c1, a.w}; /* -1: a NULL argument */
     for (int i = 0; i < 6; i++)
         if (fills[i] >= 0) fz_fill(&w, fills[i], i == 5 ? -0.5 : -2, i == 5 ? 0.5 : 2);
-    double ks = a.p.k_scale > 0.0f && isfinite(a.p.k_scale) ? (double)a.p.k_scale : 1.0;
+    double kss = a.p.k_scale > 0.0f && isfinite(a.p.k_scale) ? (double)a.p.k_scale : 1.0;
     for (int i = 3; i < 5; i++) /* fp8 caches: codes of [-2, 2) / k_scale (dequantized: [-2, 2)) */
-        if (fills[i] >= 0) fill8(&w, fills[i], -2 / ks, 2 / ks);
+        if (fills[i] >= 0) fill8(&w, fills[i], -2 / kss, 2 / kss);
     /* unused slots: NaN (only where the pages are known: a valid input) */
     int valid = shapes_ok && !w.must_fail, poisoned = valid && cNB <= 8;
     if (poisoned) {

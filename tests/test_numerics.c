@@ -539,6 +539,15 @@ static void test_mla(void) {
                 for (int h = 0; h < MH; h++)
                     for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
             tu_check(ok, "%s mla %s: a -inf score weighs 0 (finite rows)", isa, sn);
+            mla_fill();
+
+            mv[2][0][1] = INFINITY; /* v of request 0's current token 2: hidden from tokens 0, 1 */
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(3, 5, 0) && !isfinite(mout[2][0][1]);
+            for (int t = 0; t < 2; t++)
+                for (int d = 0; d < MDV; d++) ok &= fabsf(mout[t][0][d] - mbase[t][0][d]) <= 1e-5f;
+            tu_check(ok, "%s mla %s: an inf in v of a current key never reaches the queries the causal mask hides "
+                         "it from", isa, sn);
         }
     }
 }

@@ -23,6 +23,7 @@
  * stores; the engine is single-threaded (units are the caller's parallel split), and a
  * unit's arithmetic depends only on its rows and keys.
  */
+#include <math.h>
 #include <string.h>
 
 #include "mla.h"
@@ -32,7 +33,26 @@ static const void *row_at(lk_dtype dt, const void *p, int64_t r, int64_t ld) {
     return (const char *)p + (size_t)(r * ld) * lk_esize(dt);
 }
 
-/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V */
+/* 1 when one of the kb x Dv values of V (rows ldv apart) is inf or NaN */
+static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, int64_t Dv) {
+    for (int64_t c = 0; c < kb; c++) {
+        if (dt == LK_BF16) {
+            const uint16_t *v = (const uint16_t *)V + c * ldv;
+            for (int64_t d = 0; d < Dv; d++)
+                if ((v[d] & 0x7f80u) == 0x7f80u) return 1;
+        } else {
+            const float *v = (const float *)V + c * ldv;
+            for (int64_t d = 0; d < Dv; d++)
+                if (!isfinite(v[d])) return 1;
+        }
+    }
+    return 0;
+}
+
+/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V. On a causal block
+ * whose V holds an inf / NaN, P V runs row by row over the keys each row sees: a hidden
+ * key's weight is 0, and 0 * inf would make the earlier rows NaN (as flash_attn, the
+ * hidden key never reaches them); blocks of finite values keep the one GEMM. */
 static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk,
                            int64_t Dv, const void *K, int64_t ldk, const void *V, int64_t ldv, int64_t kb,
                            int causal, int64_t lim0, float *S, uint16_t *P16, float *O, int64_t ldo,
@@ -43,7 +63,17 @@ static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, 
     uint16_t *P = dt == LK_BF16 ? P16 : NULL;
     lk_mla_softmax_args sa = {S, LK_MLA_KB, n, kb, causal, lim0 + r0, st + r0, O + r0 * ldo, ldo, Dv, P, LK_MLA_KB};
     lk_kernels()->mla_softmax_block(&sa);
-    return lk_mla_gemm(dt, 0, n, Dv, kb, P ? (const void *)P : S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    const void *Pm = P ? (const void *)P : S; // [n, kb] rows LK_MLA_KB apart
+    if (!causal || !nonfinite_rows(dt, V, ldv, kb, Dv))
+        return lk_mla_gemm(dt, 0, n, Dv, kb, Pm, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    for (int64_t i = 0; i < n && !s; i++) {
+        int64_t vis = lim0 + r0 + i + 1; /* keys [0, vis) of the block are visible to row r0 + i */
+        if (vis > kb) vis = kb;
+        if (vis > 0)
+            s = lk_mla_gemm(dt, 0, 1, Dv, vis, row_at(dt, Pm, i, LK_MLA_KB), LK_MLA_KB, V, ldv, 1,
+                            O + (r0 + i) * ldo, ldo);
+    }
+    return s;
 }
 
 lk_status lk_mla_online_attn(lk_dtype dt, const void *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
