@@ -26,6 +26,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../../core/half.h"
 #include "mla.h"
 
 /* row r of a matrix of dt elements, rows ld apart */
@@ -49,10 +50,11 @@ static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, i
     return 0;
 }
 
-/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V. On a causal block
- * whose V holds an inf / NaN, P V runs row by row over the keys each row sees: a hidden
- * key's weight is 0, and 0 * inf would make the earlier rows NaN (as flash_attn, the
- * hidden key never reaches them); blocks of finite values keep the one GEMM. */
+/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V. When V holds an inf
+ * or NaN, P V skips the keys of weight 0 (hidden by the causal mask, or scored -inf): 0 *
+ * inf would make the row NaN although such a key never counts (as flash_attn); that
+ * block's P V is then a plain loop in f32 (rare: non-finite values), blocks of finite
+ * values keep the one GEMM. */
 static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk,
                            int64_t Dv, const void *K, int64_t ldk, const void *V, int64_t ldv, int64_t kb,
                            int causal, int64_t lim0, float *S, uint16_t *P16, float *O, int64_t ldo,
@@ -63,17 +65,19 @@ static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, 
     uint16_t *P = dt == LK_BF16 ? P16 : NULL;
     lk_mla_softmax_args sa = {S, LK_MLA_KB, n, kb, causal, lim0 + r0, st + r0, O + r0 * ldo, ldo, Dv, P, LK_MLA_KB};
     lk_kernels()->mla_softmax_block(&sa);
-    const void *Pm = P ? (const void *)P : S; // [n, kb] rows LK_MLA_KB apart
-    if (!causal || !nonfinite_rows(dt, V, ldv, kb, Dv))
-        return lk_mla_gemm(dt, 0, n, Dv, kb, Pm, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
-    for (int64_t i = 0; i < n && !s; i++) {
-        int64_t vis = lim0 + r0 + i + 1; /* keys [0, vis) of the block are visible to row r0 + i */
-        if (vis > kb) vis = kb;
-        if (vis > 0)
-            s = lk_mla_gemm(dt, 0, 1, Dv, vis, row_at(dt, Pm, i, LK_MLA_KB), LK_MLA_KB, V, ldv, 1,
-                            O + (r0 + i) * ldo, ldo);
+    if (!nonfinite_rows(dt, V, ldv, kb, Dv))
+        return lk_mla_gemm(dt, 0, n, Dv, kb, P ? (const void *)P : S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    for (int64_t i = 0; i < n; i++) {
+        float *o = O + (r0 + i) * ldo; // [Dv]
+        for (int64_t c = 0; c < kb; c++) {
+            float p = P ? lk_bf16_to_f32(P[i * LK_MLA_KB + c]) : S[i * LK_MLA_KB + c];
+            if (p == 0.0f) continue;
+            const void *vr = row_at(dt, V, c, ldv);
+            for (int64_t d = 0; d < Dv; d++)
+                o[d] += p * (dt == LK_BF16 ? lk_bf16_to_f32(((const uint16_t *)vr)[d]) : ((const float *)vr)[d]);
+        }
     }
-    return s;
+    return LK_OK;
 }
 
 lk_status lk_mla_online_attn(lk_dtype dt, const void *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
