@@ -23,6 +23,11 @@
  *                        + 2 * H * (Dqk + Dv) * sum_b Q_b (Q_b + 1) / 2
  * Max error: small cases against the ref ISA (split + merge, float64 attention); the
  * others: the largest difference between strategies (all must agree).
+ * fp8 latent caches: the seed's sweep cases (BENCH.md: (1,100,768), (8,100,768),
+ * (32,100,768), (128,100,768), (1,1024,8192), (8,1024,8192); two of them by default) with
+ * an e4m3 cache (k_scale 1/64, the same value range), every strategy as above, and
+ * auto's median over auto's on the bf16 cache, the two timed in interleaved rounds in the
+ * same run (per variant).
  * Default: a short subset; --full: every case (a progress line per case on stderr).
  * LLMKERN_MLA_TRACE=1 also prints one traced call per strategy (time per internal op).
  */
@@ -61,7 +66,10 @@ static int cmpd(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void setup(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, lk_kv_layout lay) {
+/* cdt: the latent cache's dtype (LK_BF16, or an fp8 one: codes of the bf16 case's value
+ * range / k_scale, k_scale 1/64) */
+static void setup_dt(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, lk_kv_layout lay,
+                     lk_dtype cdt) {
     memset(c, 0, sizeof *c);
     int64_t T = 0, pages = 0, maxp = 1, E = DL + DR;
     for (int64_t b = 0; b < B; b++) {
@@ -79,7 +87,8 @@ static void setup(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, i
     c->bufs[4] = bench_alloc(LK_I32, B + 1, 0, 0);
     c->bufs[5] = bench_alloc(LK_I32, B, 0, 0);
     c->bufs[6] = bench_alloc(LK_I32, B * maxp, 0, 0);
-    c->bufs[7] = bench_alloc(LK_BF16, nb * BS * E, -1, 1);
+    int f8 = cdt == LK_F8E4M3 || cdt == LK_F8E5M2;
+    c->bufs[7] = f8 ? bench_alloc(cdt, nb * BS * E, -64, 64) : bench_alloc(LK_BF16, nb * BS * E, -1, 1);
     c->bufs[8] = bench_alloc(LK_BF16, H * (DN + DV) * DL, -0.075, 0.075);
     int32_t *cu = c->bufs[4], *plv = c->bufs[5], *bt = c->bufs[6];
     /* every request on its own pages, scattered over the cache (block 0 unused):
@@ -99,13 +108,24 @@ static void setup(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, i
     c->cu = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){B + 1});
     c->pl = lk_tensor_make(plv, LK_I32, 1, (int64_t[]){B});
     c->bt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){B, maxp});
-    if (lay == LK_KV_NZ) c->cache = lk_tensor_make(c->bufs[7], LK_BF16, 4, (int64_t[]){nb, E / 16, BS, 16});
-    else c->cache = lk_tensor_make(c->bufs[7], LK_BF16, 3, (int64_t[]){nb, BS, E});
+    lk_dtype cd = f8 ? cdt : LK_BF16;
+    int64_t tl = f8 ? 32 : 16;
+    if (lay == LK_KV_NZ) c->cache = lk_tensor_make(c->bufs[7], cd, 4, (int64_t[]){nb, E / tl, BS, tl});
+    else c->cache = lk_tensor_make(c->bufs[7], cd, 3, (int64_t[]){nb, BS, E});
     c->w = lk_tensor_make(c->bufs[8], LK_BF16, 2, (int64_t[]){H * (DN + DV), DL});
-    c->p = lk_mla_params_default(0.1147f);
+    /* the defaults spelled out: a --lib build of 0.2 returns lk_mla_params_default's
+     * 16-byte struct in registers, 0.3's (k_scale appended) through memory */
+    memset(&c->p, 0, sizeof c->p);
+    c->p.scale = 0.1147f, c->p.strategy = LK_MLA_AUTO, c->p.cache_layout = LK_KV_ND, c->p.dedup = 1;
+    c->p.k_scale = 1.0f;
     c->p.cache_layout = lay;
+    if (f8) c->p.k_scale = 1.0f / 64;
     c->qlen = malloc(sizeof(int32_t) * (size_t)B), c->plen = malloc(sizeof(int32_t) * (size_t)B);
     memcpy(c->qlen, ql, sizeof(int32_t) * (size_t)B), memcpy(c->plen, pl, sizeof(int32_t) * (size_t)B);
+}
+
+static void setup(mla_ctx *c, int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, lk_kv_layout lay) {
+    setup_dt(c, B, ql, pl, H, lay, LK_BF16);
 }
 
 static void teardown(mla_ctx *c) {
@@ -223,9 +243,31 @@ static void print_label(const char *label, const char *var) {
     if (BENCH.nvar > 1) printf(" %-*s", w, var);
 }
 
-static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label) {
+/* fp8 rows: median of auto on the fp8 cache c over auto on the same case with a bf16
+ * cache, rounds interleaved, on variant i */
+static double fp8_over_bf16(mla_ctx *c, int i, int rounds) {
+    mla_ctx b;
+    setup(&b, c->B, c->qlen, c->plen, c->H, LK_KV_ND);
+    bench_use_variant(i);
+    run(c, LK_MLA_AUTO), run(&b, LK_MLA_AUTO); /* warm-up */
+    double *t8 = malloc(sizeof(double) * (size_t)rounds), *t16 = malloc(sizeof(double) * (size_t)rounds);
+    for (int r = 0; r < rounds; r++) {
+        if (r % 2) t16[r] = run(&b, LK_MLA_AUTO), t8[r] = run(c, LK_MLA_AUTO);
+        else t8[r] = run(c, LK_MLA_AUTO), t16[r] = run(&b, LK_MLA_AUTO);
+    }
+    qsort(t8, (size_t)rounds, sizeof(double), cmpd), qsort(t16, (size_t)rounds, sizeof(double), cmpd);
+    double q = rounds % 2 ? t8[rounds / 2] / t16[rounds / 2]
+                          : (t8[rounds / 2 - 1] + t8[rounds / 2]) / (t16[rounds / 2 - 1] + t16[rounds / 2]);
+    free(t8), free(t16);
+    teardown(&b);
+    return q;
+}
+
+static void sweep_case_dt(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label,
+                          lk_dtype cdt) {
     mla_ctx c;
-    setup(&c, B, ql, pl, H, LK_KV_ND);
+    int f8 = cdt != LK_BF16;
+    setup_dt(&c, B, ql, pl, H, LK_KV_ND, cdt);
     double err = check(&c);
     int K = BENCH.nvar, best[BENCH_MAX_VAR];
     double t = run(&c, LK_MLA_SPLIT_MERGE), med[BENCH_MAX_VAR * NS], pk[BENCH_MAX_ISA], peak[BENCH_MAX_VAR],
@@ -251,6 +293,7 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
                m[4] / m[b], lk_mla_strategy_name(ch[i]), m[ch[i]] / m[b], 1e3 * m[0], m[0] / m[b], gf,
                pk0 > 0 ? 100 * gf / pk0 : 0, peak[i], peak[i] > 0 ? 100 * gf / peak[i] : 0, err);
         if (K > 1) printf(" %7.2f", m[b] / med[base * NS + best[base]]);
+        if (f8) printf(" %7.3f", fp8_over_bf16(&c, i, rounds_for(t)));
         printf("\n");
     }
     fflush(stdout);
@@ -265,7 +308,7 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
                               BENCH.var[i].name, lk_mla_strategy_name(ch[i]));
         }
         if (!st) strcat(extra, "}");
-        bench_json_row("mla_prefix_prefill", shape, "bf16", "GFLOP/s", ms,
+        bench_json_row("mla_prefix_prefill", shape, f8 ? "bf16, f8e4m3 cache" : "bf16", "GFLOP/s", ms,
                        flops_of(&c, st ? (lk_mla_strategy)st : ch[0]), peak, err, extra);
     }
     if (getenv("LLMKERN_MLA_TRACE")) /* where the time goes: one traced call per strategy */
@@ -274,6 +317,38 @@ static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t 
             printf("    %s\n", lk_mla_last_trace());
         }
     teardown(&c);
+}
+
+static void sweep_case(int64_t B, const int32_t *ql, const int32_t *pl, int64_t H, const char *label) {
+    sweep_case_dt(B, ql, pl, H, label, LK_BF16);
+}
+
+/* the seed's sweep cases with an fp8 e4m3 latent cache (columns of the bf16 sweep, then
+ * auto's median over auto's on a bf16 cache, interleaved) */
+static void fp8_sweep(void) {
+    static const int32_t cases[][3] = {{1, 100, 768},   {8, 100, 768},  {32, 100, 768},
+                                       {128, 100, 768}, {1, 1024, 8192}, {8, 1024, 8192}};
+    int n = BENCH.full ? 6 : 2, K = BENCH.nvar;
+    printf("\n== mla_prefix_prefill sweep, fp8 e4m3 latent cache (k_scale 1/64; otherwise as above)\n");
+    printf("columns: as the bf16 sweep, then auto's median over auto's on the bf16 cache (interleaved rounds, "
+           "same run)\n");
+    bench_section_name("mla_prefix_prefill sweep fp8");
+    print_label("case (B,Q,P)", BENCH.nlib > 1 ? "variant" : "isa");
+    printf(" %8s %8s %8s %8s | %4s %4s %4s %4s | %-8s %4s %8s %4s | %5s %4s %5s %4s %8s", "split", "concat", "fused",
+           "absorbed", "/bst", "/bst", "/bst", "/bst", "auto", "/bst", "auto ms", "/bst", "GF/s", "pk0", "pk", "pk",
+           "max err");
+    if (K > 1) printf(" %7s", "/first");
+    printf(" %7s\n", "f8/bf16");
+    for (int i = 0; i < n; i++) {
+        const int32_t *s = cases[i];
+        int32_t *ql = malloc(sizeof(int32_t) * (size_t)s[0]), *pl = malloc(sizeof(int32_t) * (size_t)s[0]);
+        for (int b = 0; b < s[0]; b++) ql[b] = s[1], pl[b] = s[2];
+        char label[64];
+        snprintf(label, sizeof label, "(%d,%d,%d) f8", s[0], s[1], s[2]);
+        if (BENCH.full) fprintf(stderr, "mla_prefill fp8 sweep [%d/%d] %s\n", i + 1, n, label);
+        sweep_case_dt(s[0], ql, pl, H_, label, LK_F8E4M3);
+        free(ql), free(pl);
+    }
 }
 
 static void nz_case(int64_t B, int32_t q, int32_t p) {
@@ -364,6 +439,7 @@ void bench_mla_prefill(void) {
         static const int32_t p10[10] = {768, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         sweep_case(10, q10, p10, H_, "B10 mixed");
     }
+    fp8_sweep();
     printf("\n== mla_prefix_prefill split + merge, NZ / ND cache layout (median ms)\n");
     bench_section_name("mla_prefix_prefill NZ / ND");
     print_label("case (B,Q,P)", BENCH.nlib > 1 ? "variant" : "isa");

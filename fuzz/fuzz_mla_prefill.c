@@ -7,7 +7,10 @@
  * entries, shape mismatches between every pair of arguments the contract ties together
  * (q/k, v/out, kv_b_proj rows vs heads and dims, cu_seqlens_q vs prefix_lens vs
  * block_table, the two caches' pages), params (scale, strategy, cache layout, dedup;
- * out-of-domain values too, NULL), out aliasing q or v, NULL tensors. Index tensors
+ * out-of-domain values too, NULL), out aliasing q or v, NULL tensors; fp8 latent caches
+ * (e4m3 / e5m2, either or both buffers, NZ in 32-wide tiles, widths that are not
+ * multiples of 32 too) with params.k_scale (bad values too: 0, < 0, NaN, inf, which fail
+ * only when a cache is fp8). Index tensors
  * i32/i64 with injected bad values (validated here from the stored values:
  * cu_seqlens_q negative / decreasing / beyond q's rows, prefix_lens negative or beyond
  * the block table's capacity, block_table entries of used pages outside
@@ -42,29 +45,44 @@ static lk_status call(const fz_world *w, const void *ap) {
     return last_status;
 }
 
-/* a latent cache view of `width` entry dims: ND [NB, bs, width] (or [NB, bs, 1, width]
- * with h4), NZ [NB, width / 16, bs, 16] (width / 16 rounded down: a width that is not a
- * multiple of 16 gives a view the library must reject) */
+static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+/* NZ tile width of a cache of dt: 32 for 1-byte entries */
+static int64_t tile_of(lk_dtype dt) { return is_f8(dt) ? 32 : 16; }
+
+/* a latent cache view of `width` entry dims, of dtype f8 (0: a 16/32-bit one from the
+ * input): ND [NB, bs, width] (or [NB, bs, 1, width] with h4), NZ [NB, width / tl, bs,
+ * tl] (tl = 32 for fp8, else 16; width / tl rounded down: a width that is not a multiple
+ * of tl gives a view the library must reject). fz_view_new's rare wrong-kind dtype may
+ * be fp8, which the caches take (since 0.3): such a view is not bad here. */
 static int cache_view(fz_world *w, fz_in *in, const char *name, int nz, int64_t NB, int64_t bs, int64_t width,
-                      int h4) {
-    lk_dtype dt = fz_ftype(in);
+                      int h4, lk_dtype f8) {
+    lk_dtype dt = f8 ? f8 : fz_ftype(in);
+    int keep_fail = w->must_fail, keep_clean = w->clean, vi;
+    const char *keep_why = w->why_fail;
     if (nz) {
-        int64_t s[4] = {NB, width / 16, bs, 16};
-        return fz_view_new(w, in, name, dt, 4, s, FZ_IN);
-    }
-    if (h4) {
+        int64_t tl = tile_of(dt), s[4] = {NB, width / tl, bs, tl};
+        vi = fz_view_new(w, in, name, dt, 4, s, FZ_IN);
+    } else if (h4) {
         int64_t s[4] = {NB, bs, 1, width};
-        return fz_view_new(w, in, name, dt, 4, s, FZ_IN);
+        vi = fz_view_new(w, in, name, dt, 4, s, FZ_IN);
+    } else {
+        int64_t s[3] = {NB, bs, width};
+        vi = fz_view_new(w, in, name, dt, 3, s, FZ_IN);
     }
-    int64_t s[3] = {NB, bs, width};
-    return fz_view_new(w, in, name, dt, 3, s, FZ_IN);
+    fz_view *v = &w->v[vi];
+    if (v->bad && is_f8(v->t.dtype) && !fz_view_invalid(&v->t)) { /* retyped to fp8: valid */
+        v->bad = 0;
+        w->must_fail = keep_fail, w->clean = keep_clean, w->why_fail = keep_why;
+    }
+    return vi;
 }
 
 /* the library's rule for a latent cache view of `width` entry dims; its pages in *nb,
  * *bs. 0: rejected */
 static int cache_ok(const lk_tensor *t, int nz, int64_t width, int64_t *nb, int64_t *bs) {
     if (nz) {
-        if (t->ndim != 4 || width % 16 || t->shape[1] != width / 16 || t->shape[3] != 16) return 0;
+        int64_t tl = tile_of(t->dtype);
+        if (t->ndim != 4 || width % tl || t->shape[1] != width / tl || t->shape[3] != tl) return 0;
         *nb = t->shape[0], *bs = t->shape[2];
     } else if (t->ndim == 3) {
         if (t->shape[2] != width) return 0;
@@ -76,10 +94,22 @@ static int cache_ok(const lk_tensor *t, int nz, int64_t width, int64_t *nb, int6
     return !(*bs < 1 && *nb > 0);
 }
 
-/* logical flat index of entry dim d of (page, slot) in a cache view of `width` dims */
-static int64_t cache_flat(int nz, int64_t bs, int64_t width, int64_t page, int64_t slot, int64_t d) {
-    if (nz) return ((page * (width / 16) + d / 16) * bs + slot) * 16 + d % 16;
+/* logical flat index of entry dim d of (page, slot) in a cache view of `width` dims,
+ * NZ tiles tl wide */
+static int64_t cache_flat(int nz, int64_t tl, int64_t bs, int64_t width, int64_t page, int64_t slot, int64_t d) {
+    if (nz) return ((page * (width / tl) + d / tl) * bs + slot) * tl + d % tl;
     return (page * bs + slot) * width + d;
+}
+
+/* fz_fill for an fp8 view (fz_fill fills 16/32-bit floats only): the stored codes of
+ * uniform values in [lo, hi) and, at the input's rate, special values */
+static void fill8(fz_world *w, int vi, double lo, double hi) {
+    fz_view *v = &w->v[vi];
+    if (!fz_usable(w, vi) || !is_f8(v->t.dtype)) return;
+    for (int64_t i = 0; i < fz_numel(&v->t); i++) {
+        float x = fz_unif(&w->rng) < w->special_rate ? fz_special(&w->rng) : (float)(lo + (hi - lo) * fz_unif(&w->rng));
+        lk_store_f(v->t.data, v->t.dtype, fz_off(&v->t, i), x);
+    }
 }
 
 static int cmp_i64(const void *x, const void *y) {
@@ -108,13 +138,21 @@ static int poison_unused(fz_world *w, int vi, int nz, int64_t NB, int64_t bs, in
     for (int64_t p = 0; p < NB; p++)
         for (int64_t s = used[p]; s < bs; s++)
             for (int64_t d = 0; d < width; d++)
-                lk_store_f(t->data, t->dtype, fz_off(t, cache_flat(nz, bs, width, p, s, d)), NAN);
+                lk_store_f(t->data, t->dtype, fz_off(t, cache_flat(nz, tile_of(t->dtype), bs, width, p, s, d)), NAN);
     return 1;
 }
 
 static double val(const fz_world *w, int vi, int64_t flat) {
     const lk_tensor *t = &w->v[vi].t;
     return (double)lk_load_f(t->data, t->dtype, fz_off(t, flat));
+}
+
+/* a cache entry dim as the contract reads it: fp8 codes times k_scale */
+static double cval(const fz_world *w, int vi, const mla_attrs *a, int nz, int64_t bs, int64_t width, int64_t page,
+                   int64_t slot, int64_t d) {
+    lk_dtype dt = w->v[vi].t.dtype;
+    double x = val(w, vi, cache_flat(nz, tile_of(dt), bs, width, page, slot, d));
+    return is_f8(dt) ? x * (double)a->p.k_scale : x;
 }
 
 /* The contract computed independently in float64 from the stored values (the ref ISA
@@ -142,9 +180,9 @@ static void check_dense(fz_world *w, const mla_attrs *a, int nz, int64_t Dl, int
                 if (j < P) {
                     int64_t page = fz_idx_get(w, a->bt, b * maxp + j / bs), slot = j % bs;
                     for (int64_t d = 0; d < E; d++)
-                        lat[d] = a->c1 < 0 ? val(w, a->c0, cache_flat(nz, bs, E, page, slot, d))
-                                 : d < Dl ? val(w, a->c0, cache_flat(nz, bs, Dl, page, slot, d))
-                                          : val(w, a->c1, cache_flat(nz, bs, Dr, page, slot, d - Dl));
+                        lat[d] = a->c1 < 0 ? cval(w, a->c0, a, nz, bs, E, page, slot, d)
+                                 : d < Dl ? cval(w, a->c0, a, nz, bs, Dl, page, slot, d)
+                                          : cval(w, a->c1, a, nz, bs, Dr, page, slot, d - Dl);
                     for (int64_t e = 0; e < Dn + Dv; e++) {
                         double acc = 0;
                         for (int64_t l = 0; l < Dl; l++) acc += val(w, a->w, (h * (Dn + Dv) + e) * Dl + l) * lat[l];
@@ -199,12 +237,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     T += fz_range(&in, 0, 2); /* padding rows: out 0 */
     int nz = fz_u8(&in) % 3 == 2, two = fz_u8(&in) & 1;
     int drop_c1 = two && fz_chance(&in, 8); /* two-buffer widths, k_pe_cache NULL: judged by the cache rules */
+    /* fp8 caches: f8a the latent (or only) buffer's, f8b the rope buffer's (0: 16/32-bit) */
+    unsigned f8sel = fz_u8(&in) % 8;
+    lk_dtype f8a = f8sel < 2 ? LK_F8E4M3 : f8sel < 4 ? LK_F8E5M2 : (lk_dtype)0;
+    lk_dtype f8b = f8sel == 4 ? LK_F8E5M2 : f8sel < 4 && !(fz_u8(&in) % 4) ? (lk_dtype)0 : f8a;
+    int64_t tw = f8a || f8b ? 32 : 16; /* NZ widths in multiples of the tile (32 for fp8) */
     int64_t H = 1 + (int64_t)(fz_u8(&in) % 3), Dv = fz_dim(&in, 8), Dn = fz_dim(&in, 8), Dr, Dl;
     if (nz && two) {
-        Dl = 16 * (1 + (int64_t)(fz_u8(&in) % 2)), Dr = 16;
-        if (fz_chance(&in, 12)) Dr = 8; /* not a multiple of 16 */
+        Dl = tw * (1 + (int64_t)(fz_u8(&in) % 2)), Dr = tw;
+        if (fz_chance(&in, 12)) Dr = 8; /* not a multiple of the tile */
     } else if (nz) {
-        int64_t E = 16 * (1 + (int64_t)(fz_u8(&in) % 2));
+        int64_t E = tw * (1 + (int64_t)(fz_u8(&in) % 2));
         Dr = 1 + (int64_t)(fz_u8(&in) % 8), Dl = E - Dr;
         if (fz_chance(&in, 12)) Dl += 1; /* Dl + Dr not a multiple of 16 */
     } else {
@@ -251,13 +294,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.bt = fz_view_new(&w, &in, "block_table", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 2, ts, FZ_IDX);
     int h4 = !nz && fz_chance(&in, 64);
     if (two) {
-        a.c0 = cache_view(&w, &in, "kv_c_cache", nz, NB, bs, Dl, h4);
+        a.c0 = cache_view(&w, &in, "kv_c_cache", nz, NB, bs, Dl, h4, f8a);
         int64_t NB1 = NB, bs1 = bs;
         if (skew == 9) NB1 += 1;
         if (skew == 10) bs1 += 1;
-        if (!drop_c1) a.c1 = cache_view(&w, &in, "k_pe_cache", nz, NB1, bs1, Dr, 0);
+        if (!drop_c1) a.c1 = cache_view(&w, &in, "k_pe_cache", nz, NB1, bs1, Dr, 0, f8b);
     } else {
-        a.c0 = cache_view(&w, &in, "kv_c_cache", nz, NB, bs, Dl + Dr + (skew == 9), h4);
+        a.c0 = cache_view(&w, &in, "kv_c_cache", nz, NB, bs, Dl + Dr + (skew == 9), h4, f8a);
     }
 
     /* index values: a valid pattern, maybe one corrupted entry */
@@ -283,6 +326,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.p.cache_layout = nz ? LK_KV_NZ : LK_KV_ND;
     if (fz_chance(&in, 4)) a.p.cache_layout = (lk_kv_layout)7, fz_fail_expected(&w, "unknown cache layout");
     a.p.dedup = fz_u8(&in) & 1;
+    static const float KS[8] = {0.5f, 1.0f, 0.03125f, 3.0f, 0.0f, -1.0f, NAN, INFINITY};
+    unsigned ki = fz_u8(&in) % 16;
+    a.p.k_scale = KS[ki < 4 ? ki : ki < 12 ? ki % 4 : ki - 8];
+    int bad_ks = !(a.p.k_scale > 0.0f && isfinite(a.p.k_scale)); /* judged below: only with an fp8 cache */
     if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");
     if (fz_chance(&in, 4)) {
         int *req[9] = {&a.out, &a.q, &a.k, &a.v, &a.cu, &a.pl, &a.bt, &a.c0, &a.w};
@@ -321,6 +368,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ok = cache_ok(&w.v[a.c0].t, nz, lDl, &cNB, &cbs) && cache_ok(&w.v[a.c1].t, nz, lDr, &nb2, &bs2) &&
                  nb2 == cNB && bs2 == cbs;
         }
+        int f8 = is_f8(w.v[a.c0].t.dtype) || (a.c1 >= 0 && is_f8(w.v[a.c1].t.dtype));
+        if (ok && f8 && bad_ks) fz_fail_expected(&w, "k_scale bad with an fp8 cache");
         if (!ok) fz_fail_expected(&w, "shapes break the contract");
         shapes_ok = ok;
     }
@@ -352,6 +401,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fills[6] = {a.q, a.k, a.v, a.c0, a.c1, a.w}; /* -1: a NULL argument */
     for (int i = 0; i < 6; i++)
         if (fills[i] >= 0) fz_fill(&w, fills[i], i == 5 ? -0.5 : -2, i == 5 ? 0.5 : 2);
+    double kss = a.p.k_scale > 0.0f && isfinite(a.p.k_scale) ? (double)a.p.k_scale : 1.0;
+    for (int i = 3; i < 5; i++) /* fp8 caches: codes of [-2, 2) / k_scale (dequantized: [-2, 2)) */
+        if (fills[i] >= 0) fill8(&w, fills[i], -2 / kss, 2 / kss);
     /* unused slots: NaN (only where the pages are known: a valid input) */
     int valid = shapes_ok && !w.must_fail, poisoned = valid && cNB <= 8;
     if (poisoned) {
@@ -366,8 +418,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     if (getenv("FZ_VERBOSE"))
-        fprintf(stderr, "params: scale %g strategy %d layout %d dedup %d null %d; two %d\n", (double)a.p.scale,
-                (int)a.p.strategy, (int)a.p.cache_layout, a.p.dedup, a.null_params, a.c1 >= 0);
+        fprintf(stderr, "params: scale %g strategy %d layout %d dedup %d null %d k_scale %g; two %d\n",
+                (double)a.p.scale, (int)a.p.strategy, (int)a.p.cache_layout, a.p.dedup, a.null_params,
+                (double)a.p.k_scale, a.c1 >= 0);
     last_status = LK_ERR_VALUE;
     fz_run(&w, call, &a);
     /* after fz_run: w holds the SIMD ISA's results, last_status the ref call's (equal) */

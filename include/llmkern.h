@@ -416,9 +416,13 @@ typedef struct lk_mla_params {
     lk_kv_layout cache_layout;   /* latent cache layout, ND or NZ (see "paged caches")     */
     int dedup;                   /* != 0: cache pages shared by several requests (same     */
                                  /* block ids) are gathered and projected once             */
+    /* ---- fp8 latent caches (since 0.3) ---- */
+    float k_scale;               /* per-tensor dequant scale of fp8 caches (vLLM's MLA     */
+                                 /* k_scale): entry = f32(code) * k_scale; finite and > 0  */
+                                 /* when a cache is fp8, ignored (not read) otherwise      */
 } lk_mla_params;
 
-/* {scale, LK_MLA_AUTO, LK_KV_ND, dedup = 1} */
+/* {scale, LK_MLA_AUTO, LK_KV_ND, dedup = 1, k_scale = 1} */
 LK_API lk_mla_params lk_mla_params_default(float scale);
 
 /* MLA prefill of new tokens over a cached prefix (DeepSeek-V2/V3 attention):
@@ -441,6 +445,14 @@ LK_API lk_mla_params lk_mla_params_default(float scale);
  * Dims are derived from the shapes: Dv from v, Dl from kv_b_proj, Dn = rows / H - Dv,
  * Dr = q's last dim - Dn (DeepSeek: 128, 64, 128, 512). A prefix key is
  * [W_UK c | k_pe] with the cached rope part shared by all heads, its value W_UV c.
+ * fp8 latent caches (since 0.3): kv_c_cache and k_pe_cache may also be LK_F8E4M3 /
+ * LK_F8E5M2 (as lk_concat_and_cache_mla writes them; NZ with 1-byte entries uses the
+ * 32-wide tile, [num_blocks, (Dl + Dr)/32, block_size, 32]), entry = f32(code) *
+ * params.k_scale, every strategy: the codes are widened exactly where the prefix pages
+ * are gathered for the GEMMs (bf16 GEMM operands where kv_b_proj, or for absorbed q and
+ * out, are bf16), k_scale multiplies the projected keys / values (absorbed: the latent
+ * scores and outputs); no dequantized copy of the cache. k_scale <= 0, NaN or inf with
+ * an fp8 cache: LK_ERR_VALUE naming params.k_scale, nothing written.
  * Every tensor may be f32/f16/bf16 (independently) with any strides; out must not
  * overlap any input. Errors name the argument (shapes, dtypes, prefix_lens beyond the
  * block table's capacity, block_table entries of used pages outside [0, num_blocks),

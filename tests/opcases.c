@@ -331,8 +331,10 @@ static lk_status call_attn_alibi(const oc_inst *in) {
  * tokens and padding rows after the last request in the larger sizes. */
 #define OC_MLA_TWO 8 /* flag bit: two-buffer cache; low bits: the layout */
 
-static void make_mla(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout lay, int two) {
-    int64_t B = 3, H = sz == OC_LARGE ? 8 : sz ? 4 : 2, Dn = sz == OC_LARGE ? 64 : 16, Dr = 16;
+/* f8: 0, or the fp8 dtype of both cache buffers (k_scale 0.5; rope dims 32, so that NZ
+ * entries fill 32-wide tiles) */
+static void make_mla_dt(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout lay, int two, int f8) {
+    int64_t B = 3, H = sz == OC_LARGE ? 8 : sz ? 4 : 2, Dn = sz == OC_LARGE ? 64 : 16, Dr = f8 ? 32 : 16;
     int64_t Dv = sz == OC_LARGE ? 64 : 16, Dl = sz == OC_LARGE ? 256 : sz ? 64 : 32, bs = sz == OC_LARGE ? 16 : 4;
     int64_t ql_s[3] = {3, 2, 2}, pl_s[3] = {5, 3, 0}, ql_m[3] = {9, 1, 0}, pl_m[3] = {21, 10, 6};
     int64_t ql_l[3] = {40, 1, 17}, pl_l[3] = {300, 120, 0}, pad = sz == OC_SMALL ? 0 : 2, share = sz == OC_SMALL ? 0 : 2;
@@ -368,22 +370,39 @@ static void make_mla(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout l
     }
     tu_set(cu, B, (double)acc);
     free(perm);
-    int64_t E = two ? Dl : Dl + Dr;
+    int64_t E = two ? Dl : Dl + Dr, tl = f8 ? 32 : 16;
+    lk_dtype c1 = f8 ? (lk_dtype)f8 : LK_BF16, c2 = f8 ? (lk_dtype)f8 : LK_F32;
     if (lay == LK_KV_NZ) {
-        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 4, (int64_t[]){nb, E / 16, bs, 16}, 0, 1), -1, 1);
-        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 4, (int64_t[]){nb, Dr / 16, bs, 16}, 0, 0), -1, 1);
+        tu_fill_uniform(add(in, "kv_c_cache", c1, 4, (int64_t[]){nb, E / tl, bs, tl}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", c2, 4, (int64_t[]){nb, Dr / tl, bs, tl}, 0, 0), -1, 1);
     } else {
-        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){nb, bs, E}, 0, 1), -1, 1);
-        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F32, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
+        tu_fill_uniform(add(in, "kv_c_cache", c1, 3, (int64_t[]){nb, bs, E}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", c2, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
     }
-    if (two) in->arg[8].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
+    in->arg[7].fp8 = 1; /* the caches take fp8 (since 0.3) */
+    if (two) in->arg[8].optional = 1, in->arg[8].fp8 = 1; /* NULL selects the one-buffer form (then a shape error) */
     double wa = 1.7 / sqrt((double)Dl);
     tu_fill_uniform(add(in, "kv_b_proj", two ? LK_F32 : LK_BF16, 2, (int64_t[]){H * (Dn + Dv), Dl}, 0, 0), -wa, wa);
     in->mla = lk_mla_params_default((float)(1.0 / sqrt((double)Dqk)));
     in->mla.strategy = st;
     in->mla.cache_layout = lay;
+    if (f8) in->mla.k_scale = 0.5f;
     in->flag = (int)lay | (two ? OC_MLA_TWO : 0);
 }
+static void make_mla(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layout lay, int two) {
+    make_mla_dt(in, sz, st, lay, two, 0);
+}
+/* fp8 latent caches: e4m3 one buffer ND (auto), e5m2 NZ two buffers (absorbed), e4m3 NZ
+ * one buffer (fused), e5m2 ND two buffers (split + merge), e4m3 ND (concat) */
+static void make_mla8_auto(oc_inst *in, oc_size sz) { make_mla_dt(in, sz, LK_MLA_AUTO, LK_KV_ND, 0, LK_F8E4M3); }
+static void make_mla8_absorbed(oc_inst *in, oc_size sz) {
+    make_mla_dt(in, sz, LK_MLA_ABSORBED, LK_KV_NZ, 1, LK_F8E5M2);
+}
+static void make_mla8_fused(oc_inst *in, oc_size sz) { make_mla_dt(in, sz, LK_MLA_FUSED, LK_KV_NZ, 0, LK_F8E4M3); }
+static void make_mla8_split(oc_inst *in, oc_size sz) {
+    make_mla_dt(in, sz, LK_MLA_SPLIT_MERGE, LK_KV_ND, 1, LK_F8E5M2);
+}
+static void make_mla8_concat(oc_inst *in, oc_size sz) { make_mla_dt(in, sz, LK_MLA_CONCAT, LK_KV_ND, 0, LK_F8E4M3); }
 static void make_mla_split(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_SPLIT_MERGE, LK_KV_ND, 0); }
 static void make_mla_concat(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_CONCAT, LK_KV_NZ, 1); }
 static void make_mla_fused(oc_inst *in, oc_size sz) { make_mla(in, sz, LK_MLA_FUSED, LK_KV_ND, 1); }
@@ -685,6 +704,12 @@ const oc_op OC_OPS[] = {
     {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */
     {"lk_mla_prefix_prefill", make_mla_absorbed, call_mla},          /* absorbed, NZ */
     {"lk_mla_prefix_prefill", make_mla_auto, call_mla},              /* auto, ND */
+    /* fp8 latent caches (k_scale 0.5) */
+    {"lk_mla_prefix_prefill", make_mla8_auto, call_mla},             /* auto, e4m3 ND */
+    {"lk_mla_prefix_prefill", make_mla8_absorbed, call_mla},         /* absorbed, e5m2 NZ two buffers */
+    {"lk_mla_prefix_prefill", make_mla8_fused, call_mla},            /* fused, e4m3 NZ */
+    {"lk_mla_prefix_prefill", make_mla8_split, call_mla},            /* split + merge, e5m2 ND two buffers */
+    {"lk_mla_prefix_prefill", make_mla8_concat, call_mla},           /* concat, e4m3 ND */
     {"lk_mla_decode", make_mla_dec_nd, call_mla_dec},                /* ND one buffer, planned split */
     {"lk_mla_decode", make_mla_dec_nz2, call_mla_dec},               /* NZ two buffers, split 128 */
     {"lk_mla_decode_plan", make_mla_plan, call_mla_plan},

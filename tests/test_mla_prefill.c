@@ -37,6 +37,8 @@ typedef struct {
     int qperm;                    /* q stored [H, T, D] (permuted view) */
     int ref_isa;                  /* also run the ref ISA (slow for big shapes) */
     int no_ref;                   /* skip the float64 reference (shape-only checks) */
+    float ks;                     /* fp8 caches: k_scale (0: 1); entries stored as fp8(x / ks) */
+    int rope16;                   /* two buffers: the rope cache is bf16 (the latent one ct) */
     const char *name;
 } mcase;
 
@@ -49,22 +51,46 @@ typedef struct {
 static const lk_mla_strategy STRATS[5] = {LK_MLA_AUTO, LK_MLA_SPLIT_MERGE, LK_MLA_CONCAT, LK_MLA_FUSED,
                                           LK_MLA_ABSORBED};
 
-/* flat logical index of entry dim d (of a D-dim entry) of (page, slot) in a cache buf */
-static int64_t cidx(const mcase *c, int64_t page, int64_t slot, int64_t d, int64_t D) {
-    if (c->layout == LK_KV_NZ) return ((page * (D / 16) + d / 16) * c->bs + slot) * 16 + d % 16;
+static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+static float kscale(const mcase *c) { return c->ks > 0 ? c->ks : 1.0f; }
+/* dtype of the rope part's buffer (part 1 of a two-buffer cache) */
+static lk_dtype part_dt(const mcase *c, int part) { return part && c->two && c->rope16 ? LK_BF16 : c->ct; }
+/* NZ tile width: 32 for 1-byte entries, else 16 */
+static int64_t tile_of(lk_dtype dt) { return is_f8(dt) ? 32 : 16; }
+
+/* flat logical index of entry dim d (of a D-dim entry) of (page, slot) in a cache buf of dt */
+static int64_t cidx(const mcase *c, lk_dtype dt, int64_t page, int64_t slot, int64_t d, int64_t D) {
+    int64_t tl = tile_of(dt);
+    if (c->layout == LK_KV_NZ) return ((page * (D / tl) + d / tl) * c->bs + slot) * tl + d % tl;
     return (page * c->bs + slot) * D + d;
 }
 
-static tu_buf alloc_cache(const mcase *c, int64_t nb, int64_t D) {
-    if (c->layout == LK_KV_NZ) return tu_alloc(c->ct, 4, (int64_t[]){nb, D / 16, c->bs, 16}, c->pad);
-    return tu_alloc(c->ct, 3, (int64_t[]){nb, c->bs, D}, c->pad);
+static tu_buf alloc_cache(const mcase *c, lk_dtype dt, int64_t nb, int64_t D) {
+    int64_t tl = tile_of(dt);
+    if (c->layout == LK_KV_NZ) return tu_alloc(dt, 4, (int64_t[]){nb, D / tl, c->bs, tl}, c->pad);
+    return tu_alloc(dt, 3, (int64_t[]){nb, c->bs, D}, c->pad);
 }
 
 /* logical entry dim d (of Dl + Dr) of (page, slot) */
 static double *centry(const mcase *c, double *cv, double *cv2, int64_t page, int64_t slot, int64_t d) {
     int64_t E = c->Dl + c->Dr;
-    if (!c->two) return cv + cidx(c, page, slot, d, E);
-    return d < c->Dl ? cv + cidx(c, page, slot, d, c->Dl) : cv2 + cidx(c, page, slot, d - c->Dl, c->Dr);
+    if (!c->two) return cv + cidx(c, c->ct, page, slot, d, E);
+    return d < c->Dl ? cv + cidx(c, c->ct, page, slot, d, c->Dl)
+                     : cv2 + cidx(c, part_dt(c, 1), page, slot, d - c->Dl, c->Dr);
+}
+
+/* store logical value x into a cache buffer of dt: fp8 buffers get fp8(x / k_scale)
+ * (src/core/fp8.h through lk_store_f, after one f32 division, as the cache writes do) */
+static void cset(const mcase *c, tu_buf *b, int64_t i, double x) {
+    if (is_f8(b->t.dtype) && !isnan(x)) x = (float)x / kscale(c);
+    tu_set(b, i, x);
+}
+
+/* the dequantized values of a cache buffer (fp8: f32(code) * k_scale, in double) */
+static double *cvalues(const mcase *c, const tu_buf *b) {
+    double *v = tu_values(b);
+    for (int64_t i = 0; is_f8(b->t.dtype) && i < tu_numel(b); i++) v[i] *= (double)kscale(c);
+    return v;
 }
 
 static float scale_of(const mcase *c) { return (float)(1.0 / sqrt((double)(c->Dn + c->Dr))); }
@@ -118,8 +144,8 @@ static void build(const mcase *c, mbufs *z) {
     }
     /* caches: NaN everywhere, random values in every slot some prefix uses (drawn in
      * logical order, so ND and NZ builds from one seed hold the same values) */
-    z->cache = alloc_cache(c, nb, c->two ? Dl : E);
-    if (c->two) z->cache2 = alloc_cache(c, nb, c->Dr);
+    z->cache = alloc_cache(c, c->ct, nb, c->two ? Dl : E);
+    if (c->two) z->cache2 = alloc_cache(c, part_dt(c, 1), nb, c->Dr);
     for (int64_t i = 0; i < tu_numel(&z->cache); i++) tu_set(&z->cache, i, NAN);
     for (int64_t i = 0; c->two && i < tu_numel(&z->cache2); i++) tu_set(&z->cache2, i, NAN);
     int64_t *used = calloc((size_t)nb, sizeof(int64_t));
@@ -132,9 +158,9 @@ static void build(const mcase *c, mbufs *z) {
         for (int64_t s = 0; s < used[p]; s++)
             for (int64_t d = 0; d < E; d++) {
                 double x = tu_uniform(-1, 1);
-                if (!c->two) tu_set(&z->cache, cidx(c, p, s, d, E), x);
-                else if (d < Dl) tu_set(&z->cache, cidx(c, p, s, d, Dl), x);
-                else tu_set(&z->cache2, cidx(c, p, s, d - Dl, c->Dr), x);
+                if (!c->two) cset(c, &z->cache, cidx(c, c->ct, p, s, d, E), x);
+                else if (d < Dl) cset(c, &z->cache, cidx(c, c->ct, p, s, d, Dl), x);
+                else cset(c, &z->cache2, cidx(c, part_dt(c, 1), p, s, d - Dl, c->Dr), x);
             }
     free(used);
     free(perm);
@@ -142,7 +168,7 @@ static void build(const mcase *c, mbufs *z) {
     if (c->no_ref) return;
     /* float64 reference */
     double *qv = tu_values(&z->q), *kv = tu_values(&z->k), *vv = tu_values(&z->v), *wv = tu_values(&z->w);
-    double *cv = tu_values(&z->cache), *cv2 = c->two ? tu_values(&z->cache2) : NULL;
+    double *cv = cvalues(c, &z->cache), *cv2 = c->two ? cvalues(c, &z->cache2) : NULL;
     double scale = scale_of(c);
     int64_t q0 = 0;
     for (int b = 0; b < B; b++) {
@@ -199,6 +225,7 @@ static lk_mla_params params_of(const mcase *c, lk_mla_strategy st) {
     lk_mla_params p = lk_mla_params_default(scale_of(c));
     p.strategy = st;
     p.cache_layout = c->layout;
+    p.k_scale = is_f8(c->ct) ? kscale(c) : 12345.0f; /* read only for fp8 caches */
     return p;
 }
 
@@ -266,16 +293,18 @@ static void run_case(const mcase *c) {
                                           strlen(lk_mla_strategy_name(STRATS[si]))) == 0;
             if (STRATS[si] == LK_MLA_ABSORBED && strstr(lk_mla_last_trace(), "latent_attn")) {
                 /* the latent attention on bf16 operands exactly when lk_mla_lat_bf16 says */
-                int lat16 = c->qt == LK_BF16 && c->ct == LK_BF16 && c->ot == LK_BF16 && lk_mla_gemm_bf16();
+                int lat16 = c->qt == LK_BF16 && (c->ct == LK_BF16 || is_f8(c->ct)) && c->ot == LK_BF16 &&
+                            lk_mla_gemm_bf16();
                 ok_tr &= strstr(lk_mla_last_trace(), lat16 ? "mqa bf16" : "mqa f32") != NULL;
             }
             int intact = inputs_intact(&z) && tu_outside_intact(&z.out);
             tu_check(st == LK_OK && e <= 1 && intact && padding_zero(c, &z, got) && ok_tr,
-                     "mla %s %s %s: B=%d H=%lld D=%lld+%lld/%lld/%lld bs=%d %s%s %s/%s/%s/%s err=%.3g intact=%d %s",
+                     "mla %s %s %s: B=%d H=%lld D=%lld+%lld/%lld/%lld bs=%d %s%s %s/%s%s/%s/%s err=%.3g intact=%d %s",
                      lk_isa_name(isas[ii]), lk_mla_strategy_name(STRATS[si]), c->name, c->B, (long long)c->H,
                      (long long)c->Dn, (long long)c->Dr, (long long)c->Dv, (long long)c->Dl, c->bs,
                      c->layout == LK_KV_NZ ? "NZ" : "ND", c->two ? " two-buffer" : "", lk_dtype_name(c->qt),
-                     lk_dtype_name(c->ct), lk_dtype_name(c->wt), lk_dtype_name(c->ot), e, intact,
+                     lk_dtype_name(c->ct), c->rope16 ? "+bf16" : "", lk_dtype_name(c->wt), lk_dtype_name(c->ot), e,
+                     intact,
                      st ? lk_last_error() : lk_mla_last_trace());
             if (!first[si]) {
                 first[si] = got;
@@ -372,10 +401,12 @@ static int same(const double *a, const double *b, int64_t n) {
 
 /* NZ and ND caches holding the same logical values give the same bits */
 static void test_nz_nd(void) {
-    for (int two = 0; two < 2; two++) {
+    for (int k = 0; k < 6; k++) { /* bf16, fp8 e4m3, fp8 e5m2 (32-wide NZ tile) x one / two buffers */
+        int two = k & 1;
         mcase c = small_case();
         set_batch(&c, 3, (int64_t[]){9, 1, 40}, (int64_t[]){23, 0, 70});
         c.bs = 16, c.H = 4, c.two = two, c.qt = c.ct = c.wt = c.ot = LK_BF16;
+        if (k >= 2) c.ct = k < 4 ? LK_F8E4M3 : LK_F8E5M2, c.Dr = 32, c.ks = 0.3f;
         mbufs nd, nz;
         tu_seed(77);
         build(&c, &nd);
@@ -390,8 +421,8 @@ static void test_nz_nd(void) {
             double *a = result(&c, &nd, &p, &s1);
             p.cache_layout = LK_KV_NZ;
             double *b = result(&c, &nz, &p, &s2);
-            tu_check(s1 == LK_OK && s2 == LK_OK && same(a, b, n), "mla NZ == ND bitwise, %s, %s",
-                     lk_mla_strategy_name(STRATS[si]), two ? "two buffers" : "one buffer");
+            tu_check(s1 == LK_OK && s2 == LK_OK && same(a, b, n), "mla NZ == ND bitwise, %s, %s, %s",
+                     lk_mla_strategy_name(STRATS[si]), two ? "two buffers" : "one buffer", lk_dtype_name(c.ct));
             free(a), free(b);
         }
         free_bufs(&nd), free_bufs(&nz);
@@ -400,10 +431,12 @@ static void test_nz_nd(void) {
 
 /* requests sharing leading pages: dedup on == off bit for bit, and fewer groups */
 static void test_dedup(void) {
-    for (int bs = 7; bs <= 128; bs += 121) {
+    for (int k = 0; k < 4; k++) { /* pages 7 and 128, bf16 and fp8 (e4m3 at 7, e5m2 at 128) caches */
+        int bs = k & 1 ? 128 : 7;
         mcase c = small_case();
         set_batch(&c, 4, (int64_t[]){6, 11, 3, 20}, bs == 7 ? (int64_t[]){40, 30, 47, 12} : (int64_t[]){600, 520, 700, 260});
         c.bs = bs, c.share = 4, c.H = 4, c.qt = c.ct = c.wt = LK_BF16, c.ot = LK_F32;
+        if (k >= 2) c.ct = bs == 7 ? LK_F8E4M3 : LK_F8E5M2, c.ks = 0.7f;
         mbufs z;
         build(&c, &z);
         int64_t n = z.T * c.H * c.Dv;
@@ -423,8 +456,8 @@ static void test_dedup(void) {
             int parsed = g1 && g2 && sscanf(g1, "groups=%lld/%lld", &u1, &l1) == 2 &&
                          sscanf(g2, "groups=%lld/%lld", &u2, &l2) == 2;
             tu_check(s1 == LK_OK && s2 == LK_OK && same(a, b, n) && e <= 1 && parsed && u1 == l1 && u2 < l2,
-                     "mla dedup == no dedup bitwise, %s, bs=%d (groups %lld/%lld vs %lld/%lld) err=%.3g",
-                     lk_mla_strategy_name(STRATS[si]), bs, u1, l1, u2, l2, e);
+                     "mla dedup == no dedup bitwise, %s, bs=%d %s (groups %lld/%lld vs %lld/%lld) err=%.3g",
+                     lk_mla_strategy_name(STRATS[si]), bs, lk_dtype_name(c.ct), u1, l1, u2, l2, e);
             free(a), free(b);
         }
         free_bufs(&z);
@@ -546,7 +579,7 @@ static void test_trace(void) {
         int32_t ql[MAXB], pl[MAXB];
         for (int b = 0; b < d.B; b++) ql[b] = (int32_t)d.ql[b], pl[b] = (int32_t)d.pl[b];
         lk_mla_shape sh = {d.B, d.H, d.Dn, d.Dr, d.Dv, d.Dl, d.bs, ql, pl, pages * d.bs, lk_mla_gemm_bf16(),
-                           lk_mla_gemm_bf16(), 2 * (lk_isa_current() == LK_ISA_AVX512BF16)};
+                           lk_mla_gemm_bf16(), 2 * (lk_isa_current() == LK_ISA_AVX512BF16), 0};
         double cost[5];
         lk_mla_strategy want = lk_mla_choose(&sh, cost);
         char expect[64];
@@ -555,6 +588,17 @@ static void test_trace(void) {
         tu_check(st == LK_OK && strstr(tr, expect) == tr && rule_ok,
                  "mla auto B=%d q=%lld p=%lld H=%lld picks %s: %s", d.B, (long long)d.ql[0], (long long)d.pl[0],
                  (long long)d.H, lk_mla_strategy_name(want), tr);
+        free_bufs(&y);
+        /* an fp8 cache: the model with its gather term (common to every strategy) picks the same */
+        d.ct = LK_F8E4M3, d.ks = 0.5f;
+        build(&d, &y);
+        st = call(&d, &y, LK_MLA_AUTO);
+        tr = lk_mla_last_trace();
+        sh.f8_dims = d.Dl + d.Dr;
+        lk_mla_strategy want8 = lk_mla_choose(&sh, cost);
+        tu_check(st == LK_OK && strstr(tr, expect) == tr && want8 == want,
+                 "mla auto over an fp8 cache B=%d q=%lld p=%lld picks %s as over bf16: %s", d.B, (long long)d.ql[0],
+                 (long long)d.pl[0], lk_mla_strategy_name(want8), tr);
         free_bufs(&y);
     }
 }
@@ -716,6 +760,158 @@ static void test_bad_inputs(void) {
     free_bufs(&z);
 }
 
+/* ---------------------------------------------------------------- fp8 latent caches */
+
+/* fp8 caches (e4m3 / e5m2, stored as fp8(x / k_scale) by the scalar converter) against
+ * the float64 reference of the dequantized entries f32(code) * k_scale, every strategy
+ * and ISA: page sizes 1, 7, 16, 128, ND and NZ (32-wide tile), one and two buffers (also
+ * an fp8 latent part with a bf16 rope part), empty prefixes and requests, padding rows,
+ * strided views with garbage, the bf16 and f32 GEMM paths */
+static void test_fp8_grid(void) {
+    mcase c = small_case();
+    c.ct = LK_F8E4M3, c.ks = 0.37f;
+    c.name = "fp8 e4m3, k_scale 0.37, page 7, f32";
+    run_case(&c);
+    c = small_case();
+    set_batch(&c, 3, (int64_t[]){3, 0, 4}, (int64_t[]){6, 11, 1});
+    c.bs = 1, c.H = 16, c.two = 1, c.qt = LK_F16, c.ct = LK_F8E5M2, c.wt = LK_F32, c.ot = LK_F16, c.ks = 1.0f / 64;
+    c.name = "fp8 e5m2, k_scale 1/64, page 1, two buffers, empty request";
+    run_case(&c);
+    c = small_case();
+    set_batch(&c, 4, (int64_t[]){5, 1, 33, 2}, (int64_t[]){0, 13, 40, 7});
+    c.Dr = 32, c.H = 4, c.bs = 16, c.pad_tokens = 3, c.layout = LK_KV_NZ, c.pad = 1;
+    c.qt = c.wt = c.ot = LK_BF16, c.ct = LK_F8E4M3, c.ks = 0.05f;
+    c.name = "fp8 e4m3 NZ 32-wide tile, page 16, strided, padding, bf16";
+    run_case(&c);
+    c = small_case();
+    set_batch(&c, 3, (int64_t[]){4, 9, 1}, (int64_t[]){0, 0, 0});
+    c.ct = LK_F8E5M2, c.ks = 2.5f, c.qt = c.wt = c.ot = LK_BF16, c.pad_tokens = 1;
+    c.name = "fp8 e5m2, every prefix empty";
+    run_case(&c);
+    c = small_case();
+    set_batch(&c, 3, (int64_t[]){3, 5, 2}, (int64_t[]){20, 0, 9});
+    c.two = 1, c.rope16 = 1, c.ct = LK_F8E4M3, c.ks = 0.2f, c.qt = c.wt = c.ot = LK_BF16, c.pad = 1;
+    c.name = "fp8 e4m3 latent part with a bf16 rope part, strided";
+    run_case(&c);
+    /* DeepSeek-V2-Lite dims */
+    c = small_case();
+    set_batch(&c, 3, (int64_t[]){1, 33, 70}, (int64_t[]){0, 130, 300});
+    c.H = 4, c.Dn = 128, c.Dr = 64, c.Dv = 128, c.Dl = 512, c.bs = 128, c.layout = LK_KV_NZ;
+    c.qt = c.wt = c.ot = LK_BF16, c.ct = LK_F8E4M3, c.ks = 0.013f;
+    c.ref_isa = 0;
+    c.name = "fp8 e4m3 DeepSeek dims, 4 heads, NZ, page 128";
+    run_case(&c);
+    if (tu_emulated()) return; /* under qemu: the 4-head DeepSeek case above is enough */
+    c = small_case();
+    set_batch(&c, 2, (int64_t[]){20, 3}, (int64_t[]){129, 257});
+    c.H = 16, c.Dn = 128, c.Dr = 64, c.Dv = 128, c.Dl = 512, c.bs = 128, c.two = 1, c.layout = LK_KV_NZ;
+    c.qt = c.wt = LK_BF16, c.ct = LK_F8E5M2, c.ot = LK_F32, c.ks = 0.004f;
+    c.ref_isa = 0;
+    c.name = "fp8 e5m2 DeepSeek dims, 16 heads, NZ two buffers, page 128, f32 out";
+    run_case(&c);
+}
+
+/* a copy of an fp8 cache buffer as a bf16 one holding its dequantized values (exact for
+ * a power-of-two k_scale), ND only (same logical indices) */
+static tu_buf dequant_bf16(const mcase *c, const tu_buf *b, int64_t nb, int64_t D) {
+    tu_buf d = alloc_cache(c, LK_BF16, nb, D);
+    for (int64_t i = 0; i < tu_numel(b); i++) tu_set(&d, i, tu_get(b, i) * (double)kscale(c));
+    return d;
+}
+
+/* fp8 with a power-of-two k_scale == a bf16 cache of the dequantized values, bit for bit,
+ * every strategy (the codes are widened exactly and the scale is exact), for both
+ * formats, one and two buffers, the bf16 and f32 GEMM paths */
+static void test_fp8_equiv(void) {
+    for (int k = 0; k < 4; k++) {
+        mcase c = small_case();
+        set_batch(&c, 3, (int64_t[]){9, 1, 40}, (int64_t[]){23, 0, 70});
+        c.bs = 16, c.H = 4, c.two = k & 1, c.ct = k & 2 ? LK_F8E5M2 : LK_F8E4M3, c.ks = k & 2 ? 0.25f : 1.0f / 64;
+        c.qt = c.wt = c.ot = k < 2 ? LK_BF16 : LK_F32;
+        mbufs z;
+        build(&c, &z);
+        int64_t n = z.T * c.H * c.Dv;
+        tu_buf b1 = dequant_bf16(&c, &z.cache, z.nb, c.two ? c.Dl : c.Dl + c.Dr), b2 = {0};
+        if (c.two) b2 = dequant_bf16(&c, &z.cache2, z.nb, c.Dr);
+        for (int si = 0; si < 5; si++) {
+            lk_status s1, s2;
+            lk_mla_params p = params_of(&c, STRATS[si]);
+            double *a = result(&c, &z, &p, &s1);
+            double e = tu_err(a, z.want, n, mla_tol(c.ot));
+            s2 = lk_mla_prefix_prefill(&z.out.t, &z.q.t, &z.k.t, &z.v.t, &z.cu.t, &z.pl.t, &z.bt.t, &b1.t,
+                                       c.two ? &b2.t : NULL, &z.w.t, &p);
+            double *b = tu_values(&z.out);
+            tu_check(s1 == LK_OK && s2 == LK_OK && same(a, b, n) && e <= 1,
+                     "mla fp8 %s k_scale %g == bf16 cache of the dequantized values bitwise, %s, %s, %s err=%.3g",
+                     lk_dtype_name(c.ct), (double)c.ks, lk_mla_strategy_name(STRATS[si]),
+                     c.two ? "two buffers" : "one buffer", lk_dtype_name(c.qt), e);
+            free(a), free(b);
+        }
+        tu_free(&b1), tu_free(&b2);
+        free_bufs(&z);
+    }
+}
+
+/* bad k_scale with an fp8 cache: LK_ERR_VALUE naming params.k_scale, nothing written;
+ * ignored with 16/32-bit caches; fp8 where no fp8 is taken; the NZ tile of 1-byte caches */
+static void test_fp8_bad(void) {
+    mcase c = small_case();
+    set_batch(&c, 2, (int64_t[]){3, 4}, (int64_t[]){20, 5});
+    c.bs = 4, c.Dr = 32, c.ct = LK_F8E4M3, c.ks = 0.5f;
+    mbufs z;
+    build(&c, &z);
+    static const float bad[] = {0.0f, -1.0f, -0.0f, NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        for (int si = 0; si < 5; si++) {
+            lk_mla_params p = params_of(&c, STRATS[si]);
+            p.k_scale = bad[i];
+            snapshot_all(&z);
+            lk_status st = call_p(&c, &z, &p);
+            tu_check(st == LK_ERR_VALUE && strstr(lk_last_error(), "params.k_scale") && tu_intact(&z.out) &&
+                         inputs_intact(&z) && lk_mla_last_trace()[0] == 0,
+                     "mla fp8 k_scale %g -> LK_ERR_VALUE naming params.k_scale (%s: %s)", (double)bad[i],
+                     lk_status_str(st), lk_last_error());
+        }
+    /* fp8 q / k / v / out / kv_b_proj are not taken */
+    const char *names[5] = {"q", "k", "v", "out", "kv_b_proj"};
+    for (int i = 0; i < 5; i++) {
+        lk_tensor t[5] = {z.q.t, z.k.t, z.v.t, z.out.t, z.w.t};
+        t[i].dtype = LK_F8E5M2;
+        lk_mla_params p = params_of(&c, LK_MLA_AUTO);
+        snapshot_all(&z);
+        lk_status st = lk_mla_prefix_prefill(&t[3], &t[0], &t[1], &t[2], &z.cu.t, &z.pl.t, &z.bt.t, &z.cache.t, NULL,
+                                             &t[4], &p);
+        tu_check(st == LK_ERR_DTYPE && strstr(lk_last_error(), names[i]) && tu_intact(&z.out) && inputs_intact(&z),
+                 "mla fp8 %s -> LK_ERR_DTYPE (%s)", names[i], lk_last_error());
+    }
+    free_bufs(&z);
+    /* a 1-byte NZ cache in 16-wide tiles (the 2-byte form) is not an fp8 NZ cache */
+    c.layout = LK_KV_NZ;
+    build(&c, &z);
+    int64_t E = c.Dl + c.Dr;
+    tu_buf t16 = tu_alloc(LK_F8E4M3, 4, (int64_t[]){z.nb, E / 16, c.bs, 16}, 0);
+    lk_mla_params p = params_of(&c, LK_MLA_AUTO);
+    snapshot_all(&z);
+    lk_status st = lk_mla_prefix_prefill(&z.out.t, &z.q.t, &z.k.t, &z.v.t, &z.cu.t, &z.pl.t, &z.bt.t, &t16.t, NULL,
+                                         &z.w.t, &p);
+    tu_check(st == LK_ERR_SHAPE && strstr(lk_last_error(), "kv_c_cache") && tu_intact(&z.out),
+             "mla fp8 NZ cache in 16-wide tiles -> LK_ERR_SHAPE (%s)", lk_last_error());
+    tu_free(&t16);
+    free_bufs(&z);
+    /* k_scale is not read for a bf16 cache (any value, as vLLM's "auto") */
+    c = small_case();
+    c.ct = LK_BF16;
+    build(&c, &z);
+    p = params_of(&c, LK_MLA_AUTO);
+    p.k_scale = NAN;
+    st = call_p(&c, &z, &p);
+    double *got = tu_values(&z.out);
+    tu_check(st == LK_OK && tu_err(got, z.want, z.T * c.H * c.Dv, mla_tol(c.ot)) <= 1,
+             "mla k_scale NaN ignored with a bf16 cache (%s)", st ? lk_last_error() : "ok");
+    free(got);
+    free_bufs(&z);
+}
+
 /* Bugs found by fuzzing (fuzz/fuzz_mla_prefill.c), each with the input shape that hit it */
 static void test_fuzz_regressions(void) {
     /* 1. an empty cache of block_size 0 (valid with num_blocks 0): ceil(P / block_size)
@@ -815,5 +1011,8 @@ int main(void) {
     test_empty();
     test_bad_inputs();
     test_fuzz_regressions();
+    test_fp8_grid();
+    test_fp8_equiv();
+    test_fp8_bad();
     return tu_finish("test_mla_prefill");
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/fp8.h"
 #include "core/half.h"
 #include "testutil.h"
 
@@ -676,7 +677,97 @@ static void test_mla(void) {
                 for (int h = 0; h < MH; h++)
                     for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
             tu_check(ok, "%s mla %s: a -inf score weighs 0 (finite rows)", isa, sn);
+            mla_fill();
+
+            mv[2][0][1] = INFINITY; /* v of request 0's current token 2: hidden from tokens 0, 1 */
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(3, 5, 0) && !isfinite(mout[2][0][1]);
+            for (int t = 0; t < 2; t++)
+                for (int d = 0; d < MDV; d++) ok &= fabsf(mout[t][0][d] - mbase[t][0][d]) <= 1e-5f;
+            tu_check(ok, "%s mla %s: an inf in v of a current key never reaches the queries the causal mask hides "
+                         "it from", isa, sn);
         }
+    }
+}
+
+/* ---------------------------------------------------------------- mla_prefix_prefill, fp8 cache */
+
+/* The rules of test_mla over fp8 latent caches (the same batch, entries fp8(x / k_scale)
+ * by src/core/fp8.h, k_scale 0.25; unused slots hold the format's NaN code): finite rows
+ * equal to an f32 cache of the dequantized entries within 1e-5; a NaN code of a used
+ * entry makes its request's rows NaN; e5m2's +inf code in k_pe (q_rope > 0) makes them NaN,
+ * its -inf code weighs 0; e4m3 has no inf: its largest code stays finite. Every ISA and
+ * strategy. */
+static uint8_t mc8[MNB][MBS][ME];
+
+static lk_status mla8_call(lk_mla_strategy st, lk_dtype dt) {
+    int32_t cq[3] = {0, 3, 5}, pl[2] = {6, 5}, bt[2][3] = {{0, 1, -1}, {2, 3, -1}};
+    lk_tensor tq = t3(mq, LK_F32, MT, MH, MDN + MDR), tk = t3(mk, LK_F32, MT, MH, MDN + MDR);
+    lk_tensor tv = t3(mv, LK_F32, MT, MH, MDV), to = t3(mout, LK_F32, MT, MH, MDV);
+    lk_tensor tcq = t1(cq, LK_I32, 3), tpl = t1(pl, LK_I32, 2), tbt = t2(bt, LK_I32, 2, 3);
+    lk_tensor tc = t3(mc8, dt, MNB, MBS, ME), tw = t2(mw, LK_F32, MH * (MDN + MDV), MDL);
+    lk_mla_params p = lk_mla_params_default(0.125f);
+    p.strategy = st, p.k_scale = 0.25f;
+    for (int i = 0; i < MT * MH * MDV; i++) (&mout[0][0][0])[i] = -7.0f;
+    return lk_mla_prefix_prefill(&to, &tq, &tk, &tv, &tcq, &tpl, &tbt, &tc, NULL, &tw, &p);
+}
+
+/* mc8 = fp8(mc / 0.25); mc = the dequantized values (the f32 baseline's cache) */
+static void mla8_fill(lk_dtype dt) {
+    mla_fill();
+    for (int i = 0; i < MNB * MBS * ME; i++) {
+        float *x = &mc[0][0][0] + i;
+        uint8_t c = dt == LK_F8E5M2 ? lk_f32_to_f8e5m2(*x / 0.25f) : lk_f32_to_f8e4m3(*x / 0.25f);
+        (&mc8[0][0][0])[i] = c;
+        *x = (dt == LK_F8E5M2 ? lk_f8e5m2_to_f32(c) : lk_f8e4m3_to_f32(c)) * 0.25f;
+    }
+}
+
+static void test_mla_fp8(void) {
+    static const lk_mla_strategy ST[5] = {LK_MLA_AUTO, LK_MLA_SPLIT_MERGE, LK_MLA_CONCAT, LK_MLA_FUSED, LK_MLA_ABSORBED};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int f = 0; f < 2; f++)
+            for (int si = 0; si < 5; si++) {
+                lk_dtype dt = f ? LK_F8E5M2 : LK_F8E4M3;
+                const char *isa = lk_isa_name(isas[ii]), *sn = lk_mla_strategy_name(ST[si]), *fn = lk_dtype_name(dt);
+                mla8_fill(dt);
+                lk_status st = mla_call(ST[si]); /* f32 cache of the dequantized entries */
+                memcpy(mbase, mout, sizeof mout);
+                st |= mla8_call(ST[si], dt);
+                int ok = st == LK_OK && mla_rows(0, 5, 0);
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= is_poszero(mout[5][h][d]);
+                tu_check(ok, "%s mla %s %s cache: = the f32 cache of the dequantized entries; NaN codes in every "
+                             "unused slot never reach the output; the padding row is +0", isa, sn, fn);
+
+                mc8[0][1][3] = 0x7f; /* NaN code in a latent value of request 0's prefix token 1 */
+                st = mla8_call(ST[si], dt);
+                tu_check(st == LK_OK && mla_rows(0, 3, 1) && mla_rows(3, 5, 0),
+                         "%s mla %s %s: a NaN code in a used entry makes its request's rows NaN, others unaffected",
+                         isa, sn, fn);
+                mla8_fill(dt);
+
+                for (int t = 3; t < 5; t++)
+                    for (int h = 0; h < MH; h++) mq[t][h][MDN] = 0.5f;
+                mc8[2][0][MDL] = f ? 0x7c : 0x7e; /* k_pe: e5m2 +inf, e4m3 its max (448) */
+                st = mla8_call(ST[si], dt);
+                ok = st == LK_OK && mla_rows(0, 3, 0);
+                for (int t = 3; t < 5; t++)
+                    for (int h = 0; h < MH; h++)
+                        for (int d = 0; d < MDV; d++) ok &= f ? isnan(mout[t][h][d]) : isfinite(mout[t][h][d]);
+                tu_check(ok, "%s mla %s %s: %s", isa, sn, fn,
+                         f ? "the +inf code (score +inf) makes its rows NaN" : "the max code (448) stays finite");
+                if (f) {
+                    mc8[2][0][MDL] = 0xfc; /* -inf: weight 0 */
+                    st = mla8_call(ST[si], dt);
+                    ok = st == LK_OK;
+                    for (int t = 3; t < 5; t++)
+                        for (int h = 0; h < MH; h++)
+                            for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
+                    tu_check(ok, "%s mla %s %s: the -inf code weighs 0 (finite rows)", isa, sn, fn);
+                }
+            }
     }
 }
 
@@ -979,6 +1070,7 @@ int main(void) {
     test_attention_bf16();
     test_attention_bf16_decode();
     test_mla();
+    test_mla_fp8();
     test_mla_decode();
     test_cross_isa();
     lk_set_isa(lk_isa_best());

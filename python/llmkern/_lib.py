@@ -80,7 +80,7 @@ class LkMlaDecodeParams(ctypes.Structure):
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
 _PACK_PARAMS = struct.Struct("@fiqqfiP").pack
-_PACK_MLA_PARAMS = struct.Struct("@fiii").pack
+_PACK_MLA_PARAMS = struct.Struct("@fiiif").pack  # + k_scale (0.3)
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
 assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
@@ -422,6 +422,26 @@ def fp8_view(x, name, dt):
     return pack(p, dt, shape, st, name)
 
 
+# ---- fp8 inputs (mla_prefix_prefill's latent caches)
+
+def fp8_in_view(x, name, dt):
+    """view() of an fp8 input of lk dtype dt: a uint8 buffer (as vLLM allocates fp8 caches)
+    is viewed as dt; an fp8-typed array or tensor must be of dtype dt (None -> NULL)."""
+    if x is None:
+        return None
+    if _is_uint8(x):
+        if isinstance(x, np.ndarray):
+            return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides
+        if not x.is_cpu:
+            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+        return pack(x.data_ptr(), dt, x.shape, x.stride(), name)
+    p, got, shape, st = info(x, name)
+    if got != dt:
+        raise TypeError("%s: dtype %s does not match the fp8 kv_cache_dtype (%s)"
+                        % (name, getattr(x, "dtype", got), "float8_e4m3fn" if dt == F8E4M3 else "float8_e5m2"))
+    return pack(p, dt, shape, st, name)
+
+
 def transposed_view(x, name, write=False):
     """The view with reversed dims: an LSE stored [heads, tokens] passed as [tokens, heads]."""
     if x is None:
@@ -452,8 +472,8 @@ def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi
     return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, ctypes.addressof(keep)), keep
 
 
-def mla_params(scale, strategy, layout, dedup):
-    return _PACK_MLA_PARAMS(scale, strategy, layout, dedup)
+def mla_params(scale, strategy, layout, dedup, k_scale=1.0):
+    return _PACK_MLA_PARAMS(scale, strategy, layout, dedup, k_scale)
 
 
 def mla_decode_params(scale, causal, layout, split_keys):

@@ -910,7 +910,7 @@ def _seqlens_from_cu(cu, name):
 
 def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,
                        softmax_scale, out=None, kv_layout="ND", strategy="auto",
-                       k_pe_cache=None, dedup=True):
+                       k_pe_cache=None, dedup=True, kv_cache_dtype="auto", k_scale=None):
     """MLA prefill of new tokens over a cached prefix (DeepSeek-V2/V3 attention).
     q, k [T, H, Dn + Dr] (k = [k_nope | k_rope broadcast]), v [T, H, Dv] of the new
     tokens; cu_seqlens_q [B + 1]; prefix_lens [B]; block_table [B, max_pages];
@@ -919,6 +919,13 @@ def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache
     the [.., Dl] part; kv_b_proj [H * (Dn + Dv), Dl] (torch Linear weight); softmax_scale
     explicit. strategy: 'auto', 'split_merge', 'concat', 'fused', 'absorbed'. Returns
     out [T, H, Dv] (allocated like q when None). mla_last_trace() tells what ran.
+    fp8 latent caches (vLLM's kv_cache_dtype and per-tensor k_scale, a number or a
+    one-element tensor): kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' takes uint8 caches
+    (as vLLM allocates them) viewed as that format, or float8 arrays / tensors of it;
+    'auto' takes the caches in their own dtype (ml_dtypes float8_e4m3fn / float8_e5m2,
+    torch.float8_e4m3fn / float8_e5m2 included). Entries are f32(code) * k_scale (default
+    1); NZ fp8 caches are [blocks, (Dl + Dr)/32, block_size, 32]. k_scale is ignored for
+    16/32-bit caches.
     NotImplementedError where the loaded library lacks lk_mla_prefix_prefill."""
     try:
         strat = L.MLA_STRATEGIES[strategy]
@@ -930,11 +937,21 @@ def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache
         if len(q.shape) != 3:
             raise ValueError("q: shape %s, expected [num_tokens, num_heads, head_dim]" % (tuple(q.shape),))
         out = _empty(q, (q.shape[0], q.shape[1], v.shape[-1]))
-    params = L.mla_params(softmax_scale, strat, lay, 1 if dedup else 0)
+    if kv_cache_dtype in _FP8_KV:  # fp8 caches, uint8 buffers viewed as the format
+        dt = _FP8_KV[kv_cache_dtype]
+        cache_v = L.fp8_in_view(kv_cache, "kv_cache", dt)
+        pe_v = L.fp8_in_view(k_pe_cache, "k_pe_cache", dt)
+    elif kv_cache_dtype == "auto":
+        cache_v, pe_v = _view(kv_cache, "kv_cache"), _view(k_pe_cache, "k_pe_cache")
+    else:
+        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                                  % (kv_cache_dtype,))
+    ks = 1.0 if k_scale is None else _scalar_scale(k_scale, "k_scale")
+    params = L.mla_params(softmax_scale, strat, lay, 1 if dedup else 0, ks)
     s = L.mla_prefix_prefill(_out(out, "out"), _view(q, "q"), _view(k, "k"), _view(v, "v"),
                              _view(cu_seqlens_q, "cu_seqlens_q"), _view(prefix_lens, "prefix_lens"),
-                             _view(block_table, "block_table"), _view(kv_cache, "kv_cache"),
-                             _view(k_pe_cache, "k_pe_cache"), _view(kv_b_proj, "kv_b_proj"), params)
+                             _view(block_table, "block_table"), cache_v, pe_v,
+                             _view(kv_b_proj, "kv_b_proj"), params)
     if s:
         _raise(s)
     return out

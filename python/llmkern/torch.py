@@ -189,21 +189,23 @@ _register("flash_attn_with_kvcache",
 
 
 def _mla_impl(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj, softmax_scale, kv_layout="ND",
-              strategy="auto", k_pe_cache=None, dedup=True):
+              strategy="auto", k_pe_cache=None, dedup=True, kv_cache_dtype="auto", k_scale=None):
     return _ops.mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj,
                                    softmax_scale, kv_layout=kv_layout, strategy=strategy, k_pe_cache=k_pe_cache,
-                                   dedup=dedup)
+                                   dedup=dedup, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale)
 
 
 def _mla_fake(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache, kv_b_proj, softmax_scale, kv_layout="ND",
-              strategy="auto", k_pe_cache=None, dedup=True):
+              strategy="auto", k_pe_cache=None, dedup=True, kv_cache_dtype="auto", k_scale=None):
     return q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
 
 
+# kv_cache_dtype / k_scale (fp8 latent caches, as vLLM passes them: a uint8 or float8 cache
+# and the layer's one-element k_scale tensor)
 _register("mla_prefix_prefill",
           "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor prefix_lens, Tensor block_table, "
           "Tensor kv_cache, Tensor kv_b_proj, float softmax_scale, str kv_layout=\"ND\", str strategy=\"auto\", "
-          "Tensor? k_pe_cache=None, bool dedup=True) -> Tensor",
+          "Tensor? k_pe_cache=None, bool dedup=True, str kv_cache_dtype=\"auto\", Tensor? k_scale=None) -> Tensor",
           _mla_impl, _mla_fake)
 
 

@@ -21,7 +21,7 @@
 const char *lk_mla_last_trace(void) { return lk_trace_text(); }
 
 lk_mla_params lk_mla_params_default(float scale) {
-    lk_mla_params p = {scale, LK_MLA_AUTO, LK_KV_ND, 1};
+    lk_mla_params p = {scale, LK_MLA_AUTO, LK_KV_ND, 1, 1.0f};
     return p;
 }
 
@@ -102,20 +102,29 @@ static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_ten
     return LK_OK;
 }
 
-static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tensor *kpe, lk_kv_layout lay) {
+static lk_status check_cache(lk_mla_args *a, const lk_tensor *kvc, const lk_tensor *kpe, const lk_mla_params *p) {
     lk_status s;
+    lk_kv_layout lay = p->cache_layout;
     if (!kvc) return lk_fail(LK_ERR_NULL, "kv_c_cache: tensor pointer is NULL");
     a->one_buffer = kpe == NULL;
     if (a->one_buffer) {
-        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
         a->rope = a->lat;
     } else {
-        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl, "kv_c_cache"))) return s;
-        if ((s = lk_paged_init(&a->rope, kpe, lay, 1, a->Dr, "k_pe_cache"))) return s;
+        if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init8(&a->rope, kpe, lay, 1, a->Dr, "k_pe_cache"))) return s;
         if (a->rope.num_blocks != a->lat.num_blocks || a->rope.block_size != a->lat.block_size)
             return lk_fail(LK_ERR_SHAPE, "k_pe_cache: pages (%lld x %lld) differ from kv_c_cache's (%lld x %lld)",
                            (long long)a->rope.num_blocks, (long long)a->rope.block_size,
                            (long long)a->lat.num_blocks, (long long)a->lat.block_size);
+    }
+    /* fp8 parts: the consumers scale the codes' values by k_scale (read only then: a 0.2
+     * caller's struct has no such field, and it has no fp8 caches) */
+    a->lat_scale = a->rope_scale = 1.0f;
+    if (lk_is_fp8(a->lat.dtype) || lk_is_fp8(a->rope.dtype)) {
+        if ((s = lk_scale_check_value(p->k_scale, "params.k_scale"))) return s;
+        if (lk_is_fp8(a->lat.dtype)) a->lat_scale = p->k_scale;
+        if (lk_is_fp8(a->rope.dtype)) a->rope_scale = p->k_scale;
     }
     if (a->lat.block_size > INT_MAX / 8)
         return lk_fail(LK_ERR_OVERFLOW, "kv_c_cache: block_size %lld is beyond the GEMMs' int sizes",
@@ -187,7 +196,7 @@ lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q, const 
     memset(&a, 0, sizeof a);
     idx_copies cp = {0};
     lk_status s = check_shapes(&a, out, q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_b_proj, params);
-    if (!s) s = check_cache(&a, kv_c_cache, k_pe_cache, params->cache_layout);
+    if (!s) s = check_cache(&a, kv_c_cache, k_pe_cache, params);
     if (!s) {
         const lk_tensor *ins[9] = {q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_c_cache, k_pe_cache, kv_b_proj};
         const char *in_names[9] = {"q", "k", "v", "cu_seqlens_q", "prefix_lens", "block_table", "kv_c_cache",

@@ -95,6 +95,9 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
     const lk_tensor *qa = &c->qa, *uk = &a->wuk, *uv = &a->wuv, *q = &a->q;
     lk_status s = LK_OK;
     if (P > 0) {
+        /* fp8 parts of G hold the codes' values: k_scale goes into the queries' scores
+         * (softmax scale x part scale) and into the latent outputs below */
+        float ls = a->scale * a->lat_scale, rs = a->scale * a->rope_scale;
         for (int64_t h = 0; h < H && !s; h++) {
             const void *qh = lk_at(qa, t0 * qa->stride[0] + h * qa->stride[1]); // [tok, Dn] rows stride[0] apart
             float *dst = Qa + h * tok * E;
@@ -102,9 +105,9 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
                             0, dst, E);
             for (int64_t t = 0; t < tok; t++) {
                 int64_t off = (t0 + t) * q->stride[0] + h * q->stride[1];
-                for (int64_t i = 0; i < Dl; i++) dst[t * E + i] *= a->scale;
+                for (int64_t i = 0; i < Dl; i++) dst[t * E + i] *= ls;
                 for (int64_t i = 0; i < Dr; i++)
-                    dst[t * E + Dl + i] = a->scale * lk_load_f(q->data, q->dtype, off + (Dn + i) * q->stride[2]);
+                    dst[t * E + Dl + i] = rs * lk_load_f(q->data, q->dtype, off + (Dn + i) * q->stride[2]);
             }
         }
         lk_dtype gdt = c->lat16 ? LK_BF16 : LK_F32;
@@ -116,6 +119,7 @@ static void absorbed_unit(void *vctx, int64_t u, int tid) {
         for (int64_t h = 0; h < H && !s; h++)
             s = lk_mla_gemm(LK_F32, 1, tok, Dv, Dl, Ol + h * tok * Dl, Dl, (const float *)uv->data + h * uv->stride[0],
                             uv->stride[1], 0, O + h * tok * Dv, Dv);
+        for (int64_t i = 0; i < H * tok * Dv && a->lat_scale != 1.0f; i++) O[i] *= a->lat_scale;
     }
     for (int64_t h = h0; h < h1 && !s; h++) {
         float *Qs = Qa; /* the latent rows are done with */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/fp8.h"
 #include "../../core/half.h"
 #include "mla.h"
 
@@ -120,8 +121,12 @@ static lk_tensor head_rows(const lk_mla_args *a, int64_t r0, int64_t n) {
     return v;
 }
 
+/* a cache part whose entries go into a bf16 G exactly: bf16, or fp8 (every fp8 value is
+ * a bf16 value; the scale is applied after the GEMMs) */
+static int bf16_exact(lk_dtype dt) { return dt == LK_BF16 || lk_is_fp8(dt); }
+
 int lk_mla_lat_bf16(const lk_mla_args *a) {
-    return a->q.dtype == LK_BF16 && a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 &&
+    return a->q.dtype == LK_BF16 && bf16_exact(a->lat.dtype) && bf16_exact(a->rope.dtype) &&
            a->out.dtype == LK_BF16 && lk_mla_gemm_bf16();
 }
 
@@ -131,7 +136,7 @@ int lk_mla_cur_bf16(const lk_mla_args *a) {
 }
 
 int lk_mla_proj_bf16(const lk_mla_args *a) {
-    return a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && lk_mla_gemm_usable(&a->w, LK_BF16) &&
+    return bf16_exact(a->lat.dtype) && bf16_exact(a->rope.dtype) && lk_mla_gemm_usable(&a->w, LK_BF16) &&
            lk_mla_gemm_bf16();
 }
 
@@ -275,9 +280,10 @@ lk_status lk_mla_plan_build(const lk_mla_args *a, int64_t g, lk_mla_plan *p) {
 
 /* ---------------------------------------------------------------- gather */
 
-/* gather_cache kernel call for unique groups [u0, u0 + n) into G rows from row0 */
+/* gather_cache kernel call for unique groups [u0, u0 + n) into G rows from row0, cache
+ * part `part` (0: the latent entries, or the whole entry in one buffer; 1: rope) */
 static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32_t *tbl, int32_t *lens, int64_t u0,
-                               int64_t n, lk_dtype gdt, void *G, int64_t row0) {
+                               int64_t n, int part, lk_dtype gdt, void *G, int64_t row0) {
     int64_t E = a->Dl + a->Dr, rows = 0;
     for (int64_t u = u0; u < u0 + n; u++) rows += lens[u];
     if (rows == 0) return LK_OK;
@@ -286,16 +292,62 @@ static lk_status gather_groups(const lk_mla_args *a, const lk_mla_plan *p, int32
     int64_t tshape[2] = {n, p->g};
     ga.block_table = lk_tensor_make(tbl + u0 * p->g, LK_I32, 2, tshape);
     ga.seq_lens = lk_tensor_make(lens + u0, LK_I32, 1, &n);
-    int parts = a->one_buffer ? 1 : 2;
-    for (int part = 0; part < parts; part++) {
-        ga.cache = part ? a->rope : a->lat;
-        int64_t D = ga.cache.D, oshape[3] = {rows, 1, D};
-        ga.out = lk_tensor_make((char *)G + (row0 * E + (part ? a->Dl : 0)) * lk_esize(gdt), gdt, 3, oshape);
-        ga.out.stride[0] = E, ga.out.stride[1] = D;
-        lk_status s = lk_kernels()->gather_cache(&ga);
-        if (s) return s;
+    ga.cache = part ? a->rope : a->lat;
+    int64_t D = ga.cache.D, oshape[3] = {rows, 1, D};
+    ga.out = lk_tensor_make((char *)G + (row0 * E + (part ? a->Dl : 0)) * lk_esize(gdt), gdt, 3, oshape);
+    ga.out.stride[0] = E, ga.out.stride[1] = D;
+    return lk_kernels()->gather_cache(&ga);
+}
+
+/* fp8 cache part: the codes widened exactly (f32(code), or its bf16 bits: every fp8 value
+ * is a bf16 value) through a 256-entry table made from src/core/fp8.h; k_scale is applied
+ * by the consumers (lk_mla_args.lat_scale / rope_scale) */
+typedef struct {
+    const lk_mla_args *a;
+    const lk_mla_plan *p;
+    const lk_paged *pc;
+    int64_t col0;         /* first G column of the part */
+    lk_dtype gdt;
+    void *G;              /* [pages * bs, E] */
+    float tf[256];        /* code -> f32 */
+    uint16_t tb[256];     /* code -> bf16 bits */
+} gather8_ctx;
+
+static void gather8_groups(void *vctx, int64_t u0, int64_t u1) {
+    const gather8_ctx *c = vctx;
+    const lk_paged *pc = c->pc;
+    const uint8_t *src = pc->data;
+    int64_t E = c->a->Dl + c->a->Dr, D = pc->D, bs = c->p->bs;
+    /* dims per contiguous run: the whole entry in ND, a tile row (32 codes) in NZ */
+    int64_t run = pc->layout == LK_KV_NZ ? pc->tile : D;
+    for (int64_t u = u0; u < u1; u++) {
+        const int32_t *ids = c->a->table + c->p->gp_ids[u];
+        for (int64_t r = 0; r < c->p->gp_used[u]; r++) {
+            int64_t page = ids[r / bs], slot = r % bs, row = c->p->gp_page0[u] * bs + r;
+            for (int64_t d = 0; d < D; d += run) {
+                const uint8_t *q = src + lk_paged_off(pc, page, slot, 0, d); // [run] codes s3 apart
+                int64_t n = D - d < run ? D - d : run, s3 = pc->s3;
+                if (c->gdt == LK_BF16) {
+                    uint16_t *o = (uint16_t *)c->G + row * E + c->col0 + d;
+                    for (int64_t i = 0; i < n; i++) o[i] = c->tb[q[i * s3]];
+                } else {
+                    float *o = (float *)c->G + row * E + c->col0 + d;
+                    for (int64_t i = 0; i < n; i++) o[i] = c->tf[q[i * s3]];
+                }
+            }
+        }
     }
-    return LK_OK;
+}
+
+static void gather8(const lk_mla_args *a, const lk_mla_plan *p, int part, lk_dtype gdt, void *G) {
+    gather8_ctx c;
+    c.a = a, c.p = p, c.pc = part ? &a->rope : &a->lat, c.col0 = part ? a->Dl : 0, c.gdt = gdt, c.G = G;
+    int e5 = c.pc->dtype == LK_F8E5M2;
+    for (int i = 0; i < 256; i++) {
+        c.tf[i] = e5 ? lk_f8e5m2_to_f32((uint8_t)i) : lk_f8e4m3_to_f32((uint8_t)i);
+        c.tb[i] = lk_f32_to_bf16(c.tf[i]);
+    }
+    lk_parallel_for(p->n_groups, p->g * p->bs * c.pc->D * 3, gather8_groups, &c);
 }
 
 lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, lk_dtype gdt, void *G) {
@@ -303,21 +355,32 @@ lk_status lk_mla_gather(const lk_mla_args *a, const lk_mla_plan *p, lk_dtype gdt
     int32_t *tbl = malloc(sizeof(int32_t) * (size_t)(nu * g + 1));
     int32_t *lens = malloc(sizeof(int32_t) * (size_t)(nu + 1));
     lk_status s = LK_ERR_NOMEM;
+    int parts = a->one_buffer ? 1 : 2, calls = 0;
     if (tbl && lens) {
         for (int64_t u = 0; u < nu; u++) {
             for (int64_t i = 0; i < g; i++) /* unused slots repeat the first page */
                 tbl[u * g + i] = a->table[p->gp_ids[u] + (i < p->gp_pages[u] ? i : 0)];
             lens[u] = (int32_t)p->gp_used[u];
         }
-        s = gather_groups(a, p, tbl, lens, 0, p->n_full, gdt, G, 0);
-        for (int64_t u = p->n_full; u < nu && !s; u++) {
+        s = LK_OK;
+        for (int part = 0; part < parts && !s; part++) {
+            if (lk_is_fp8((part ? a->rope : a->lat).dtype)) {
+                gather8(a, p, part, gdt, G);
+                calls++;
+                continue;
+            }
+            s = gather_groups(a, p, tbl, lens, 0, p->n_full, part, gdt, G, 0);
+            for (int64_t u = p->n_full; u < nu && !s; u++)
+                s = gather_groups(a, p, tbl, lens, u, 1, part, gdt, G, p->gp_page0[u] * bs);
+            calls += (p->n_full > 0) + (int)(nu - p->n_full);
+        }
+        for (int64_t u = p->n_full; u < nu && !s; u++) { /* rows past a group's used length */
             int64_t r0 = p->gp_page0[u] * bs, used = p->gp_used[u], end = r0 + p->gp_pages[u] * bs;
-            s = gather_groups(a, p, tbl, lens, u, 1, gdt, G, r0);
             memset((char *)G + (r0 + used) * E * es, 0, (size_t)((end - r0 - used) * E * es));
         }
-        lk_trace_item("gather pages=%lld rows=%lld E=%lld %s calls=%lld", (long long)p->pages,
-                      (long long)(p->pages * bs), (long long)E, lk_dtype_name(gdt),
-                      (long long)((p->n_full > 0) + nu - p->n_full) * (a->one_buffer ? 1 : 2));
+        lk_trace_item("gather pages=%lld rows=%lld E=%lld %s calls=%d%s", (long long)p->pages,
+                      (long long)(p->pages * bs), (long long)E, lk_dtype_name(gdt), calls,
+                      lk_is_fp8(a->lat.dtype) || lk_is_fp8(a->rope.dtype) ? " (fp8 codes widened)" : "");
     }
     free(tbl);
     free(lens);
@@ -343,6 +406,7 @@ static void proj_unit(void *vctx, int64_t u, int tid) {
     int64_t N = H * (Dn + Dv), row0 = c->p->gp_page0[u] * c->p->bs, M = c->p->gp_pages[u] * c->p->bs;
     const char *G = (const char *)c->G + row0 * E * es; // [M, E]
     float *C = c->tmp + (size_t)tid * (size_t)c->tmp_floats; // [M, N]
+    float ls = a->lat_scale, rs = a->rope_scale; /* k_scale of fp8 parts, else 1 */
     lk_status s = lk_mla_gemm(a->gdt, 1, M, N, Dl, G, E, a->wp.data, a->wp.stride[0], 0, C, N);
     if (s) {
         lk_mla_note(&c->status, s);
@@ -352,10 +416,19 @@ static void proj_unit(void *vctx, int64_t u, int tid) {
         const float *cr = C + r * N;
         float *kr = c->Kp + (row0 + r) * c->kr, *vr = c->Vp + (row0 + r) * c->vr;
         load_f32(kr + Dn, G + (r * E + Dl) * es, a->gdt, Dr, 1); /* rope dims, head 0's copy */
+        if (rs != 1.0f)
+            for (int64_t i = 0; i < Dr; i++) kr[Dn + i] *= rs;
         for (int64_t h = 0; h < H; h++) {
-            memcpy(kr + h * c->kh, cr + h * (Dn + Dv), sizeof(float) * (size_t)Dn);
             if (h) memcpy(kr + h * c->kh + Dn, kr + Dn, sizeof(float) * (size_t)Dr);
-            memcpy(vr + h * c->vh, cr + h * (Dn + Dv) + Dn, sizeof(float) * (size_t)Dv);
+            if (ls == 1.0f) {
+                memcpy(kr + h * c->kh, cr + h * (Dn + Dv), sizeof(float) * (size_t)Dn);
+                memcpy(vr + h * c->vh, cr + h * (Dn + Dv) + Dn, sizeof(float) * (size_t)Dv);
+                continue;
+            }
+            /* fp8 latents: G holds the codes' values, the product is scaled once here */
+            const float *ck = cr + h * (Dn + Dv), *cv = ck + Dn;
+            for (int64_t i = 0; i < Dn; i++) kr[h * c->kh + i] = ck[i] * ls;
+            for (int64_t i = 0; i < Dv; i++) vr[h * c->vh + i] = cv[i] * ls;
         }
     }
 }

@@ -6,7 +6,9 @@
  * D = one core's bf16 dot-product peak (oneDNN's bf16 GEMMs on VDPBF16PS), or seconds
  * per element moved. Per request (Q new tokens, P prefix tokens), with Dqk = Dn + Dr,
  * rows = unique prefix rows (pages * bs), names as in lk_mla_calib:
- *   gather        rows (Dl + Dr) gather_s
+ *   gather        rows ((Dl + Dr - f8) + f8 gather8) gather_s, f8 = entry dims in fp8 caches
+ *                 (widened through a table where the gathered bf16 / f32 entries are
+ *                 copied; the same for every strategy, so it never changes the pick)
  *   project       2 rows Dl H (Dn + Dv) / (proj16 D) on bf16 operands, / (proj32 F) else
  *   flash_prefix  2 H (Dqk + Dv) Q P / (fp_eff F Q / (Q + fp_q0) l3), split and concat
  *                 (projected K / V are f32); l3 = min(1, sqrt(l3_bytes / (P H (Dqk + Dv)
@@ -55,6 +57,7 @@ typedef struct {
     double proj16;      /* projection on bf16 operands: fraction of D */
     double proj32;      /* ... on f32 operands: fraction of F */
     double gather_s;    /* s per cached element gathered */
+    double gather8;     /* ... times this for an fp8 element (table widening) */
     double copy_s;      /* s per float concat copies */
     double fp_eff;      /* flash over the prefix: fraction of F ... */
     double fp_q0;       /* ... reached as Q / (Q + fp_q0) (few queries per K/V panel) */
@@ -81,6 +84,7 @@ static const lk_mla_calib CAL = {
     .proj16 = 0.79,
     .proj32 = 0.70,
     .gather_s = 3e-10,
+    .gather8 = 2.7, /* one thread, (8, 4, 768) entries: 0.32 ns per fp8 element, 0.12 per bf16 one */
     .copy_s = 8.7e-10,
     .fp_eff = 0.905,
     .fp_q0 = 99,
@@ -129,7 +133,7 @@ lk_mla_strategy lk_mla_choose(const lk_mla_shape *s, double cost[5]) {
             absorbed += diag / eng_rate(Q);
         }
     }
-    double gather = rows * E * CAL.gather_s;
+    double gather = rows * (E - (double)s->f8_dims + (double)s->f8_dims * CAL.gather8) * CAL.gather_s;
     double proj = 2 * rows * Dl * H * (double)(s->Dn + s->Dv) / (s->proj_bf16 ? CAL.proj16 * CAL.D : CAL.proj32 * F);
     absorbed += 2 * t_abs * H * (double)(s->Dn * s->Dl + s->Dl * s->Dv) / (CAL.abs_eff * F) + (rows > 0 ? gather : 0);
     cost[0] = 0;

@@ -21,6 +21,7 @@ typedef struct {
     int cur_bf16;             /* flash_attn over the new tokens on the ISA avx512bf16: 1 Q.K^T
                                  on bf16 dot products (q, k bf16), 2 P.V too when it writes
                                  out itself (v and out bf16 as well); 0 f32 products */
+    int64_t f8_dims;          /* entry dims read from fp8 caches (0, Dl, Dr or Dl + Dr) */
 } lk_mla_shape;
 
 /* cost[s] = predicted seconds of strategy s (index = lk_mla_strategy, [0] unused);

@@ -116,7 +116,9 @@ lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) 
     for (int64_t b = 0; b < a.B; b++) q_len[b] = a.cu_q[b + 1] - a.cu_q[b];
     lk_mla_shape shape = {a.B, a.H, a.Dn, a.Dr, a.Dv, a.Dl, plan.bs, q_len, a.prefix, plan.pages * plan.bs,
                           lk_mla_proj_bf16(&a), lk_mla_lat_bf16(&a),
-                          lk_mla_cur_bf16(&a)};
+                          lk_mla_cur_bf16(&a), 0};
+    if (lk_is_fp8(a.lat.dtype)) shape.f8_dims += a.one_buffer ? a.Dl + a.Dr : a.Dl;
+    if (!a.one_buffer && lk_is_fp8(a.rope.dtype)) shape.f8_dims += a.Dr;
     double cost[5];
     lk_mla_strategy chosen = lk_mla_choose(&shape, cost), st = strategy;
     free(q_len);

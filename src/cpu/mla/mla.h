@@ -70,6 +70,9 @@ typedef struct lk_mla_args {
     int64_t max_pages;
     int64_t B, T, H, Dn, Dr, Dv, Dl;
     float scale;
+    float lat_scale;        /* k_scale when lat is fp8, else 1: G's latent columns hold the
+                               fp8 codes' values, the consumers multiply by it */
+    float rope_scale;       /* the same for the rope part (rope's dtype) */
     int dedup;
     lk_mla_ws *ws;          /* the driver's; slots: 0 gathered prefix, 1 / 2 projected K / V, 3 strategy's own */
 } lk_mla_args;

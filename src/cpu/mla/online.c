@@ -23,8 +23,10 @@
  * stores; the engine is single-threaded (units are the caller's parallel split), and a
  * unit's arithmetic depends only on its rows and keys.
  */
+#include <math.h>
 #include <string.h>
 
+#include "../../core/half.h"
 #include "mla.h"
 
 /* row r of a matrix of dt elements, rows ld apart */
@@ -32,7 +34,27 @@ static const void *row_at(lk_dtype dt, const void *p, int64_t r, int64_t ld) {
     return (const char *)p + (size_t)(r * ld) * lk_esize(dt);
 }
 
-/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V */
+/* 1 when one of the kb x Dv values of V (rows ldv apart) is inf or NaN (exponent bits all
+ * set; branch-free per row, so the compiler vectorizes it) */
+static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, int64_t Dv) {
+    unsigned bad = 0;
+    for (int64_t c = 0; c < kb && !bad; c++) {
+        if (dt == LK_BF16) {
+            const uint16_t *v = (const uint16_t *)V + c * ldv;
+            for (int64_t d = 0; d < Dv; d++) bad |= (v[d] & 0x7f80u) == 0x7f80u;
+        } else {
+            const uint32_t *v = (const uint32_t *)((const float *)V + c * ldv);
+            for (int64_t d = 0; d < Dv; d++) bad |= (v[d] & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return bad != 0;
+}
+
+/* one block of kb keys for rows [r0, nq): S, softmax step, O += P V. When V holds an inf
+ * or NaN, P V skips the keys of weight 0 (hidden by the causal mask, or scored -inf): 0 *
+ * inf would make the row NaN although such a key never counts (as flash_attn); that
+ * block's P V is then a plain loop in f32 (rare: non-finite values), blocks of finite
+ * values keep the one GEMM. */
 static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk,
                            int64_t Dv, const void *K, int64_t ldk, const void *V, int64_t ldv, int64_t kb,
                            int causal, int64_t lim0, float *S, uint16_t *P16, float *O, int64_t ldo,
@@ -43,7 +65,19 @@ static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, 
     uint16_t *P = dt == LK_BF16 ? P16 : NULL;
     lk_mla_softmax_args sa = {S, LK_MLA_KB, n, kb, causal, lim0 + r0, st + r0, O + r0 * ldo, ldo, Dv, P, LK_MLA_KB};
     lk_kernels()->mla_softmax_block(&sa);
-    return lk_mla_gemm(dt, 0, n, Dv, kb, P ? (const void *)P : S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    if (!nonfinite_rows(dt, V, ldv, kb, Dv))
+        return lk_mla_gemm(dt, 0, n, Dv, kb, P ? (const void *)P : S, LK_MLA_KB, V, ldv, 1, O + r0 * ldo, ldo);
+    for (int64_t i = 0; i < n; i++) {
+        float *o = O + (r0 + i) * ldo; // [Dv]
+        for (int64_t c = 0; c < kb; c++) {
+            float p = P ? lk_bf16_to_f32(P[i * LK_MLA_KB + c]) : S[i * LK_MLA_KB + c];
+            if (p == 0.0f) continue;
+            const void *vr = row_at(dt, V, c, ldv);
+            for (int64_t d = 0; d < Dv; d++)
+                o[d] += p * (dt == LK_BF16 ? lk_bf16_to_f32(((const uint16_t *)vr)[d]) : ((const float *)vr)[d]);
+        }
+    }
+    return LK_OK;
 }
 
 lk_status lk_mla_online_attn(lk_dtype dt, const void *Q, int64_t ldq, int64_t nq, int64_t Dqk, int64_t Dv,
