@@ -84,6 +84,8 @@ typedef struct {
     int64_t E, Ep, Dlp, R, Rp;
     int bf16;                  /* LKV_BF16DOT builds, q, cache and out bf16: run_chunk16 */
     int64_t E2, L16, V2;       /* bf16 path: words per q row, bf16 per Kb row, words per Vp row */
+    int small;                 /* bf16 path, R <= W: the small-R kernels, O row-major [Rp][Dlq] */
+    int64_t Dlq, V2s;          /* small-R: O's row length (Dl rounded to 2W), Vp's row stride */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
     int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
     float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
@@ -210,14 +212,15 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
  * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
-                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O) {
+                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr) {
     for (int64_t r = 0; r < Rp; r++) {
         int64_t vis = (int64_t)lim[r];
         for (int64_t d = 0; d < Dlp; d++) {
-            float acc = first ? 0.0f : O[d * Rp + r] * alpha[r];
+            float *o = O + d * od + r * orr; /* O[d][r]: od = Rp, orr = 1; row-major O[r][d]: od = 1, orr = Dlq */
+            float acc = first ? 0.0f : *o * alpha[r];
             for (int64_t jj = 0; jj < vis; jj++)
                 acc += S[jj * Rp + r] * (Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16));
-            O[d * Rp + r] = acc;
+            *o = acc;
         }
     }
 }
@@ -252,7 +255,7 @@ LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t
         softmax_block(S, Rp, nbp, lim, 1.0f, m, l, alpha);
         /* O = alpha O + Kf[:, :Dlp]^T . P */
         if (minlim < nb && rows_nonfinite(Kf, Ep, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O);
+            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1);
             continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
@@ -338,6 +341,50 @@ static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb) {
     }
 }
 
+/* prefetcht1 as an asm statement: GCC 12 drops the __builtin_prefetch loops below (no
+ * prefetch instruction was emitted for them at -O1 and above) */
+static inline void pf_l2(const char *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+
+/* bytes [0, n) at p into L2, one prefetch per 64 bytes */
+static inline void pf_range(const char *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) pf_l2(p + o);
+}
+
+/* slots [slot, slot + m) of page `page` of one cache part (D dims per entry) into L2: one
+ * range per page (ND rows back to back) or per 16-dim chunk (NZ), else per slot */
+static inline void prefetch_slots(const lk_paged *pc, int64_t page, int64_t slot, int64_t m, int64_t D) {
+    int64_t es = lk_esize(pc->dtype);
+    const char *base = (const char *)pc->data + lk_paged_off(pc, page, slot, 0, 0) * es;
+    if (pc->layout == LK_KV_ND) {
+        if (pc->s1 == D) pf_range(base, m * D * es);
+        else
+            for (int64_t i = 0; i < m; i++) pf_range(base + i * pc->s1 * es, D * es);
+        return;
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+        const char *cp = base + (d >> 4) * pc->s1 * es;
+        if (pc->s2 == 16) pf_range(cp, m * 16 * es);
+        else
+            for (int64_t i = 0; i < m; i++) pf_range(cp + i * pc->s2 * es, 16 * es);
+    }
+}
+
+/* keys [j, j + n) below kend of request b into L2: the next block's entries, a few keys
+ * at a time between the micro-kernel calls of this block (spread over the block's work,
+ * not issued in one burst) */
+static void prefetch_keys(const dec_ctx *c, int64_t b, int64_t j, int64_t n, int64_t kend) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t bs = a->lat.block_size;
+    const int32_t *tab = a->table + b * a->max_pages;
+    if (j + n > kend) n = kend - j;
+    for (int64_t pi = n > 0 ? j / bs : 0, slot = n > 0 ? j % bs : 0; n > 0; pi++, slot = 0) {
+        int64_t m = min64(n, bs - slot);
+        prefetch_slots(&a->lat, tab[pi], slot, m, a->one_buffer ? c->E : a->Dl);
+        if (!a->one_buffer) prefetch_slots(&a->rope, tab[pi], slot, m, a->Dr);
+        n -= m;
+    }
+}
+
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
  * from the unit's start), rows [nb, nbp) zero */
 static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
@@ -353,9 +400,9 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
             const lk_paged *pc = part[k];
             const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
             uint16_t *dst = Kb + jj * L16 + at[k];
-            if (pc->layout == LK_KV_ND) memcpy(dst, src, sizeof(uint16_t) * (size_t)n[k]);
+            if (pc->layout == LK_KV_ND) lkv_copy_bytes((char *)dst, (const char *)src, sizeof(uint16_t) * (size_t)n[k], 0);
             else
-                for (int64_t d = 0; d < n[k]; d += 16) memcpy(dst + d, src + (d >> 4) * pc->s1, 32);
+                for (int64_t d = 0; d < n[k]; d += 16) lkv_c32_storeu((char *)(dst + d), lkv_c32_loadu(src + (d >> 4) * pc->s1));
         }
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kb + jj * L16, 0, sizeof(uint16_t) * (size_t)L16);
@@ -368,35 +415,109 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
     return 0;
 }
 
-static void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l, float *O) {
+/* ---- small R (R <= W: one vector of rows would give one broadcast per dot product) ----
+ * Each loaded vector serves several rows and keys instead:
+ *   Qs  [Rp][L16] bf16   q[b]'s rows as they are (rows past R and dims past E zero)
+ *   S   [KB][Rp]         qk16_small: 4 rows x 6 keys per tile, both operands vectors of
+ *                        2W dims (VDPBF16PS), 24 accumulators reduced by lkv_hsum4 (one
+ *                        tree per score, in a fixed order); softmax_block and P16 as above
+ *   O   [Rp][Dlq] f32    row-major: pv16_small, 4 rows x nv (6, 4 or 2) vectors of W dims
+ *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
+ *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
+ *                        aliasing of the rows in L1) */
+LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *Kb, int64_t L16, int64_t Ee, float *S, int64_t Rp) {
+    lkv_f32 acc[4][6];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
+    for (int64_t d = 0; d < Ee; d += 2 * LKV_W) {
+        lkv_bits k[6];
+        for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(Kb + j * L16 + d);
+        for (int i = 0; i < 4; i++) {
+            lkv_bits qv = lkv_bits_loadu(Qs + i * L16 + d);
+            for (int j = 0; j < 6; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
+        }
+    }
+    for (int j = 0; j < 6; j++) _mm_storeu_ps(S + j * Rp, lkv_hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+}
+
+/* O[i][v W, v W + W) (rows i < 4 ldo apart, v < nv) = (first ? 0 : alpha[i] O) + sum over the
+ * np key pairs k of P16[k Rp + i] . Vp[k V2s + v W] */
+LK_ALWAYS_INLINE void pv16_small(int64_t np, const uint32_t *P16, int64_t Rp, const uint32_t *Vp, int64_t V2s, float *O,
+                                 int64_t ldo, int nv, int first, const float *alpha) {
+    lkv_f32 c[4][6];
+    for (int i = 0; i < 4; i++) {
+        lkv_f32 al = lkv_set1(first ? 0.0f : alpha[i]);
+        for (int v = 0; v < nv; v++) c[i][v] = first ? lkv_zero() : lkv_mul(lkv_loadu(O + i * ldo + v * LKV_W), al);
+    }
+    for (int64_t k = 0; k < np; k++) {
+        lkv_bits vv[6];
+        for (int v = 0; v < nv; v++) vv[v] = lkv_bits_loadu(Vp + k * V2s + v * LKV_W);
+        for (int i = 0; i < 4; i++) {
+            lkv_bits w = lkv_bits_set1(P16[k * Rp + i]);
+            for (int v = 0; v < nv; v++) c[i][v] = lkv_dot2(c[i][v], w, vv[v]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int v = 0; v < nv; v++) lkv_storeu(O + i * ldo + v * LKV_W, c[i][v]);
+}
+
+/* Qs rows = q[b]'s bf16 rows (dims [E, L16) and rows [R, Rp) zero) */
+static void load_q16_small(const dec_ctx *c, int64_t b, uint16_t *Qs) {
     const lk_mla_decode_args *a = c->a;
-    int64_t E2 = c->E2, L16 = c->L16, V2 = c->V2, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
-    uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels
-    uint16_t *Kb = (uint16_t *)(Qb + E2 * Rp);      // [KB][L16] bf16
+    const lk_tensor *q = &a->q;
+    int64_t E = c->E, L16 = c->L16, H = a->H;
+    memset(Qs, 0, sizeof(uint16_t) * (size_t)(c->Rp * L16));
+    for (int64_t r = 0; r < c->R; r++)
+        memcpy(Qs + r * L16, (const uint16_t *)q->data + b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2],
+               sizeof(uint16_t) * (size_t)E);
+}
+
+LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
+                                  float *O, int small) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t E2 = c->E2, L16 = c->L16, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
+    int64_t V2 = small ? c->Dlq : c->V2, V2s = small ? c->V2s : c->V2, Rq = rup(R, 4), Ee = rup(c->E, 2 * LKV_W);
+    uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels; small: Qs [Rp][L16] bf16
+    uint16_t *Qs = (uint16_t *)scr;
+    uint16_t *Kb = small ? Qs + Rp * L16 : (uint16_t *)(Qb + E2 * Rp); // [KB][L16] bf16
     float *S = (float *)(Kb + KB * L16);            // [KB][Rp]
     uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [KB/2][Rp] words
-    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2] words
-    float *alpha = (float *)(Vp + KB / 2 * V2);     // [Rp]
+    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2s] words
+    float *alpha = (float *)(Vp + KB / 2 * V2s);    // [Rp]
     float *lim = alpha + Rp;                        // [Rp]
     const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp]
-    load_q16(c, b, Qb);
+    if (small) {
+        load_q16_small(c, b, Qs);
+        memset(S, 0, sizeof(float) * (size_t)(KB * Rp)); /* lanes [Rq, Rp) stay 0 (masked) */
+    } else {
+        load_q16(c, b, Qb);
+    }
     for (int64_t jj = 0; jj < KB; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
     for (int64_t j0 = k0; j0 < k1; j0 += KB) {
         int first = j0 == k0;
         int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
         load_block16(c, b, j0, nb, nbp, Kb);
-        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
-            const uint32_t *panel = Qb + p0 * E2;
-            const uint32_t *A = (const uint32_t *)Kb;
-            if (Rp - p0 >= PW)
-                for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
-            else
-                for (int64_t m0 = 0; m0 < nbp; m0 += MR)
-                    mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+        if (small) {
+            for (int64_t m0 = 0; m0 < nbp; m0 += 6) { /* nbp is a multiple of MR, of 6 */
+                prefetch_keys(c, b, j0 + KB + m0, 6, k1);
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4) qk16_small(Qs + r0 * L16, Kb + m0 * L16, L16, Ee, S + m0 * Rp + r0, Rp);
+            }
+        } else {
+            for (int64_t m0 = 0; m0 < KB; m0 += MR) prefetch_keys(c, b, j0 + KB + m0, MR, k1);
+            for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+                const uint32_t *panel = Qb + p0 * E2;
+                const uint32_t *A = (const uint32_t *)Kb;
+                if (Rp - p0 >= PW)
+                    for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
+                else
+                    for (int64_t m0 = 0; m0 < nbp; m0 += MR)
+                        mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+            }
         }
         softmax_block(S, Rp, nbp, lim, a->scale, m, l, alpha);
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O);
+            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq);
+            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1);
             continue;
         }
         /* P16, Vp: keys paired (nbp is even: MR is) */
@@ -409,9 +530,23 @@ static void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, flo
             for (int64_t d = 0; d < V2; d += 2 * LKV_W) {
                 lkv_bits zl, zh;
                 lkv_zip16(lkv_bits_loadu(r0 + d), lkv_bits_loadu(r1 + d), &zl, &zh);
-                lkv_bits_storeu(Vp + jp * V2 + d, zl);
-                lkv_bits_storeu(Vp + jp * V2 + d + LKV_W, zh);
+                lkv_bits_storeu(Vp + jp * V2s + d, zl);
+                lkv_bits_storeu(Vp + jp * V2s + d + LKV_W, zh);
             }
+        }
+        if (small) {
+            int64_t Dlq = c->Dlq;
+            for (int64_t d0 = 0; d0 < Dlq; d0 += 6 * LKV_W) {
+                int64_t nv = min64(6, (Dlq - d0) / LKV_W); /* 6, 4 or 2: Dlq is a multiple of 2W */
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4) {
+                    float *C = O + r0 * Dlq + d0;
+                    const uint32_t *pw = P16 + r0, *vp = Vp + d0;
+                    if (nv == 6) pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 6, first, alpha + r0);
+                    else if (nv == 4) pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 4, first, alpha + r0);
+                    else pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 2, first, alpha + r0);
+                }
+            }
+            continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
             int two = Rp - p0 >= PW;
@@ -432,7 +567,16 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *o = &a->out;
     int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
-    for (int64_t r0 = 0; r0 < R; r0 += LKV_W) {
+    for (int64_t r = 0; c->small && r < R; r++) { /* O row-major [Rp][Dlq] */
+        char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
+        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]));
+        for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
+            lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(O + r * c->Dlq + d0), inv);
+            if (Dl - d0 >= LKV_W) lkv_store(dst + d0 * es, o->dtype, x);
+            else lkv_store_part(dst + d0 * es, o->dtype, x, Dl - d0);
+        }
+    }
+    for (int64_t r0 = 0; !c->small && r0 < R; r0 += LKV_W) {
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) v[k] = lkv_loadu(O + (d0 + k) * Rp + r0);
@@ -474,9 +618,10 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
         Lr[r] = r < c->R ? lk_mla_dec_limit(a, b, r / a->H) : 0;
     }
     lk_dtype lt = a->lat.dtype, rt = a->rope.dtype;
-    if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->Dlp * c->Rp));
+    if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->slot_floats - 2 * c->Rp));
 #if defined(LKV_BF16DOT)
-    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O);
+    else if (c->bf16 && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1);
+    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O, 0);
 #endif
     else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
     else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
@@ -502,6 +647,15 @@ static void merge_range(void *vctx, int64_t b0, int64_t b1) {
                     w[i] = sk.l == 0.0f ? 0.0f : expf(lk_online_shift(sk.m) - lk_online_shift(acc.m));
                     lk_online_add(&acc, sk.l * w[i]);
                     m[v + i] = acc.m, l[v + i] = acc.l;
+                }
+                if (c->small) { /* O row-major [Rp][Dlq]: the same operations per element */
+                    for (int i = 0; i < LKV_W; i++)
+                        for (int64_t d = 0; d < c->Dlq; d += LKV_W) {
+                            float *o = O + (v + i) * c->Dlq + d;
+                            lkv_storeu(o, lkv_fma(lkv_set1(w[i]), lkv_loadu(Ok + (v + i) * c->Dlq + d),
+                                                  lkv_mul(lkv_set1(al[i]), lkv_loadu(o))));
+                        }
+                    continue;
                 }
                 lkv_f32 va = lkv_loadu(al), vw = lkv_loadu(w);
                 for (int64_t d = 0; d < Dlp; d++)
@@ -543,6 +697,13 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
         c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
         c.V2 = rup(c.Dlp, 2 * LKV_W);
         c.scratch_floats = c.E2 * c.Rp + KB * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2 + 2 * c.Rp;
+        c.small = c.R <= LKV_W;
+        if (c.small) { /* Qs, Kb, S, P16, Vp (rows V2s apart), alpha, lim; O [Rp][Dlq] */
+            c.Dlq = rup(a->Dl, 2 * LKV_W);
+            c.V2s = c.Dlq + LKV_W;
+            c.scratch_floats = c.Rp * c.L16 / 2 + KB * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
+            if (c.Dlq > c.Dlp) c.slot_floats = (2 + c.Dlq) * c.Rp;
+        }
     }
 #endif
     c.scratch_floats += 2 * c.Rp + c.slot_floats;
