@@ -169,8 +169,8 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         if (a->kc.block_size < 1) a->kc.block_size = a->vc.block_size = 1;
     } else {
         /* a dense [Tk, Hk, D] view is one page of Tk slots */
-        a->kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, k->shape[0], Hk, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};
-        a->vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, v->shape[0], Hk, Dv, 0, v->stride[0], v->stride[1], v->stride[2]};
+        a->kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, k->shape[0], Hk, Dqk, 0, k->stride[0], k->stride[1], k->stride[2], 16};
+        a->vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, v->shape[0], Hk, Dv, 0, v->stride[0], v->stride[1], v->stride[2], 16};
         lk_paged_drop_unit_strides(&a->kc);
         lk_paged_drop_unit_strides(&a->vc);
     }
