@@ -99,7 +99,7 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *q = &a->q;
     int64_t E = c->E, R = c->R, H = a->H, es = lk_esize(q->dtype);
-    lkv_f32 sc = lkv_set1(a->scale);
+    lkv_f32 sc = lkv_set1(a->scale * a->kscale);
     for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
         int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
         float *panel = Qt + p * PW * E;
@@ -121,14 +121,19 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
     }
 }
 
-/* n dims of one cache part (16-dim chunks cs elements apart; cs == 16: contiguous) from
- * p into the f32 row dst; full W stores where they stay inside the row's Ep, else the
- * tail is stored part-wise */
-LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t cs, int64_t n, int64_t room, lk_dtype dt) {
+/* dim d's element offset in an entry of tiles of tl dims cs elements apart (ND: tl = cs
+ * = 16, contiguous; NZ: the tile 16 or 32 and s1) */
+static inline int64_t tile_off(int64_t d, int64_t tl, int64_t cs) { return (d / tl) * cs + d % tl; }
+
+/* n dims of one cache part (tiles of tl dims cs elements apart) from p into the f32 row
+ * dst (fp8: the codes' values, the scale applied to scores and out); full W stores where
+ * they stay inside the row's Ep, else the tail is stored part-wise */
+LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t tl, int64_t cs, int64_t n, int64_t room,
+                                    lk_dtype dt) {
     int64_t es = lk_esize(dt);
     for (int64_t d = 0; d < n; d += LKV_W) {
         int64_t m = min64(LKV_W, n - d);
-        const char *src = p + ((d >> 4) * cs + (d & 15)) * es;
+        const char *src = p + tile_off(d, tl, cs) * es;
         lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
         if (d + LKV_W <= room) lkv_storeu(dst + d, v);
         else lkv_store_part(dst + d, LK_F32, v, m);
@@ -136,6 +141,7 @@ LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t cs, int64
 }
 
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
+static inline int64_t chunk_tile(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->tile : 16; }
 
 /* Kf rows [0, nb) = entries of keys j0 .. j0 + nb of request b as f32 (dims [E, Ep) are
  * zero from the unit's start), rows [nb, nbp) zero */
@@ -149,10 +155,11 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
     for (int64_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
         float *dst = Kf + jj * Ep;
-        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les, lcs, nl, Ep, lt);
+        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les,
+                      chunk_tile(&a->lat), lcs, nl, Ep, lt);
         if (!a->one_buffer)
-            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res, rcs,
-                          a->Dr, Ep - a->Dl, rt);
+            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res,
+                          chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kf + jj * Ep, 0, sizeof(float) * (size_t)Ep);
 }
@@ -361,11 +368,11 @@ static inline void prefetch_slots(const lk_paged *pc, int64_t page, int64_t slot
             for (int64_t i = 0; i < m; i++) pf_range(base + i * pc->s1 * es, D * es);
         return;
     }
-    for (int64_t d = 0; d < D; d += 16) {
-        const char *cp = base + (d >> 4) * pc->s1 * es;
-        if (pc->s2 == 16) pf_range(cp, m * 16 * es);
+    for (int64_t d = 0; d < D; d += pc->tile) {
+        const char *cp = base + (d / pc->tile) * pc->s1 * es;
+        if (pc->s2 == pc->tile) pf_range(cp, m * pc->tile * es);
         else
-            for (int64_t i = 0; i < m; i++) pf_range(cp + i * pc->s2 * es, 16 * es);
+            for (int64_t i = 0; i < m; i++) pf_range(cp + i * pc->s2 * es, pc->tile * es);
     }
 }
 
@@ -398,8 +405,18 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
         for (int k = 0; k < 2; k++) {
             if (!n[k]) continue;
             const lk_paged *pc = part[k];
-            const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
             uint16_t *dst = Kb + jj * L16 + at[k];
+            if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
+                const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
+                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc);
+                for (int64_t d = 0; d < n[k]; d += LKV_W) {
+                    const uint8_t *sp = b8 + tile_off(d, tl, cs);
+                    if (n[k] - d >= LKV_W) lkv_store(dst + d, LK_BF16, lkv_load(sp, pc->dtype));
+                    else lkv_store_part(dst + d, LK_BF16, lkv_load_part(sp, pc->dtype, n[k] - d), n[k] - d);
+                }
+                continue;
+            }
+            const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
             if (pc->layout == LK_KV_ND) lkv_copy_bytes((char *)dst, (const char *)src, sizeof(uint16_t) * (size_t)n[k], 0);
             else
                 for (int64_t d = 0; d < n[k]; d += 16) lkv_c32_storeu((char *)(dst + d), lkv_c32_loadu(src + (d >> 4) * pc->s1));
@@ -514,7 +531,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
                         mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
             }
         }
-        softmax_block(S, Rp, nbp, lim, a->scale, m, l, alpha);
+        softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
             if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq);
             else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1);
@@ -569,7 +586,7 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
     int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
     for (int64_t r = 0; c->small && r < R; r++) { /* O row-major [Rp][Dlq] */
         char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
-        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]));
+        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * a->kscale);
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
             lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(O + r * c->Dlq + d0), inv);
             if (Dl - d0 >= LKV_W) lkv_store(dst + d0 * es, o->dtype, x);
@@ -585,7 +602,7 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
             for (int64_t i = 0; i < LKV_W && r0 + i < R; i++) {
                 int64_t r = r0 + i;
                 char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2] + d0) * es;
-                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r])));
+                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r]) * a->kscale));
                 if (n == LKV_W) lkv_store(dst, o->dtype, x);
                 else lkv_store_part(dst, o->dtype, x, n);
             }
@@ -626,6 +643,8 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
     else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
     else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
     else if (lt == LK_F32 && rt == LK_F32) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F32, LK_F32);
+    else if (lt == LK_F8E4M3) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E4M3, LK_F8E4M3); /* rt == lt */
+    else if (lt == LK_F8E5M2) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E5M2, LK_F8E5M2);
     else run_chunk(c, b, k0, k1, scr, m, l, O, lt, rt);
     if (c->nsplit[b] == 1) finalize(c, b, m, l, O);
 }
@@ -691,7 +710,8 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
      * 1-chunk units */
     c.scratch_floats = c.E * c.Rp + KB * c.Ep + KB * c.Rp + 2 * c.Rp;
 #if defined(LKV_BF16DOT)
-    c.bf16 = a->q.dtype == LK_BF16 && a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 &&
+             ((a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16) || lk_is_fp8(a->lat.dtype));
     if (c.bf16) { /* Qb, Kb, S, P16, Vp, alpha, lim (4-byte units) */
         c.E2 = (c.E + 1) / 2;
         c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
