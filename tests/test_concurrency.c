@@ -25,9 +25,10 @@
 
 static int rounds = 8;
 static oc_size size = OC_MEDIUM;
-static oc_inst base[32], serial[32];
-static atomic_int n_ok[32], n_bad[32], err_ok, err_bad;
-static char first_bad[32][256];
+#define MAX_OPS 128 /* registry entries (OC_NOPS) this test has room for; checked in main */
+static oc_inst base[MAX_OPS], serial[MAX_OPS];
+static atomic_int n_ok[MAX_OPS], n_bad[MAX_OPS], err_ok, err_bad;
+static char first_bad[MAX_OPS][256];
 static pthread_barrier_t bar;
 
 static void record(int o, int ok, const char *why) {
@@ -98,6 +99,7 @@ int main(void) {
     tu_init();
     const char *small = getenv("LLMKERN_TEST_SMALL");
     if (small && *small && *small != '0') rounds = 1, size = OC_SMALL;
+    if (!tu_check(OC_NOPS <= MAX_OPS, "registry of %d entries fits MAX_OPS %d", OC_NOPS, MAX_OPS)) return tu_finish("test_concurrency");
     pthread_barrier_init(&bar, NULL, NTHREADS);
     lk_isa isas[TU_MAX_ISAS];
     int ni = tu_isas(isas);

@@ -18,6 +18,12 @@
  *   O   [Dlp][Rp]  = alpha O + Kf[:, :Dlp]^T . P  (mk again: MR dims x PW rows per tile,
  *                  k over the block's keys, alpha folded into the accumulator load)
  * MR = LKV_MR (6 on AVX2: 12 accumulators of 16 ymm; 12 on AVX-512: 24 of 32 zmm).
+ * The bf16 path (AVX512_BF16, below) runs the same chunk on bf16 pairs; for R <= W its
+ * small-R kernels keep the rows out of the lanes (4 rows x 6 keys per score tile, O
+ * row-major in 4 rows x 6 vectors of dims), the choice depending only on R.
+ * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
+ * bf16 path: exact bf16 rows in the block copy), scores scaled by scale * kscale and the
+ * output by kscale (a->kscale, 1 for other caches).
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
