@@ -729,9 +729,64 @@ static void test_fp8(void) {
         c.name = names[n++];
         check_case(&c);
     }
-    /* NZ (tile 32) == ND bitwise, and 1..4 threads bitwise, on every ISA */
     lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
+    /* one cached key: out = its dequantized entry exactly (p = 1, l = 1), every finite
+     * code of the format in the latent dims (values compared: -0 comes out +0), k_scale 1
+     * and 0.5; bf16 q/out (the bf16 dot
+     * path's fp8 -> bf16 conversion) and f32 (lkv_load's) */
+    for (int f = 0; f < 2; f++) {
+        enum { DLc = 256, DRc = 32, Ec = DLc + DRc };
+        static uint8_t cache[2][Ec];
+        static uint16_t qb[2][Ec], ob[2][DLc];
+        static float qf[2][Ec], of[2][DLc];
+        for (int e = 0; e < Ec; e++) {
+            int code = e < DLc ? e : 0x30 + e % 7;
+            int special = f ? (code & 0x7f) >= 0x7c : (code & 0x7f) == 0x7f;
+            cache[1][e] = (uint8_t)(special ? 0x38 : code), cache[0][e] = 0x7f; /* page 0 unused (NaN) */
+            qf[0][e] = qf[1][e] = (float)(e % 5) * 0.125f, qb[0][e] = qb[1][e] = lk_f32_to_bf16(qf[0][e]);
+        }
+        int32_t len[2] = {1, 1}, tab[2][1] = {{1}, {1}};
+        lk_tensor tc = lk_tensor_make(cache, f8[f], 3, (int64_t[]){2, 1, Ec});
+        lk_tensor tt = lk_tensor_make(tab, LK_I32, 2, (int64_t[]){2, 1}), tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){2});
+        for (int k = 0; k < nisa; k++)
+            for (int ksi = 0; ksi < 2; ksi++) {
+                lk_set_isa(isas[k]);
+                float ks = ksi ? 0.5f : 1.0f;
+                lk_mla_decode_params p = lk_mla_decode_params_default(0.01f);
+                p.k_scale = ks;
+                lk_tensor q16 = lk_tensor_make(qb, LK_BF16, 4, (int64_t[]){2, 1, 1, Ec});
+                lk_tensor o16 = lk_tensor_make(ob, LK_BF16, 4, (int64_t[]){2, 1, 1, DLc});
+                lk_tensor q32 = lk_tensor_make(qf, LK_F32, 4, (int64_t[]){2, 1, 1, Ec});
+                lk_tensor o32 = lk_tensor_make(of, LK_F32, 4, (int64_t[]){2, 1, 1, DLc});
+                lk_status s1 = lk_mla_decode(&o16, NULL, &q16, &tc, NULL, &tt, &tl, &p);
+                lk_status s2 = lk_mla_decode(&o32, NULL, &q32, &tc, NULL, &tt, &tl, &p);
+                int ok = s1 == LK_OK && s2 == LK_OK;
+                for (int b = 0; b < 2; b++)
+                    for (int d = 0; d < DLc; d++) {
+                        uint8_t cd = cache[1][d];
+                        float want = (f ? lk_f8e5m2_to_f32(cd) : lk_f8e4m3_to_f32(cd)) * ks;
+                        ok &= lk_bf16_to_f32(ob[b][d]) == want && of[b][d] == want; /* -0 gives +0 (0 + p * -0) */
+                    }
+                tu_check(ok, "%s single key [%s] k_scale %g: out = every finite code's value exactly", lk_dtype_name(f8[f]),
+                         lk_isa_name(isas[k]), (double)ks);
+                /* the special codes in a used entry (q 0 there): e4m3 NaN, e5m2 +-inf and NaN
+                 * make the score NaN (0 * inf), so every row of the request is NaN */
+                for (int sc = 0; sc < (f ? 4 : 1); sc++) {
+                    uint8_t keep8 = cache[1][5];
+                    cache[1][5] = (uint8_t)(f ? (sc < 2 ? 0x7c : 0x7d + sc - 2) | (sc & 1 ? 0x80 : 0) : 0xff);
+                    s1 = lk_mla_decode(&o16, NULL, &q16, &tc, NULL, &tt, &tl, &p);
+                    s2 = lk_mla_decode(&o32, NULL, &q32, &tc, NULL, &tt, &tl, &p);
+                    int nan = s1 == LK_OK && s2 == LK_OK;
+                    for (int d = 0; d < DLc; d++) nan &= isnan(lk_bf16_to_f32(ob[0][d])) && isnan(of[1][d]);
+                    tu_check(nan, "%s single key [%s]: special code 0x%02x in a used entry makes its rows NaN",
+                             lk_dtype_name(f8[f]), lk_isa_name(isas[k]), cache[1][5]);
+                    cache[1][5] = keep8;
+                }
+            }
+    }
+    lk_set_isa(lk_isa_best());
+    /* NZ (tile 32) == ND bitwise, and 1..4 threads bitwise, on every ISA */
     for (int f = 0; f < 2; f++)
         for (int two = 0; two < 2; two++) {
             dcase nd = base_case();

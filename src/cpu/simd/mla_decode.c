@@ -398,6 +398,42 @@ static void prefetch_keys(const dec_ctx *c, int64_t b, int64_t j, int64_t n, int
     }
 }
 
+/* 32 bf16 lanes of the codes' special values: e4m3 [0, 8) the subnormal codes 0..7;
+ * e5m2 [0, 4) the subnormal codes 0..3, [4, 8) the inf / NaN codes 0x7c..0x7f */
+static __m512i f8_table(lk_dtype dt) {
+    uint16_t t[32] = {0};
+    for (int i = 0; i < 8; i++) {
+        int code = dt == LK_F8E4M3 || i < 4 ? i : 0x78 + i;
+        t[i] = lk_f32_to_bf16(dt == LK_F8E4M3 ? lk_f8e4m3_to_f32((uint8_t)code) : lk_f8e5m2_to_f32((uint8_t)code));
+    }
+    return _mm512_loadu_si512(t);
+}
+
+/* dst[0, min(n, 32)) = the bf16 values of the fp8 codes at p (exact, the bits lkv_load +
+ * lk_f32_to_bf16 give): normal codes rebiased (exponent and mantissa shifted into bf16's
+ * fields), the special codes from tab (f8_table), then the sign */
+static inline void f8_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, lk_dtype dt, __m512i tab) {
+    __mmask32 m = n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1);
+    __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+    __m512i em = _mm512_and_si512(x, _mm512_set1_epi16(0x7f)), v;
+    __mmask32 sp;
+    if (dt == LK_F8E4M3) { /* bias 7 -> 127: + 120 << 7; em < 8 subnormal, 0x7f NaN */
+        v = _mm512_add_epi16(_mm512_slli_epi16(em, 4), _mm512_set1_epi16(120 << 7));
+        v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(em, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(8));
+        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(em, tab));
+    } else { /* bias 15 -> 127: + 112 << 7; em < 4 subnormal, >= 0x7c inf / NaN (table 4..7) */
+        v = _mm512_add_epi16(_mm512_slli_epi16(em, 5), _mm512_set1_epi16(112 << 7));
+        __mmask32 hi = _mm512_cmpge_epu16_mask(em, _mm512_set1_epi16(0x7c));
+        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(4)) | hi;
+        __m512i idx = _mm512_and_si512(em, _mm512_set1_epi16(3));
+        idx = _mm512_mask_add_epi16(idx, hi, idx, _mm512_set1_epi16(4));
+        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(idx, tab));
+    }
+    _mm512_mask_storeu_epi16(dst, m, _mm512_or_si512(v, sign));
+}
+
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
  * from the unit's start), rows [nb, nbp) zero */
 static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
@@ -406,6 +442,7 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
     const int32_t *tab = a->table + b * a->max_pages;
     const lk_paged *part[2] = {&a->lat, &a->rope};
     int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
+    __m512i tab8 = lk_is_fp8(a->lat.dtype) ? f8_table(a->lat.dtype) : _mm512_setzero_si512();
     for (int64_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
         for (int k = 0; k < 2; k++) {
@@ -414,12 +451,8 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
             uint16_t *dst = Kb + jj * L16 + at[k];
             if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
                 const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
-                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc);
-                for (int64_t d = 0; d < n[k]; d += LKV_W) {
-                    const uint8_t *sp = b8 + tile_off(d, tl, cs);
-                    if (n[k] - d >= LKV_W) lkv_store(dst + d, LK_BF16, lkv_load(sp, pc->dtype));
-                    else lkv_store_part(dst + d, LK_BF16, lkv_load_part(sp, pc->dtype, n[k] - d), n[k] - d);
-                }
+                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc); /* tiles of 16 or 32: 32 dims contiguous */
+                for (int64_t d = 0; d < n[k]; d += 32) f8_to_bf16(dst + d, b8 + tile_off(d, tl, cs), n[k] - d, pc->dtype, tab8);
                 continue;
             }
             const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
@@ -448,13 +481,17 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
  *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
  *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
  *                        aliasing of the rows in L1) */
-LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *Kb, int64_t L16, int64_t Ee, float *S, int64_t Rp) {
+LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t E, float *S,
+                                  int64_t Rp) {
     lkv_f32 acc[4][6];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
-    for (int64_t d = 0; d < Ee; d += 2 * LKV_W) {
+    for (int64_t d = 0; d < E; d += 2 * LKV_W) {
         lkv_bits k[6];
-        for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(Kb + j * L16 + d);
+        if (d + 2 * LKV_W <= E)
+            for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(kr[j] + d);
+        else /* the rows end at E (cache rows read in place): the tail masked */
+            for (int j = 0; j < 6; j++) k[j] = lkv_bits_load16(kr[j] + d, E - d);
         for (int i = 0; i < 4; i++) {
             lkv_bits qv = lkv_bits_loadu(Qs + i * L16 + d);
             for (int j = 0; j < 6; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
@@ -499,11 +536,11 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
                                   float *O, int small) {
     const lk_mla_decode_args *a = c->a;
     int64_t E2 = c->E2, L16 = c->L16, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
-    int64_t V2 = small ? c->Dlq : c->V2, V2s = small ? c->V2s : c->V2, Rq = rup(R, 4), Ee = rup(c->E, 2 * LKV_W);
+    int64_t V2 = small ? c->Dlq : c->V2, V2s = small ? c->V2s : c->V2, Rq = rup(R, 4);
     uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels; small: Qs [Rp][L16] bf16
     uint16_t *Qs = (uint16_t *)scr;
-    uint16_t *Kb = small ? Qs + Rp * L16 : (uint16_t *)(Qb + E2 * Rp); // [KB][L16] bf16
-    float *S = (float *)(Kb + KB * L16);            // [KB][Rp]
+    uint16_t *Kb = small ? Qs + Rp * L16 : (uint16_t *)(Qb + E2 * Rp); // [KB][L16] bf16 (small: + a zero row)
+    float *S = (float *)(Kb + (KB + small) * L16);  // [KB][Rp]
     uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [KB/2][Rp] words
     uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2s] words
     float *alpha = (float *)(Vp + KB / 2 * V2s);    // [Rp]
@@ -516,14 +553,31 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
         load_q16(c, b, Qb);
     }
     for (int64_t jj = 0; jj < KB; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
+    /* small R over a bf16 ND one-buffer cache: the entries are read in place (rows of E
+     * contiguous values), not copied; keys past the block's end read the zero row */
+    const lk_paged *lat = &a->lat;
+    int direct = small && a->one_buffer && lat->layout == LK_KV_ND && lat->dtype == LK_BF16;
+    const uint16_t *rows[KB], *zrow = Kb + KB * L16;
+    if (small) memset(Kb + KB * L16, 0, sizeof(uint16_t) * (size_t)L16);
     for (int64_t j0 = k0; j0 < k1; j0 += KB) {
         int first = j0 == k0;
         int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
-        load_block16(c, b, j0, nb, nbp, Kb);
+        if (direct) {
+            const int32_t *tab = a->table + b * a->max_pages;
+            for (int64_t jj = 0; jj < nbp; jj++) {
+                int64_t j = j0 + jj;
+                rows[jj] = jj < nb ? (const uint16_t *)lat->data +
+                                         lk_paged_off(lat, tab[j / lat->block_size], j % lat->block_size, 0, 0)
+                                   : zrow;
+            }
+        } else {
+            load_block16(c, b, j0, nb, nbp, Kb);
+            for (int64_t jj = 0; jj < nbp; jj++) rows[jj] = Kb + jj * L16;
+        }
         if (small) {
             for (int64_t m0 = 0; m0 < nbp; m0 += 6) { /* nbp is a multiple of MR, of 6 */
                 prefetch_keys(c, b, j0 + KB + m0, 6, k1);
-                for (int64_t r0 = 0; r0 < Rq; r0 += 4) qk16_small(Qs + r0 * L16, Kb + m0 * L16, L16, Ee, S + m0 * Rp + r0, Rp);
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4) qk16_small(Qs + r0 * L16, rows + m0, L16, c->E, S + m0 * Rp + r0, Rp);
             }
         } else {
             for (int64_t m0 = 0; m0 < KB; m0 += MR) prefetch_keys(c, b, j0 + KB + m0, MR, k1);
@@ -538,6 +592,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
             }
         }
         softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
+        if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
             if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq);
             else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1);
@@ -549,10 +604,12 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
                 lkv_i32 lo = lkv_bf16_bits(lkv_loadu(S + 2 * jp * Rp + v)), hi = lkv_bf16_bits(lkv_loadu(S + (2 * jp + 1) * Rp + v));
                 lkv_bits_storeu(P16 + jp * Rp + v, lkv_as_i32(lkv_or(lkv_as_f32(lo), lkv_as_f32(lkv_i32_slli(hi, 16)))));
             }
-            const uint16_t *r0 = Kb + 2 * jp * L16, *r1 = r0 + L16;
+            const uint16_t *r0 = rows[2 * jp], *r1 = rows[2 * jp + 1];
             for (int64_t d = 0; d < V2; d += 2 * LKV_W) {
-                lkv_bits zl, zh;
-                lkv_zip16(lkv_bits_loadu(r0 + d), lkv_bits_loadu(r1 + d), &zl, &zh);
+                lkv_bits zl, zh, x0, x1;
+                if (d + 2 * LKV_W <= c->E) x0 = lkv_bits_loadu(r0 + d), x1 = lkv_bits_loadu(r1 + d);
+                else x0 = lkv_bits_load16(r0 + d, c->E - d), x1 = lkv_bits_load16(r1 + d, c->E - d);
+                lkv_zip16(x0, x1, &zl, &zh);
                 lkv_bits_storeu(Vp + jp * V2s + d, zl);
                 lkv_bits_storeu(Vp + jp * V2s + d + LKV_W, zh);
             }
@@ -727,7 +784,7 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
         if (c.small) { /* Qs, Kb, S, P16, Vp (rows V2s apart), alpha, lim; O [Rp][Dlq] */
             c.Dlq = rup(a->Dl, 2 * LKV_W);
             c.V2s = c.Dlq + LKV_W;
-            c.scratch_floats = c.Rp * c.L16 / 2 + KB * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
+            c.scratch_floats = c.Rp * c.L16 / 2 + (KB + 1) * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
             if (c.Dlq > c.Dlp) c.slot_floats = (2 + c.Dlq) * c.Rp;
         }
     }
