@@ -13,6 +13,9 @@
  * V = a view of its first 512 dims, paged, GQA of H query heads over 1 KV head) and its
  * time over ours. Max error: the reference kernel on request 0, head 0 (all its s_q
  * rows, all keys), against those rows of the timed output.
+ * fp8 rows: every s_q = 1 row again over an fp8 e4m3 cache (k_scale 1/16; GB/s and the
+ * bytes bound count one byte per element), right after its bf16 row in the same run; no
+ * composition column (flash_attn_varlen has no fp8 cache path here).
  */
 #include <math.h>
 #include <stdio.h>
@@ -69,12 +72,15 @@ static double check_head0(dec_ctx *c, int64_t s_q, int64_t H) {
     return err;
 }
 
-static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
+/* kdt: the cache's dtype (bf16, or fp8 e4m3 with k_scale: then the composition is not
+ * run, flash_attn_varlen having no fp8 path here) */
+static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt) {
+    int fp8 = kdt == LK_F8E4M3 || kdt == LK_F8E5M2;
     dec_ctx c;
     memset(&c, 0, sizeof c);
     int64_t pages = (K + PAGE - 1) / PAGE, nb = B * pages, R = B * s_q;
     void *q = bench_alloc(LK_BF16, R * H * E, -1, 1), *out = bench_alloc(LK_BF16, R * H * DL, 0, 0);
-    void *cache = bench_alloc(LK_BF16, nb * PAGE * E, -1, 1), *fout = bench_alloc(LK_BF16, R * H * DL, 0, 0);
+    void *cache = bench_alloc(kdt, nb * PAGE * E, fp8 ? -16 : -1, fp8 ? 16 : 1), *fout = bench_alloc(LK_BF16, R * H * DL, 0, 0);
     float *lse = bench_alloc(LK_F32, R * H, 0, 0), *flse = bench_alloc(LK_F32, R * H, 0, 0);
     int32_t *lens = bench_alloc(LK_I32, B, 0, 0), *table = bench_alloc(LK_I32, B * pages, 0, 0);
     int32_t *cuq = bench_alloc(LK_I32, B + 1, 0, 0);
@@ -86,12 +92,13 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
     c.q = lk_tensor_make(q, LK_BF16, 4, (int64_t[]){B, s_q, H, E});
     c.out = lk_tensor_make(out, LK_BF16, 4, (int64_t[]){B, s_q, H, DL});
     c.lse = lk_tensor_make(lse, LK_F32, 3, (int64_t[]){B, H, s_q});
-    c.cache = lk_tensor_make(cache, LK_BF16, 4, (int64_t[]){nb, PAGE, 1, E});
+    c.cache = lk_tensor_make(cache, kdt, 4, (int64_t[]){nb, PAGE, 1, E});
     c.table = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, pages});
     c.lens = lk_tensor_make(lens, LK_I32, 1, (int64_t[]){B});
     float scale = (float)(1.0 / sqrt((double)E));
     c.p = lk_mla_decode_params_default(scale);
     c.p.causal = s_q > 1;
+    if (fp8) c.p.k_scale = 1.0f / 16; /* codes in [-16, 16]: values in [-1, 1] */
     /* composition: the same bytes as [R, H, E] queries, K = cache, V = its first 512 dims */
     c.fq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){R, H, E});
     c.fout = lk_tensor_make(fout, LK_BF16, 3, (int64_t[]){R, H, DL});
@@ -106,20 +113,20 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
     double ms = bench_time(run_dec, &c);
     double t[BENCH_MAX_VAR];
     for (int i = 0; i < BENCH.nvar; i++) t[i] = i ? BENCH.row_ms[i] : ms;
-    double fms = bench_time(run_fa, &c);
+    double fms = fp8 ? NAN : bench_time(run_fa, &c);
     double ft[BENCH_MAX_VAR];
-    for (int i = 0; i < BENCH.nvar; i++) ft[i] = i ? BENCH.row_ms[i] : fms;
+    for (int i = 0; i < BENCH.nvar; i++) ft[i] = fp8 ? NAN : i ? BENCH.row_ms[i] : fms;
     double err = check_head0(&c, s_q, H);
 
     /* work: visible keys per query row (causal: K - s_q + i + 1) */
     double vis = 0;
     for (int64_t i = 0; i < s_q; i++) vis += (double)(s_q > 1 ? K - s_q + i + 1 : K);
     double flops = 2.0 * (double)B * vis * (double)H * (E + DL);
-    double bytes = (double)B * K * E * 2 + (double)R * H * (E + DL) * 2 + (double)R * H * 4;
+    double bytes = (double)B * K * E * (fp8 ? 1 : 2) + (double)R * H * (E + DL) * 2 + (double)R * H * 4;
     bench_kind kind = bench_flops_kind(LK_BF16);
     char shape[64];
-    snprintf(shape, sizeof shape, "B=%lld %lldx%lld %lldh p%d", (long long)B, (long long)s_q, (long long)K, (long long)H,
-             PAGE);
+    snprintf(shape, sizeof shape, "B=%lld %lldx%lld %lldh p%d%s", (long long)B, (long long)s_q, (long long)K, (long long)H,
+             PAGE, fp8 ? " fp8" : "");
     for (int i = 0; i < BENCH.nvar; i++) {
         double peak = bench_peak(kind, i), tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
         double bound = tf > tb ? tf : tb;
@@ -127,7 +134,7 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
         double p32 = bench_peak(BENCH_FLOPS, i), tf32 = p32 > 0 ? flops / (p32 * 1e9) : 0;
         double bound32 = tf32 > tb ? tf32 : tb;
         printf("%-18s %-26s %-10s %9.2f %8.1f %7.1f | %-5s %9.2f %5.2f %5.2f | %9.2f %5.2f\n", "mla_decode", shape,
-               BENCH.nvar > 1 ? BENCH.var[i].name : "bf16", t[i], flops / (t[i] * 1e-3) / 1e9,
+               BENCH.nvar > 1 ? BENCH.var[i].name : fp8 ? "e4m3" : "bf16", t[i], flops / (t[i] * 1e-3) / 1e9,
                bytes / (t[i] * 1e-3) / 1e9, tf > tb ? "flops" : "bytes", bound * 1e3, t[i] * 1e-3 / bound,
                t[i] * 1e-3 / bound32, ft[i], ft[i] / t[i]);
     }
@@ -141,9 +148,11 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q) {
         n += snprintf(extra + n, sizeof extra - (size_t)n, "%s%.3f", i ? ", " : "", bytes / (t[i] * 1e-3) / 1e9);
     n += snprintf(extra + n, sizeof extra - (size_t)n, "], \"read_gbs\": %.3f, \"bytes\": %.0f, \"flash_attn_ms\": [",
                   BENCH.read_gbs, bytes);
-    for (int i = 0; i < BENCH.nvar; i++) n += snprintf(extra + n, sizeof extra - (size_t)n, "%s%.4f", i ? ", " : "", ft[i]);
+    for (int i = 0; i < BENCH.nvar; i++)
+        n += isnan(ft[i]) ? snprintf(extra + n, sizeof extra - (size_t)n, "%snull", i ? ", " : "")
+                          : snprintf(extra + n, sizeof extra - (size_t)n, "%s%.4f", i ? ", " : "", ft[i]);
     snprintf(extra + n, sizeof extra - (size_t)n, "]");
-    bench_json_row("mla_decode", shape, "bf16", "GFLOP/s", t, flops, ceil, err, extra);
+    bench_json_row("mla_decode", shape, fp8 ? "f8e4m3" : "bf16", "GFLOP/s", t, flops, ceil, err, extra);
     bench_free(q), bench_free(out), bench_free(cache), bench_free(fout), bench_free(lse), bench_free(flse);
     bench_free(lens), bench_free(table), bench_free(cuq);
 }
@@ -161,6 +170,10 @@ void bench_mla_decode(void) {
         for (int ki = 0; ki < 2; ki++) {
             if (!BENCH.full && Bs[bi] * Ks[ki] > 32768) continue;
             for (int hi = 0; hi < 2; hi++)
-                for (int64_t s_q = 1; s_q <= 2; s_q++) dec_case(Bs[bi], Ks[ki], Hs[hi], s_q);
+                for (int64_t s_q = 1; s_q <= 2; s_q++) {
+                    dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_BF16);
+                    /* the same row over an fp8 e4m3 cache (s_q = 1 rows), in the same run */
+                    if (s_q == 1) dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_F8E4M3);
+                }
         }
 }

@@ -2,7 +2,9 @@
  * Fuzz harness: lk_mla_decode and lk_mla_decode_plan (see fuzz_common.h for the
  * checks). Input: batch (0..3 requests), per-request cache lengths (0..20), s_q (1..3),
  * heads (1..5), latent / rope dims (0 too), one or two cache buffers, ND or NZ (block
- * size, pages, block table with unused tail entries, an empty cache), lse present or
+ * size, pages, block table with unused tail entries, an empty cache), fp8 caches (e4m3 /
+ * e5m2, the 32-wide NZ tile, k_scale with bad values; a non-fp8 k_pe_cache beside an fp8
+ * kv_c_cache), lse present or
  * NULL, params (scale, causal, split_keys, layout; out-of-domain values too), index
  * tensors i32/i64 with injected bad values (validated here from the stored values:
  * lengths negative or beyond the block table, block ids of read pages outside
@@ -11,6 +13,8 @@
  * plan call on the same lengths.
  */
 #include "fuzz_common.h"
+
+static int lk_is_fp8_dt(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 typedef struct {
     int out, lse, q, kv, pe, table, lens, null_params;
@@ -34,9 +38,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int64_t b = 0; b < B; b++) len[b] = fz_range(&in, 0, 20);
     int64_t s_q = fz_range(&in, 1, 3), H = fz_range(&in, 1, 5);
     int nz = fz_u8(&in) & 1, two = fz_u8(&in) % 3 == 0;
-    int64_t Dl, Dr;
+    lk_dtype f8 = fz_chance(&in, 64) ? (fz_u8(&in) & 1 ? LK_F8E5M2 : LK_F8E4M3) : LK_F32; /* an fp8 cache */
+    int fp8 = f8 != LK_F32;
+    int64_t Dl, Dr, tl = fp8 ? 32 : 16; /* NZ tile: 32 for fp8 */
     if (nz) {
-        Dl = 16 * fz_range(&in, 1, 2), Dr = 16 * fz_range(&in, two ? 1 : 0, 1);
+        Dl = tl * fz_range(&in, 1, 2), Dr = tl * fz_range(&in, two ? 1 : 0, 1);
     } else {
         Dl = fz_dim(&in, 24), Dr = fz_range(&in, 0, 9);
         if (Dl == 0) fz_fail_expected(&w, "latent dim 0");
@@ -45,6 +51,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t E = Dl + Dr;
     lk_dtype qt = fz_ftype(&in), ct = fz_ftype(&in), rt = fz_ftype(&in), ot = fz_ftype(&in);
     if (fz_chance(&in, 40)) qt = ct = rt = ot = LK_BF16; /* the bf16 dot-product path */
+    if (fp8) {
+        ct = rt = f8;
+        if (two && fz_chance(&in, 16)) rt = LK_BF16, fz_fail_expected(&w, "fp8 kv_c_cache with a non-fp8 k_pe_cache");
+    }
     int64_t qs[4] = {B, s_q, H, E}, os[4] = {B, s_q, H, Dl}, ls[3] = {B, H, s_q};
     a.q = fz_view_new(&w, &in, "q", qt, 4, qs, FZ_IN);
     if (fz_u8(&in) % 10 == 0 && Dr == 0) { /* out is q */
@@ -71,7 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     maxp += fz_range(&in, 0, 1);
     int64_t D0 = two ? Dl : E;
     if (nz) {
-        int64_t ks[4] = {NB, D0 / 16, bs, 16}, ps[4] = {NB, Dr / 16, bs, 16};
+        int64_t ks[4] = {NB, D0 / tl, bs, tl}, ps[4] = {NB, Dr / tl, bs, tl};
         a.kv = fz_view_new(&w, &in, "kv_c_cache", ct, 4, ks, FZ_IN);
         if (two) a.pe = fz_view_new(&w, &in, "k_pe_cache", rt, 4, ps, FZ_IN);
     } else if (fz_u8(&in) & 1) {
@@ -83,7 +93,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         a.kv = fz_view_new(&w, &in, "kv_c_cache", ct, 4, ks, FZ_IN);
         if (two) a.pe = fz_view_new(&w, &in, "k_pe_cache", rt, 4, ps, FZ_IN);
     }
+    /* a view retyped fp8 by fz_view_new's bad-dtype draw may be a valid fp8 cache now:
+     * such inputs are left out rather than expected to fail */
+    if ((!fp8 && lk_is_fp8_dt(w.v[a.kv].t.dtype)) || (two && !fp8 && lk_is_fp8_dt(w.v[a.pe].t.dtype))) {
+        fz_free(&w);
+        return 0;
+    }
     a.p = lk_mla_decode_params_default(0.3f);
+    if (fp8) { /* k_scale: out-of-domain values too */
+        static const float KS[6] = {1.0f, 0.0625f, 3.0f, 0.0f, -1.0f, NAN};
+        unsigned k = fz_u8(&in) % 6;
+        a.p.k_scale = KS[k];
+        if (k >= 3) fz_fail_expected(&w, "k_scale not finite > 0");
+    } else if (fz_chance(&in, 16)) {
+        a.p.k_scale = NAN; /* not read without an fp8 cache */
+    }
     a.p.cache_layout = nz ? LK_KV_NZ : LK_KV_ND;
     a.p.causal = (int)(fz_u8(&in) % 2);
     int64_t ts[2] = {B, maxp};

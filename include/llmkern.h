@@ -482,9 +482,13 @@ typedef struct lk_mla_decode_params {
     int causal;                /* s_q > 1: query i sees keys < cache_seqlens - s_q + i + 1  */
     lk_kv_layout cache_layout; /* latent cache layout, ND or NZ (see "paged caches")       */
     int64_t split_keys;        /* keys per split-KV chunk; 0: lk_mla_decode_plan's choice   */
+    /* since 0.3: the dequantization scale of an fp8 latent cache (FlashMLA's descale_k,
+     * vLLM's k_scale; per tensor): an fp8 element c stands for f32(c) * k_scale. Read only
+     * when a cache buffer is LK_F8E4M3 / LK_F8E5M2; then it must be finite and > 0. */
+    float k_scale;
 } lk_mla_decode_params;
 
-/* {scale, causal = 0, LK_KV_ND, split_keys = 0} */
+/* {scale, causal = 0, LK_KV_ND, split_keys = 0, k_scale = 1} */
 LK_API lk_mla_decode_params lk_mla_decode_params_default(float scale);
 
 /* Split-KV plan of lk_mla_decode (FlashMLA's get_mla_metadata): *split_keys = the keys
@@ -515,7 +519,11 @@ LK_API lk_status lk_mla_decode_plan(const lk_tensor *cache_seqlens, int64_t *spl
  *   (Dl + Dr)/16, block_size, 16]) or two buffers kv_c_cache [.., Dl] and k_pe_cache
  *   [.., Dr] as lk_concat_and_cache_mla writes them; params not NULL.
  * Dl comes from out, Dr = q's last dim - Dl (>= 0; >= 1 with two buffers). Each tensor
- * may be f32/f16/bf16 independently; out must not overlap any input, lse must not
+ * may be f32/f16/bf16 independently; the cache may also be fp8 (since 0.3: LK_F8E4M3 /
+ * LK_F8E5M2, both buffers of the same fp8 dtype; NZ physical [num_blocks, (Dl + Dr)/32,
+ * block_size, 32], the 32-wide tile of 1-byte caches), each element dequantized in
+ * registers as f32(c) * params.k_scale (scores scaled by scale * k_scale, out by
+ * k_scale; never a dequantized copy of the cache); out must not overlap any input, lse must not
  * overlap anything. Entries past cache_seqlens[b] are never read (they may hold NaN), and
  * neither are block_table entries past a request's last page.
  * Split-KV: request b's keys go in chunks of params.split_keys (0: lk_mla_decode_plan),
@@ -526,7 +534,9 @@ LK_API lk_status lk_mla_decode_plan(const lk_tensor *cache_seqlens, int64_t *spl
  * or beyond the block table (max_pages * block_size) (LK_ERR_INDEX, cache_seqlens); a
  * block id of a page read outside [0, num_blocks) (LK_ERR_INDEX, block_table); with
  * causal, 0 < cache_seqlens[b] < s_q (LK_ERR_INDEX, cache_seqlens); params.split_keys < 0
- * or a non-finite scale (LK_ERR_VALUE). */
+ * or a non-finite scale (LK_ERR_VALUE); with an fp8 cache, k_scale not finite and > 0
+ * (LK_ERR_VALUE, params.k_scale), or the two buffers of different dtypes (LK_ERR_DTYPE,
+ * k_pe_cache). */
 LK_API lk_status lk_mla_decode(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
                                const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
                                const lk_tensor *block_table, const lk_tensor *cache_seqlens,

@@ -418,9 +418,10 @@ static lk_status call_mla(const oc_inst *in) {
 
 /* out, lse (optional), q, kv_c_cache, [k_pe_cache (two buffers)], block_table,
  * cache_seqlens; s_q = 2 causal; pages a permutation, unused block_table entries -1 */
-static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two) {
+static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two, lk_dtype cdt) {
     int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 2, s_q = 2;
-    int64_t Dl = sz == OC_LARGE ? 512 : 32, Dr = sz == OC_LARGE ? 64 : 16, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
+    int fp8 = cdt == LK_F8E4M3 || cdt == LK_F8E5M2;
+    int64_t Dl = sz == OC_LARGE ? 512 : 32, Dr = sz == OC_LARGE ? 64 : fp8 ? 32 : 16, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
     int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0, pages = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t np = (lens[b] + bs - 1) / bs;
@@ -433,14 +434,18 @@ static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two) {
     in->arg[1].optional = 1;
     tu_fill_uniform(add(in, "q", LK_BF16, 4, (int64_t[]){B, s_q, H, E}, 0, 1), -1, 1);
     int64_t D0 = two ? Dl : E;
+    int64_t tl = fp8 ? 32 : 16; /* NZ tile: 32 for 1-byte caches */
+    lk_dtype pdt = fp8 ? cdt : LK_F16;
     if (lay == LK_KV_NZ) {
-        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 4, (int64_t[]){nb, D0 / 16, bs, 16}, 0, 0), -1, 1);
-        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F16, 4, (int64_t[]){nb, Dr / 16, bs, 16}, 0, 1), -1, 1);
+        tu_fill_uniform(add(in, "kv_c_cache", cdt, 4, (int64_t[]){nb, D0 / tl, bs, tl}, 0, 0), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", pdt, 4, (int64_t[]){nb, Dr / tl, bs, tl}, 0, 1), -1, 1);
     } else {
-        tu_fill_uniform(add(in, "kv_c_cache", LK_BF16, 3, (int64_t[]){nb, bs, D0}, 0, 1), -1, 1);
-        if (two) tu_fill_uniform(add(in, "k_pe_cache", LK_F16, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
+        tu_fill_uniform(add(in, "kv_c_cache", cdt, 3, (int64_t[]){nb, bs, D0}, 0, 1), -1, 1);
+        if (two) tu_fill_uniform(add(in, "k_pe_cache", pdt, 3, (int64_t[]){nb, bs, Dr}, 0, 0), -1, 1);
     }
     if (two) in->arg[4].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
+    in->arg[3].fp8 = 1;                /* the cache buffers take fp8 (since 0.3) */
+    if (two) in->arg[4].fp8 = 1;
     tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
     tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
     int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
@@ -459,10 +464,14 @@ static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two) {
     in->mla_dec.causal = 1;
     in->mla_dec.cache_layout = lay;
     in->mla_dec.split_keys = two ? 128 : 0;
+    if (fp8) in->mla_dec.k_scale = 0.05f;
     in->flag = two;
 }
-static void make_mla_dec_nd(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_ND, 0); }
-static void make_mla_dec_nz2(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_NZ, 1); }
+static void make_mla_dec_nd(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_ND, 0, LK_BF16); }
+static void make_mla_dec_nz2(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_NZ, 1, LK_BF16); }
+/* fp8: e4m3 NZ (tile 32) one buffer, e5m2 ND two buffers (split 128), k_scale 0.05 */
+static void make_mla_dec_f8nz(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_NZ, 0, LK_F8E4M3); }
+static void make_mla_dec_f8nd2(oc_inst *in, oc_size sz) { make_mla_dec(in, sz, LK_KV_ND, 1, LK_F8E5M2); }
 static lk_status call_mla_dec(const oc_inst *in) {
     int two = in->flag;
     return lk_mla_decode(T(in, 0), T(in, 1), T(in, 2), T(in, 3), two ? T(in, 4) : NULL, T(in, two ? 5 : 4),
@@ -712,6 +721,8 @@ const oc_op OC_OPS[] = {
     {"lk_mla_prefix_prefill", make_mla8_concat, call_mla},           /* concat, e4m3 ND */
     {"lk_mla_decode", make_mla_dec_nd, call_mla_dec},                /* ND one buffer, planned split */
     {"lk_mla_decode", make_mla_dec_nz2, call_mla_dec},               /* NZ two buffers, split 128 */
+    {"lk_mla_decode", make_mla_dec_f8nz, call_mla_dec},              /* fp8 e4m3 NZ (tile 32), k_scale */
+    {"lk_mla_decode", make_mla_dec_f8nd2, call_mla_dec},             /* fp8 e5m2 ND two buffers, split 128 */
     {"lk_mla_decode_plan", make_mla_plan, call_mla_plan},
     /* fp8 caches (since 0.3) */
     {"lk_reshape_and_cache_flash_fp8", make_kv8_nd, call_kv8},   /* ND, e4m3 + bf16 caches */

@@ -33,6 +33,7 @@ typedef struct {
     int lse_perm;       /* lse stored [B, s_q, H] (a permuted view) */
     int no_lse;
     int64_t split;      /* params.split_keys */
+    float ks;           /* params.k_scale (0: 1); fp8 caches store fp8(x / ks) */
     const char *name;
 } dcase;
 
@@ -46,14 +47,20 @@ typedef struct {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* flat logical index of entry dim e (of D) at (page, slot) in a cache buffer */
-static int64_t cidx(const dcase *c, int64_t page, int64_t slot, int64_t e, int64_t D) {
-    if (c->layout == LK_KV_NZ) return ((page * (D / 16) + e / 16) * c->bs + slot) * 16 + e % 16;
+static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+/* NZ tile: 32 for the 1-byte fp8 caches, else 16 */
+static int64_t tile_of(lk_dtype dt) { return is_fp8(dt) ? 32 : 16; }
+
+/* flat logical index of entry dim e (of D) at (page, slot) in a cache buffer of dtype dt */
+static int64_t cidx(const dcase *c, int64_t page, int64_t slot, int64_t e, int64_t D, lk_dtype dt) {
+    int64_t T = tile_of(dt);
+    if (c->layout == LK_KV_NZ) return ((page * (D / T) + e / T) * c->bs + slot) * T + e % T;
     return (page * c->bs + slot) * D + e;
 }
 
 static tu_buf alloc_cache(const dcase *c, int64_t nb, int64_t D, lk_dtype dt, int nd4) {
-    if (c->layout == LK_KV_NZ) return tu_alloc(dt, 4, (int64_t[]){nb, D / 16, c->bs, 16}, c->pad);
+    int64_t T = tile_of(dt);
+    if (c->layout == LK_KV_NZ) return tu_alloc(dt, 4, (int64_t[]){nb, D / T, c->bs, T}, c->pad);
     if (nd4) return tu_alloc(dt, 4, (int64_t[]){nb, c->bs, 1, D}, c->pad);
     return tu_alloc(dt, 3, (int64_t[]){nb, c->bs, D}, c->pad);
 }
@@ -107,15 +114,15 @@ static void build(const dcase *c, dbufs *z, uint64_t seed) {
         for (int64_t j = 0; j < c->len[b]; j++) {
             int64_t page = (int64_t)tu_get(&z->bt, b * z->maxp + j / c->bs), slot = j % c->bs;
             for (int64_t e = 0; e < E; e++) {
-                double v = tu_uniform(-1, 1);
-                if (c->two && e >= c->Dl) {
-                    tu_set(&z->pe, cidx(c, page, slot, e - c->Dl, c->Dr), v);
-                    v = tu_get(&z->pe, cidx(c, page, slot, e - c->Dl, c->Dr));
-                } else {
-                    int64_t D = c->two ? c->Dl : E;
-                    tu_set(&z->kv, cidx(c, page, slot, e, D), v);
-                    v = tu_get(&z->kv, cidx(c, page, slot, e, D));
-                }
+                /* fp8: stored fp8(x / ks) by the scalar converter (lk_store_f -> fp8.h),
+                 * the logical entry is the dequantized f32(code) * ks */
+                double v = tu_uniform(-1, 1), ks = c->ks > 0 ? c->ks : 1.0;
+                tu_buf *buf = c->two && e >= c->Dl ? &z->pe : &z->kv;
+                int64_t at = c->two && e >= c->Dl ? cidx(c, page, slot, e - c->Dl, c->Dr, c->rt)
+                                                  : cidx(c, page, slot, e, c->two ? c->Dl : E, c->ct);
+                double q8 = is_fp8(buf->t.dtype) ? ks : 1.0;
+                tu_set(buf, at, v / q8);
+                v = tu_get(buf, at) * q8;
                 z->E[(b * z->maxlen + j) * E + e] = v;
             }
         }
@@ -161,6 +168,7 @@ static void free_bufs(dbufs *z) {
 static lk_mla_decode_params params_of(const dcase *c, const dbufs *z) {
     lk_mla_decode_params p = lk_mla_decode_params_default(z->scale);
     p.causal = c->causal, p.cache_layout = c->layout, p.split_keys = c->split;
+    if (c->ks > 0) p.k_scale = c->ks;
     return p;
 }
 
@@ -660,8 +668,196 @@ static void test_end_to_end(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* ---------------------------------------------------------------- fp8 caches */
+
+/* e4m3 / e5m2 latent caches (written with the scalar converter of src/core/fp8.h, every
+ * value x stored as fp8(x / k_scale)): every ISA against float64 over the dequantized
+ * entries f32(code) * k_scale and against ref (the kernels' arithmetic tolerance: the
+ * entries are exact in bf16 and f32, docs/numerics.md), on the grid of the bf16 caches;
+ * NZ (32-wide tile) == ND bitwise; 1-4 threads bitwise; bad scales. */
+static void test_fp8(void) {
+    static char names[96][112];
+    int n = 0;
+    lk_dtype f8[2] = {LK_F8E4M3, LK_F8E5M2};
+    int64_t bss[4] = {1, 16, 64, 128};
+    for (int f = 0; f < 2; f++) {
+        const char *fn = lk_dtype_name(f8[f]);
+        for (int i = 0; i < 4; i++)
+            for (int L = 0; L < 2; L++)
+                for (int two = 0; two < 2; two++) {
+                    dcase c = base_case();
+                    c.ct = c.rt = f8[f], c.ks = f ? 0.004f : 0.05f; /* small codes reach the subnormals */
+                    c.bs = bss[i], c.layout = L ? LK_KV_NZ : LK_KV_ND, c.two = two;
+                    c.len[1] = bss[i] == 128 ? 300 : 130;
+                    c.H = i == 1 ? 16 : 4; /* R = 16: the small-R kernels; 4: padded rows */
+                    snprintf(names[n], sizeof names[n], "%s page %lld %s %s", fn, (long long)bss[i], L ? "NZ" : "ND",
+                             two ? "two buffers" : "one buffer");
+                    c.name = names[n++];
+                    check_case(&c);
+                }
+        for (int sq = 1; sq <= 4; sq++)
+            for (int causal = 0; causal < 2; causal++) {
+                dcase c = base_case();
+                c.ct = c.rt = f8[f], c.ks = 0.02f;
+                c.B = 5, c.len[0] = 0, c.len[1] = 4, c.len[2] = 64, c.len[3] = 77, c.len[4] = 203;
+                c.s_q = sq, c.causal = causal, c.H = sq == 4 ? 9 : 3, c.ot = sq % 2 ? LK_BF16 : LK_F32;
+                snprintf(names[n], sizeof names[n], "%s s_q %d %s, lengths 0/4/64/77/203", fn, sq, causal ? "causal" : "full");
+                c.name = names[n++];
+                check_case(&c);
+            }
+        dcase c = base_case();
+        c.ct = c.rt = f8[f], c.ks = 0.03f, c.H = 33, c.s_q = 2, c.causal = 1, c.len[1] = 70, c.split = 64;
+        snprintf(names[n], sizeof names[n], "%s H 33 s_q 2 causal (R > W), split 64", fn);
+        c.name = names[n++];
+        check_case(&c);
+        c = base_case(), c.ct = c.rt = f8[f], c.ks = 1.5f, c.qt = c.ot = LK_F32, c.H = 16;
+        snprintf(names[n], sizeof names[n], "%s q/out f32 (the f32 path), k_scale 1.5", fn);
+        c.name = names[n++];
+        check_case(&c);
+        c = base_case(), c.ct = c.rt = f8[f], c.ks = 0.1f, c.qt = LK_F16, c.ot = LK_BF16, c.pad = 1, c.lse_perm = 1;
+        c.s_q = 2, c.causal = 1, c.layout = f ? LK_KV_NZ : LK_KV_ND;
+        snprintf(names[n], sizeof names[n], "%s strided q/out/cache %s, q f16", fn, f ? "NZ" : "ND");
+        c.name = names[n++];
+        check_case(&c);
+        c = base_case(), c.ct = c.rt = f8[f], c.ks = 0.25f, c.Dl = 32, c.Dr = 32, c.H = 5, c.bs = 7, c.two = 1;
+        c.layout = LK_KV_NZ, c.s_q = 3, c.causal = 1;
+        snprintf(names[n], sizeof names[n], "%s Dl 32 Dr 32 NZ two buffers page 7", fn);
+        c.name = names[n++];
+        check_case(&c);
+        c = base_case(), c.ct = f8[f], c.ks = 0.5f, c.Dl = 20, c.Dr = 13, c.H = 3, c.nd4 = 1;
+        snprintf(names[n], sizeof names[n], "%s Dl 20 Dr 13 ND [nb, bs, 1, E]", fn);
+        c.name = names[n++];
+        check_case(&c);
+    }
+    lk_isa isas[TU_MAX_ISAS];
+    int nisa = tu_isas(isas);
+    /* one cached key: out = its dequantized entry exactly (p = 1, l = 1), every finite
+     * code of the format in the latent dims (values compared: -0 comes out +0), k_scale 1
+     * and 0.5; bf16 q/out (the bf16 dot
+     * path's fp8 -> bf16 conversion) and f32 (lkv_load's) */
+    for (int f = 0; f < 2; f++) {
+        enum { DLc = 256, DRc = 32, Ec = DLc + DRc };
+        static uint8_t cache[2][Ec];
+        static uint16_t qb[2][Ec], ob[2][DLc];
+        static float qf[2][Ec], of[2][DLc];
+        for (int e = 0; e < Ec; e++) {
+            int code = e < DLc ? e : 0x30 + e % 7;
+            int special = f ? (code & 0x7f) >= 0x7c : (code & 0x7f) == 0x7f;
+            cache[1][e] = (uint8_t)(special ? 0x38 : code), cache[0][e] = 0x7f; /* page 0 unused (NaN) */
+            qf[0][e] = qf[1][e] = (float)(e % 5) * 0.125f, qb[0][e] = qb[1][e] = lk_f32_to_bf16(qf[0][e]);
+        }
+        int32_t len[2] = {1, 1}, tab[2][1] = {{1}, {1}};
+        lk_tensor tc = lk_tensor_make(cache, f8[f], 3, (int64_t[]){2, 1, Ec});
+        lk_tensor tt = lk_tensor_make(tab, LK_I32, 2, (int64_t[]){2, 1}), tl = lk_tensor_make(len, LK_I32, 1, (int64_t[]){2});
+        for (int k = 0; k < nisa; k++)
+            for (int ksi = 0; ksi < 2; ksi++) {
+                lk_set_isa(isas[k]);
+                float ks = ksi ? 0.5f : 1.0f;
+                lk_mla_decode_params p = lk_mla_decode_params_default(0.01f);
+                p.k_scale = ks;
+                lk_tensor q16 = lk_tensor_make(qb, LK_BF16, 4, (int64_t[]){2, 1, 1, Ec});
+                lk_tensor o16 = lk_tensor_make(ob, LK_BF16, 4, (int64_t[]){2, 1, 1, DLc});
+                lk_tensor q32 = lk_tensor_make(qf, LK_F32, 4, (int64_t[]){2, 1, 1, Ec});
+                lk_tensor o32 = lk_tensor_make(of, LK_F32, 4, (int64_t[]){2, 1, 1, DLc});
+                lk_status s1 = lk_mla_decode(&o16, NULL, &q16, &tc, NULL, &tt, &tl, &p);
+                lk_status s2 = lk_mla_decode(&o32, NULL, &q32, &tc, NULL, &tt, &tl, &p);
+                int ok = s1 == LK_OK && s2 == LK_OK;
+                for (int b = 0; b < 2; b++)
+                    for (int d = 0; d < DLc; d++) {
+                        uint8_t cd = cache[1][d];
+                        float want = (f ? lk_f8e5m2_to_f32(cd) : lk_f8e4m3_to_f32(cd)) * ks;
+                        ok &= lk_bf16_to_f32(ob[b][d]) == want && of[b][d] == want; /* -0 gives +0 (0 + p * -0) */
+                    }
+                tu_check(ok, "%s single key [%s] k_scale %g: out = every finite code's value exactly", lk_dtype_name(f8[f]),
+                         lk_isa_name(isas[k]), (double)ks);
+                /* the special codes in a used entry (q 0 there): e4m3 NaN, e5m2 +-inf and NaN
+                 * make the score NaN (0 * inf), so every row of the request is NaN */
+                for (int sc = 0; sc < (f ? 4 : 1); sc++) {
+                    uint8_t keep8 = cache[1][5];
+                    cache[1][5] = (uint8_t)(f ? (sc < 2 ? 0x7c : 0x7d + sc - 2) | (sc & 1 ? 0x80 : 0) : 0xff);
+                    s1 = lk_mla_decode(&o16, NULL, &q16, &tc, NULL, &tt, &tl, &p);
+                    s2 = lk_mla_decode(&o32, NULL, &q32, &tc, NULL, &tt, &tl, &p);
+                    int nan = s1 == LK_OK && s2 == LK_OK;
+                    for (int d = 0; d < DLc; d++) nan &= isnan(lk_bf16_to_f32(ob[0][d])) && isnan(of[1][d]);
+                    tu_check(nan, "%s single key [%s]: special code 0x%02x in a used entry makes its rows NaN",
+                             lk_dtype_name(f8[f]), lk_isa_name(isas[k]), cache[1][5]);
+                    cache[1][5] = keep8;
+                }
+            }
+    }
+    lk_set_isa(lk_isa_best());
+    /* NZ (tile 32) == ND bitwise, and 1..4 threads bitwise, on every ISA */
+    for (int f = 0; f < 2; f++)
+        for (int two = 0; two < 2; two++) {
+            dcase nd = base_case();
+            nd.ct = nd.rt = f8[f], nd.ks = 0.07f, nd.two = two, nd.split = two ? 64 : 0, nd.s_q = 2, nd.causal = 1;
+            nd.H = 8, nd.len[2] = 2, nd.ot = two ? LK_F32 : LK_BF16;
+            dcase nz = nd;
+            nz.layout = LK_KV_NZ;
+            dbufs a, b;
+            build(&nd, &a, 98), build(&nz, &b, 98);
+            for (int k = 0; k < nisa; k++) {
+                lk_set_isa(isas[k]);
+                lk_status s1 = run(&nd, &a), s2 = run(&nz, &b);
+                int same = s1 == LK_OK && s2 == LK_OK && tu_same_bits(&a.out, &b.out) && tu_same_bits(&a.lse, &b.lse);
+                double *o1 = tu_values(&b.out);
+                for (int nt = 1; nt <= 4; nt++) {
+                    lk_set_num_threads(nt);
+                    lk_status st = run(&nz, &b);
+                    double *o = tu_values(&b.out);
+                    same &= st == LK_OK && !memcmp(o, o1, sizeof(double) * (size_t)tu_numel(&b.out));
+                    free(o);
+                }
+                lk_set_num_threads(0);
+                free(o1);
+                tu_check(same, "%s NZ == ND bitwise, threads 1..4 [%s] %s", lk_dtype_name(f8[f]), lk_isa_name(isas[k]),
+                         two ? "two buffers, split 64" : "one buffer");
+            }
+            free_bufs(&a), free_bufs(&b);
+        }
+    lk_set_isa(lk_isa_best());
+    /* bad scales (nothing written), mixed buffers, the 16-wide NZ tile on an fp8 cache */
+    dcase c = base_case();
+    c.ct = c.rt = LK_F8E4M3, c.ks = 0.05f;
+    dbufs z;
+    build(&c, &z, 6);
+    float bad[4] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        lk_mla_decode_params p = params_of(&c, &z);
+        p.k_scale = bad[i];
+        char what[64];
+        snprintf(what, sizeof what, "fp8 cache, k_scale %g", (double)bad[i]);
+        expect_bad(&c, &z, LK_ERR_VALUE, "params.k_scale", what, &p, NULL);
+    }
+    lk_tensor keep = z.kv.t;
+    /* the fp8 cache's bytes read as a bf16 cache of 288-wide entries */
+    z.kv.t.shape[2] = 576 / 2, z.kv.t.dtype = LK_BF16, z.kv.t.stride[0] /= 2, z.kv.t.stride[1] /= 2;
+    lk_mla_decode_params p = params_of(&c, &z);
+    p.k_scale = 0.0f; /* not read for a bf16 cache */
+    lk_tensor q2 = z.q.t, o2 = z.out.t;
+    q2.shape[3] = 288, o2.shape[3] = 256;
+    lk_status st = lk_mla_decode(&o2, NULL, &q2, &z.kv.t, NULL, &z.bt.t, &z.sl.t, &p);
+    tu_check(st == LK_OK, "k_scale not read for a bf16 cache (%s)", lk_last_error());
+    z.kv.t = keep;
+    free_bufs(&z);
+    c = base_case(), c.ct = LK_F8E4M3, c.rt = LK_BF16, c.two = 1, c.ks = 0.05f;
+    build(&c, &z, 7);
+    expect_bad(&c, &z, LK_ERR_DTYPE, "k_pe_cache", "fp8 kv_c_cache with a bf16 k_pe_cache", NULL, NULL);
+    free_bufs(&z);
+    c = base_case(), c.ct = LK_F8E5M2, c.ks = 0.05f, c.layout = LK_KV_NZ;
+    build(&c, &z, 8);
+    keep = z.kv.t;
+    z.kv.t.shape[1] = 576 / 16, z.kv.t.shape[3] = 16; /* the 16-wide tile of 2-byte caches */
+    z.kv.t.stride[2] = 16, z.kv.t.stride[1] = 16 * c.bs;
+    z.kv.t.shape[0] = keep.shape[0] / 2;
+    expect_bad(&c, &z, LK_ERR_SHAPE, "kv_c_cache", "fp8 NZ cache with 16-wide tiles", NULL, NULL);
+    z.kv.t = keep;
+    free_bufs(&z);
+}
+
 int main(void) {
     tu_init();
+    test_fp8();
     test_grid();
     test_nz_equals_nd();
     test_threads();

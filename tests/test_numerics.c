@@ -991,6 +991,74 @@ static void test_mla_decode(void) {
     }
 }
 
+/* ---- mla_decode over fp8 latent caches (e4m3 / e5m2, k_scale 0.0625): the same rules
+ * for the codes (an fp8 NaN in a used entry reaches its request only; NaN / e5m2 inf
+ * codes in slots past cache_seqlens and in unused pages never reach an output; 0 cached
+ * tokens: +0 and lse -inf), then every ISA against ref over the same codes: f32 out
+ * within 3e-5, bf16 out (the bf16 dot path: the codes exact in bf16) within 2^-8 max|v| */
+static void test_mla_decode_fp8(void) {
+    enum { B = 4, SQ = 1, H = 16, DL = 32, DR = 32, E = DL + DR, BS = 8, NB = 9, MAXP = 2 };
+    static float qf[B][SQ][H][E], of[TU_MAX_ISAS][B][SQ][H][DL], lse[TU_MAX_ISAS][B][H][SQ];
+    static uint16_t qb[B][SQ][H][E], ob[TU_MAX_ISAS][B][SQ][H][DL];
+    static uint8_t c8[NB][BS][E];
+    int32_t lens[B] = {11, 9, 13, 0}, table[B][MAXP] = {{0, 1}, {2, 3}, {4, 5}, {-1, -1}};
+    lk_tensor tt = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, MAXP}), tl = t1(lens, LK_I32, B);
+    for (int f = 0; f < 2; f++) {
+        lk_dtype dt = f ? LK_F8E5M2 : LK_F8E4M3;
+        tu_seed(43 + (uint64_t)f);
+        for (int p = 0; p < NB; p++)
+            for (int j = 0; j < BS; j++)
+                for (int e = 0; e < E; e++) {
+                    int used = p < 6 && (p % 2) * BS + j < lens[p / 2];
+                    float x = used ? (float)tu_uniform(-1, 1) / 0.0625f : (j % 2 || !f ? NAN : INFINITY);
+                    c8[p][j][e] = f ? lk_f32_to_f8e5m2(x) : lk_f32_to_f8e4m3(x);
+                }
+        c8[2][0][7] = 0x7f; /* a NaN code (both formats) in key 0 of request 1 */
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int e = 0; e < E; e++) qb[b][0][h][e] = lk_f32_to_bf16((float)tu_uniform(-1, 1)), qf[b][0][h][e] = lk_bf16_to_f32(qb[b][0][h][e]);
+        lk_mla_decode_params p = lk_mla_decode_params_default(0.25f);
+        p.k_scale = 0.0625f;
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            for (int bf = 0; bf < 2; bf++) {
+                lk_tensor tq = lk_tensor_make(bf ? (void *)qb : (void *)qf, bf ? LK_BF16 : LK_F32, 4, (int64_t[]){B, SQ, H, E});
+                lk_tensor tc = lk_tensor_make(c8, dt, 3, (int64_t[]){NB, BS, E});
+                lk_tensor to = lk_tensor_make(bf ? (void *)ob[ii] : (void *)of[ii], bf ? LK_BF16 : LK_F32, 4, (int64_t[]){B, SQ, H, DL});
+                lk_tensor tls = lk_tensor_make(lse[ii], LK_F32, 3, (int64_t[]){B, H, SQ});
+                int ok = lk_mla_decode(&to, &tls, &tq, &tc, NULL, &tt, &tl, &p) == LK_OK;
+                for (int b = 0; b < B; b++)
+                    for (int h = 0; h < H; h++) {
+                        float l = lse[ii][b][h][0];
+                        ok &= b == 1 ? isnan(l) : b == 3 ? l == -INFINITY : isfinite(l);
+                        for (int d = 0; d < DL; d++) {
+                            float v = bf ? lk_bf16_to_f32(ob[ii][b][0][h][d]) : of[ii][b][0][h][d];
+                            ok &= b == 1 ? isnan(v) : b == 3 ? is_poszero(v) : isfinite(v);
+                        }
+                    }
+                tu_check(ok, "%s mla_decode %s cache, %s q/out: a NaN code in a used entry reaches its request only; "
+                             "codes past cache_seqlens never read; 0 tokens: +0 and lse -inf", lk_isa_name(isas[ii]),
+                         lk_dtype_name(dt), bf ? "bf16" : "f32");
+            }
+        }
+        for (int ii = 1; ii < ni; ii++) {
+            double ef = 0, eb = 0;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++)
+                    for (int d = 0; d < DL; d++) {
+                        float r = of[0][b][0][h][d];
+                        if (!isfinite(r)) continue;
+                        double e1 = fabs(of[ii][b][0][h][d] - r) / (1 + fabs(r)), e2 = fabs(lk_bf16_to_f32(ob[ii][b][0][h][d]) - r);
+                        if (e1 > ef) ef = e1;
+                        if (e2 > eb) eb = e2;
+                    }
+            tu_check(ef <= 3e-5, "%s mla_decode %s cache f32: within 3e-5 of ref (%.3g)", lk_isa_name(isas[ii]), lk_dtype_name(dt), ef);
+            tu_check(eb <= 1.0 / 256, "%s mla_decode %s cache bf16 out: |out - ref's f32| <= 2^-8 max|v| (%.3g)",
+                     lk_isa_name(isas[ii]), lk_dtype_name(dt), eb);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- across ISAs */
 
 /* "AVX2 vs AVX-512" in docs/numerics.md: the element-wise ops give the same bits on every
@@ -1072,6 +1140,7 @@ int main(void) {
     test_mla();
     test_mla_fp8();
     test_mla_decode();
+    test_mla_decode_fp8();
     test_cross_isa();
     lk_set_isa(lk_isa_best());
     return tu_finish("test_numerics");

@@ -84,7 +84,7 @@ _PACK_MLA_PARAMS = struct.Struct("@fiiif").pack  # + k_scale (0.3)
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
 assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
-_PACK_MLA_DECODE_PARAMS = struct.Struct("@fiiq").pack
+_PACK_MLA_DECODE_PARAMS = struct.Struct("@fiiqf4x").pack  # + k_scale (since 0.3)
 assert struct.calcsize("@fiiq") == ctypes.sizeof(LkMlaDecodeParams)
 
 # ---------------------------------------------------------------- errors
@@ -476,5 +476,5 @@ def mla_params(scale, strategy, layout, dedup, k_scale=1.0):
     return _PACK_MLA_PARAMS(scale, strategy, layout, dedup, k_scale)
 
 
-def mla_decode_params(scale, causal, layout, split_keys):
-    return _PACK_MLA_DECODE_PARAMS(scale, causal, layout, split_keys)
+def mla_decode_params(scale, causal, layout, split_keys, k_scale=1.0):
+    return _PACK_MLA_DECODE_PARAMS(scale, causal, layout, split_keys, k_scale)

@@ -989,9 +989,31 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
     return meta, splits
 
 
+def _mla_cache_view(x, name, fp8_dt):
+    """A latent cache's view: a uint8 buffer (as vLLM allocates fp8 caches) is viewed as
+    the fp8 dtype fp8_dt; fp8-typed arrays / tensors (torch float8, ml_dtypes) and
+    f32/f16/bf16 ones as they are."""
+    if x is None or not L._is_uint8(x):
+        return _view(x, name)
+    if fp8_dt is None:
+        raise TypeError("%s: a uint8 cache needs kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' (or "
+                        "is_fp8_kvcache=True: e4m3)" % name)
+    if isinstance(x, np.ndarray):
+        return L.pack(L._np_data(x), fp8_dt, x.shape, x.strides, name)  # itemsize 1: byte strides
+    if not x.is_cpu:
+        raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+    return L.pack(x.data_ptr(), fp8_dt, x.shape, x.stride(), name)
+
+
+def _descale(x, name):
+    """FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor."""
+    return 1.0 if x is None else _scalar_scale(x, name)
+
+
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                           num_splits, softmax_scale=None, causal=False, *, out=None, softmax_lse=None,
-                           kv_layout="ND", k_pe_cache=None):
+                           num_splits, softmax_scale=None, causal=False, descale_q=None, descale_k=None,
+                           is_fp8_kvcache=False, *, out=None, softmax_lse=None, kv_layout="ND", k_pe_cache=None,
+                           kv_cache_dtype="auto"):
     """FlashMLA's decode: absorbed MLA attention in latent space over the paged latent
     cache, every head sharing each entry (K = the entry, V = its first head_dim_v dims).
     q [B, s_q, H, Dl + Dr] (q_nope W_UK | q_rope); k_cache [blocks, page, 1, Dl + Dr]
@@ -1004,8 +1026,22 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     (out [B, s_q, H, Dl] like q, softmax_lse [B, H, s_q] f32), allocated when not given.
     Entries past cache_seqlens are never read (they may hold NaN); a request with 0
     cached tokens gives zeros and lse -inf. Results are bitwise identical for any thread
-    count."""
+    count.
+    fp8 latent caches (FlashMLA's fp8 path): k_cache (and k_pe_cache) as torch
+    float8_e4m3fn / float8_e5m2 tensors, ml_dtypes arrays, or uint8 buffers with
+    kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' (vLLM's names) or is_fp8_kvcache=True
+    (e4m3); NZ fp8 caches have 32-wide tiles [blocks, (Dl + Dr)/32, page, 32]. descale_k
+    (a number or a one-element tensor; default 1): an element c stands for c * descale_k,
+    dequantized in the kernel's registers; descale_q multiplies the scores (q's
+    dequantization scale; q itself is f32/f16/bf16)."""
     lay = _layout(kv_layout)
+    fp8_dt = _FP8_KV.get(kv_cache_dtype)
+    if fp8_dt is None and kv_cache_dtype != "auto":
+        raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
+    if fp8_dt is None and is_fp8_kvcache:
+        fp8_dt = L.F8E4M3
+    k_scale = _descale(descale_k, "descale_k")
+    q_scale = _descale(descale_q, "descale_q")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     if len(q.shape) != 4:
@@ -1018,9 +1054,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     split = 0
     if tile_scheduler_metadata is not None:
         split = int(tile_scheduler_metadata[0][0])
-    params = L.mla_decode_params(softmax_scale, 1 if causal else 0, lay, split)
-    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "lse"), _view(q, "q"), _view(k_cache, "kv_c_cache"),
-                     _view(k_pe_cache, "k_pe_cache"), _view(block_table, "block_table"),
+    params = L.mla_decode_params(softmax_scale * q_scale, 1 if causal else 0, lay, split, k_scale)
+    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "lse"), _view(q, "q"),
+                     _mla_cache_view(k_cache, "kv_c_cache", fp8_dt),
+                     _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt), _view(block_table, "block_table"),
                      _view(cache_seqlens, "cache_seqlens"), params)
     if s:
         _raise(s)

@@ -282,6 +282,7 @@ typedef struct {
     float scale;
     int causal;
     int64_t split;           /* keys per split-KV chunk, >= 1 */
+    float kscale;            /* fp8 caches: params.k_scale (scores * scale * kscale, out * kscale); else 1 */
 } lk_mla_decode_args;
 
 /* element offset, in lat (e < Dl or one buffer) or rope, of entry dim e of key j of b */

@@ -7,6 +7,9 @@
  *   out[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . e_j) e_j[:Dl],  lse[b, h, i]
  *   keys j < cache_seqlens[b] (causal: j < cache_seqlens[b] - s_q + i + 1)
  *
+ * fp8 caches (both buffers one fp8 dtype): entries dequantized as f32(c) * k_scale inside
+ * the kernels (scores scaled by scale * k_scale, outputs by k_scale).
+ *
  * Split-KV plan (mla_split_keys): about MLA_SPLIT_UNITS chunks over the whole batch,
  * each a multiple of 64 keys and at least MLA_SPLIT_MIN; it depends only on B and the
  * lengths, so the kernels' results never depend on the thread count.
@@ -23,7 +26,7 @@
 #define MLA_SPLIT_MIN 512
 
 lk_mla_decode_params lk_mla_decode_params_default(float scale) {
-    lk_mla_decode_params p = {scale, 0, LK_KV_ND, 0};
+    lk_mla_decode_params p = {scale, 0, LK_KV_ND, 0, 1.0f};
     return p;
 }
 
@@ -108,22 +111,31 @@ static lk_status check_shapes(lk_mla_decode_args *a, const lk_tensor *out, const
     return LK_OK;
 }
 
-static lk_status check_cache(lk_mla_decode_args *a, const lk_tensor *kvc, const lk_tensor *kpe, lk_kv_layout lay) {
+static lk_status check_cache(lk_mla_decode_args *a, const lk_tensor *kvc, const lk_tensor *kpe, lk_kv_layout lay,
+                             float k_scale) {
     lk_status s;
     a->one_buffer = kpe == NULL;
+    a->kscale = 1.0f;
     if (a->one_buffer) {
-        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
         a->rope = a->lat;
     } else {
         if (a->Dr < 1)
             return lk_fail(LK_ERR_SHAPE, "k_pe_cache: two buffers need rope dims (q's head dim %lld = out's %lld)",
                            (long long)(a->Dl + a->Dr), (long long)a->Dl);
-        if ((s = lk_paged_init(&a->lat, kvc, lay, 1, a->Dl, "kv_c_cache"))) return s;
-        if ((s = lk_paged_init(&a->rope, kpe, lay, 1, a->Dr, "k_pe_cache"))) return s;
+        if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl, "kv_c_cache"))) return s;
+        if ((s = lk_paged_init8(&a->rope, kpe, lay, 1, a->Dr, "k_pe_cache"))) return s;
+        if ((lk_is_fp8(a->lat.dtype) || lk_is_fp8(a->rope.dtype)) && a->rope.dtype != a->lat.dtype)
+            return lk_fail(LK_ERR_DTYPE, "k_pe_cache: %s, an fp8 latent cache needs both buffers of one dtype "
+                           "(kv_c_cache is %s)", lk_dtype_name(a->rope.dtype), lk_dtype_name(a->lat.dtype));
         if (a->rope.num_blocks != a->lat.num_blocks || a->rope.block_size != a->lat.block_size)
             return lk_fail(LK_ERR_SHAPE, "k_pe_cache: pages (%lld x %lld) differ from kv_c_cache's (%lld x %lld)",
                            (long long)a->rope.num_blocks, (long long)a->rope.block_size,
                            (long long)a->lat.num_blocks, (long long)a->lat.block_size);
+    }
+    if (lk_is_fp8(a->lat.dtype)) { /* one dequantization scale for both buffers */
+        if ((s = lk_scale_check_value(k_scale, "params.k_scale"))) return s;
+        a->kscale = k_scale;
     }
     /* an empty cache may have block_size 0: no page exists, 1 keeps page counts defined */
     if (a->lat.block_size < 1) a->lat.block_size = a->rope.block_size = 1;
@@ -176,7 +188,7 @@ lk_status lk_mla_decode(const lk_tensor *out, const lk_tensor *lse, const lk_ten
     memset(&a, 0, sizeof a);
     lk_status s = check_shapes(&a, out, lse, q, block_table, cache_seqlens, params);
     if (!s) a.causal = params->causal != 0;
-    if (!s) s = check_cache(&a, kv_c_cache, k_pe_cache, params->cache_layout);
+    if (!s) s = check_cache(&a, kv_c_cache, k_pe_cache, params->cache_layout, params->k_scale);
     const lk_tensor *ins[5] = {q, kv_c_cache, k_pe_cache, block_table, cache_seqlens};
     const char *in_names[5] = {"q", "kv_c_cache", "k_pe_cache", "block_table", "cache_seqlens"};
     if (!s) s = check_overlaps(out, "out", ins, in_names, 5);

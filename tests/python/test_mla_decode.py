@@ -133,3 +133,91 @@ def test_errors(rng):
     assert np.array_equal(out, keep)
     with pytest.raises(lk.LlmkernError):
         lk.get_mla_metadata(np.array([3, -1], np.int32), 4, 1)
+
+
+# ---------------------------------------------------------------- fp8 latent caches
+
+def _fp8_cache(rng, lens, fmt, ks, h=4, dl=64, dr=32, bs=16):
+    """make()'s cache quantized to fp8: codes = fp8(x / ks) (ml_dtypes, round to nearest
+    even, saturating as vLLM); the logical entries are the dequantized codes * ks"""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[fmt]
+    q, cache, bt, sl, _ = make(rng, lens, h=h, dl=dl, dr=dr, bs=bs)
+    lim = float(ml_dtypes.finfo(dt).max)
+    codes = np.where(np.isnan(cache), np.nan, np.clip(cache / ks, -lim, lim)).astype(dt)
+    deq = codes.astype(np.float64) * ks
+    ent = [deq[bt[b, np.arange(n) // bs], np.arange(n) % bs, 0] for b, n in enumerate(lens)]
+    return q, codes, bt, sl, ent
+
+
+def to_nz32(nd):
+    """ND page cache [num_blocks, block_size, C] -> the fp8 NZ buffer [num_blocks, C/32,
+    block_size, 32] (1-byte caches: 32-wide tiles)"""
+    nb, bs = nd.shape[:2]
+    c = int(np.prod(nd.shape[2:]))
+    return np.ascontiguousarray(nd.reshape(nb, bs, c // 32, 32).transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("form", ["typed", "uint8", "nz"])
+def test_numpy_fp8(rng, fmt, form):
+    lens = [37, 0, 130]
+    ks = 0.03
+    q, codes, bt, sl, ent = _fp8_cache(rng, lens, fmt, ks)
+    kw = {}
+    kc = codes
+    if form == "uint8":
+        kc = codes.view(np.uint8)
+        kw["kv_cache_dtype"] = "fp8" if fmt == "e4m3" else "fp8_e5m2"
+    elif form == "nz":
+        kc = to_nz32(codes[:, :, 0])
+        kw["kv_layout"] = "NZ"
+    out, lse = lk.flash_mla_with_kvcache(q, kc, bt, sl, 64, None, None, softmax_scale=0.2, descale_k=ks, **kw)
+    want, want_lse = ref_mla(f64(q), ent, lens, 64, 0.2, False)
+    assert np.isfinite(out).all()  # NaN codes in unused slots never read
+    close(out, want)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+    assert (out[1] == 0).all() and np.isneginf(lse[1]).all()
+
+
+def test_fp8_descale_q_two_buffers_causal(rng):
+    lens = [70, 5]
+    q, codes, bt, sl, ent = _fp8_cache(rng, lens, "e4m3", 0.05)
+    kv, pe = np.ascontiguousarray(codes[:, :, 0, :64]), np.ascontiguousarray(codes[:, :, 0, 64:])
+    q2 = q[:, :1].repeat(2, axis=1)
+    out, lse = lk.flash_mla_with_kvcache(q2, kv.view(np.uint8), bt, sl, 64, None, None, 0.1, True, 2.0,
+                                         np.array([0.05], np.float32), True, k_pe_cache=pe.view(np.uint8))
+    want, want_lse = ref_mla(f64(q2), ent, lens, 64, 0.2, True)  # descale_q 2 doubles the scores
+    close(out, want)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_errors(rng):
+    q, codes, bt, sl, _ = _fp8_cache(rng, [20, 3], "e4m3", 0.05)
+    with pytest.raises(TypeError, match="kv_c_cache"):  # a uint8 cache needs its fp8 dtype
+        lk.flash_mla_with_kvcache(q, codes.view(np.uint8), bt, sl, 64, None, None)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(lk.LlmkernError) as e:
+            lk.flash_mla_with_kvcache(q, codes, bt, sl, 64, None, None, descale_k=bad)
+        assert e.value.status == "LK_ERR_VALUE" and "k_scale" in str(e.value)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        lk.flash_mla_with_kvcache(q, codes.view(np.uint8), bt, sl, 64, None, None, kv_cache_dtype="int8")
+
+
+def test_torch_fp8(rng):
+    torch = torch_or_skip()
+    lens = [200, 1]
+    q, codes, bt, sl, ent = _fp8_cache(rng, lens, "e4m3", 0.02, h=16, dl=512, dr=64, bs=64)
+    tq = torch.from_numpy(q).to(torch.bfloat16)
+    tc = torch.from_numpy(codes.view(np.uint8)).view(torch.float8_e4m3fn)
+    tsl, tbt = torch.from_numpy(sl), torch.from_numpy(bt)
+    meta, ns = lk.get_mla_metadata(tsl, 16, 1)
+    ks = torch.tensor([0.02], dtype=torch.float32)
+    out, lse = lk.flash_mla_with_kvcache(tq, tc, tbt, tsl, 512, meta, ns, descale_k=ks)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 1, 16, 512)
+    want, want_lse = ref_mla(f64(tq), ent, lens, 512, 576 ** -0.5, False)
+    close(out, want)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-4)
+    out8, _ = lk.flash_mla_with_kvcache(tq, tc.view(torch.uint8), tbt, tsl, 512, meta, ns, descale_k=ks,
+                                        kv_cache_dtype="fp8_e4m3")
+    assert torch.equal(out8, out)

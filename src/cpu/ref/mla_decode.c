@@ -5,7 +5,8 @@
  *   s_j = scale * q[b, i, h, :] . e_j     for keys j < lim_i (lk_mla_dec_limit: n, or
  *                                         n - s_q + i + 1 when causal)
  *   out[b, i, h, :] = sum_j softmax(s)_j e_j[:Dl],  lse[b, h, i] = log(sum_j exp(s_j))
- * e_j = the cache entry of token j (Dl + Dr dims, one buffer or two). A row that sees
+ * e_j = the cache entry of token j (Dl + Dr dims, one buffer or two; fp8 caches:
+ * f32(code) * kscale, the scale applied to the dot products and to out). A row that sees
  * no key gets out = 0 and lse = -inf. Two passes over the scores (max, then exp-sum and
  * P.V); dot products and sums in double. No split, no threads.
  */
@@ -40,7 +41,7 @@ lk_status lk_ref_mla_decode(const lk_mla_decode_args *a) {
                         const lk_paged *c = a->one_buffer || e < a->Dl ? &a->lat : &a->rope;
                         dot += qr[e] * (double)lk_load_f(c->data, c->dtype, lk_mla_dec_off(a, b, j, e));
                     }
-                    s[j] = dot * (double)a->scale;
+                    s[j] = dot * (double)a->scale * (double)a->kscale;
                     if (s[j] > m || isnan(s[j])) m = s[j]; /* NaN sticks and propagates */
                 }
                 for (int64_t d = 0; d < a->Dl; d++) acc[d] = 0.0;
@@ -53,7 +54,7 @@ lk_status lk_ref_mla_decode(const lk_mla_decode_args *a) {
                     }
                 int64_t ooff = b * o->stride[0] + i * o->stride[1] + h * o->stride[2];
                 for (int64_t d = 0; d < a->Dl; d++) {
-                    float v = l > 0 || isnan(l) ? (float)(acc[d] / l) : 0.0f;
+                    float v = l > 0 || isnan(l) ? (float)(acc[d] * (double)a->kscale / l) : 0.0f;
                     lk_store_f(o->data, o->dtype, ooff + d * o->stride[3], v);
                 }
                 if (a->has_lse) {

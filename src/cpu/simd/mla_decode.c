@@ -18,6 +18,12 @@
  *   O   [Dlp][Rp]  = alpha O + Kf[:, :Dlp]^T . P  (mk again: MR dims x PW rows per tile,
  *                  k over the block's keys, alpha folded into the accumulator load)
  * MR = LKV_MR (6 on AVX2: 12 accumulators of 16 ymm; 12 on AVX-512: 24 of 32 zmm).
+ * The bf16 path (AVX512_BF16, below) runs the same chunk on bf16 pairs; for R <= W its
+ * small-R kernels keep the rows out of the lanes (4 rows x 6 keys per score tile, O
+ * row-major in 4 rows x 6 vectors of dims), the choice depending only on R.
+ * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
+ * bf16 path: exact bf16 rows in the block copy), scores scaled by scale * kscale and the
+ * output by kscale (a->kscale, 1 for other caches).
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
@@ -84,6 +90,8 @@ typedef struct {
     int64_t E, Ep, Dlp, R, Rp;
     int bf16;                  /* LKV_BF16DOT builds, q, cache and out bf16: run_chunk16 */
     int64_t E2, L16, V2;       /* bf16 path: words per q row, bf16 per Kb row, words per Vp row */
+    int small;                 /* bf16 path, R <= W: the small-R kernels, O row-major [Rp][Dlq] */
+    int64_t Dlq, V2s;          /* small-R: O's row length (Dl rounded to 2W), Vp's row stride */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
     int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
     float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
@@ -97,7 +105,7 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *q = &a->q;
     int64_t E = c->E, R = c->R, H = a->H, es = lk_esize(q->dtype);
-    lkv_f32 sc = lkv_set1(a->scale);
+    lkv_f32 sc = lkv_set1(a->scale * a->kscale);
     for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
         int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
         float *panel = Qt + p * PW * E;
@@ -119,14 +127,19 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
     }
 }
 
-/* n dims of one cache part (16-dim chunks cs elements apart; cs == 16: contiguous) from
- * p into the f32 row dst; full W stores where they stay inside the row's Ep, else the
- * tail is stored part-wise */
-LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t cs, int64_t n, int64_t room, lk_dtype dt) {
+/* dim d's element offset in an entry of tiles of tl dims cs elements apart (ND: tl = cs
+ * = 16, contiguous; NZ: the tile 16 or 32 and s1) */
+static inline int64_t tile_off(int64_t d, int64_t tl, int64_t cs) { return (d / tl) * cs + d % tl; }
+
+/* n dims of one cache part (tiles of tl dims cs elements apart) from p into the f32 row
+ * dst (fp8: the codes' values, the scale applied to scores and out); full W stores where
+ * they stay inside the row's Ep, else the tail is stored part-wise */
+LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t tl, int64_t cs, int64_t n, int64_t room,
+                                    lk_dtype dt) {
     int64_t es = lk_esize(dt);
     for (int64_t d = 0; d < n; d += LKV_W) {
         int64_t m = min64(LKV_W, n - d);
-        const char *src = p + ((d >> 4) * cs + (d & 15)) * es;
+        const char *src = p + tile_off(d, tl, cs) * es;
         lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
         if (d + LKV_W <= room) lkv_storeu(dst + d, v);
         else lkv_store_part(dst + d, LK_F32, v, m);
@@ -134,6 +147,7 @@ LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t cs, int64
 }
 
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
+static inline int64_t chunk_tile(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->tile : 16; }
 
 /* Kf rows [0, nb) = entries of keys j0 .. j0 + nb of request b as f32 (dims [E, Ep) are
  * zero from the unit's start), rows [nb, nbp) zero */
@@ -147,10 +161,11 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
     for (int64_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
         float *dst = Kf + jj * Ep;
-        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les, lcs, nl, Ep, lt);
+        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les,
+                      chunk_tile(&a->lat), lcs, nl, Ep, lt);
         if (!a->one_buffer)
-            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res, rcs,
-                          a->Dr, Ep - a->Dl, rt);
+            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res,
+                          chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kf + jj * Ep, 0, sizeof(float) * (size_t)Ep);
 }
@@ -210,14 +225,15 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
  * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
-                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O) {
+                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr) {
     for (int64_t r = 0; r < Rp; r++) {
         int64_t vis = (int64_t)lim[r];
         for (int64_t d = 0; d < Dlp; d++) {
-            float acc = first ? 0.0f : O[d * Rp + r] * alpha[r];
+            float *o = O + d * od + r * orr; /* O[d][r]: od = Rp, orr = 1; row-major O[r][d]: od = 1, orr = Dlq */
+            float acc = first ? 0.0f : *o * alpha[r];
             for (int64_t jj = 0; jj < vis; jj++)
                 acc += S[jj * Rp + r] * (Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16));
-            O[d * Rp + r] = acc;
+            *o = acc;
         }
     }
 }
@@ -252,7 +268,7 @@ LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t
         softmax_block(S, Rp, nbp, lim, 1.0f, m, l, alpha);
         /* O = alpha O + Kf[:, :Dlp]^T . P */
         if (minlim < nb && rows_nonfinite(Kf, Ep, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O);
+            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1);
             continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
@@ -338,6 +354,86 @@ static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb) {
     }
 }
 
+/* prefetcht1 as an asm statement: GCC 12 drops the __builtin_prefetch loops below (no
+ * prefetch instruction was emitted for them at -O1 and above) */
+static inline void pf_l2(const char *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
+
+/* bytes [0, n) at p into L2, one prefetch per 64 bytes */
+static inline void pf_range(const char *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) pf_l2(p + o);
+}
+
+/* slots [slot, slot + m) of page `page` of one cache part (D dims per entry) into L2: one
+ * range per page (ND rows back to back) or per 16-dim chunk (NZ), else per slot */
+static inline void prefetch_slots(const lk_paged *pc, int64_t page, int64_t slot, int64_t m, int64_t D) {
+    int64_t es = lk_esize(pc->dtype);
+    const char *base = (const char *)pc->data + lk_paged_off(pc, page, slot, 0, 0) * es;
+    if (pc->layout == LK_KV_ND) {
+        if (pc->s1 == D) pf_range(base, m * D * es);
+        else
+            for (int64_t i = 0; i < m; i++) pf_range(base + i * pc->s1 * es, D * es);
+        return;
+    }
+    for (int64_t d = 0; d < D; d += pc->tile) {
+        const char *cp = base + (d / pc->tile) * pc->s1 * es;
+        if (pc->s2 == pc->tile) pf_range(cp, m * pc->tile * es);
+        else
+            for (int64_t i = 0; i < m; i++) pf_range(cp + i * pc->s2 * es, pc->tile * es);
+    }
+}
+
+/* keys [j, j + n) below kend of request b into L2: the next block's entries, a few keys
+ * at a time between the micro-kernel calls of this block (spread over the block's work,
+ * not issued in one burst) */
+static void prefetch_keys(const dec_ctx *c, int64_t b, int64_t j, int64_t n, int64_t kend) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t bs = a->lat.block_size;
+    const int32_t *tab = a->table + b * a->max_pages;
+    if (j + n > kend) n = kend - j;
+    for (int64_t pi = n > 0 ? j / bs : 0, slot = n > 0 ? j % bs : 0; n > 0; pi++, slot = 0) {
+        int64_t m = min64(n, bs - slot);
+        prefetch_slots(&a->lat, tab[pi], slot, m, a->one_buffer ? c->E : a->Dl);
+        if (!a->one_buffer) prefetch_slots(&a->rope, tab[pi], slot, m, a->Dr);
+        n -= m;
+    }
+}
+
+/* 32 bf16 lanes of the codes' special values: e4m3 [0, 8) the subnormal codes 0..7;
+ * e5m2 [0, 4) the subnormal codes 0..3, [4, 8) the inf / NaN codes 0x7c..0x7f */
+static __m512i f8_table(lk_dtype dt) {
+    uint16_t t[32] = {0};
+    for (int i = 0; i < 8; i++) {
+        int code = dt == LK_F8E4M3 || i < 4 ? i : 0x78 + i;
+        t[i] = lk_f32_to_bf16(dt == LK_F8E4M3 ? lk_f8e4m3_to_f32((uint8_t)code) : lk_f8e5m2_to_f32((uint8_t)code));
+    }
+    return _mm512_loadu_si512(t);
+}
+
+/* dst[0, min(n, 32)) = the bf16 values of the fp8 codes at p (exact, the bits lkv_load +
+ * lk_f32_to_bf16 give): normal codes rebiased (exponent and mantissa shifted into bf16's
+ * fields), the special codes from tab (f8_table), then the sign */
+static inline void f8_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, lk_dtype dt, __m512i tab) {
+    __mmask32 m = n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1);
+    __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+    __m512i em = _mm512_and_si512(x, _mm512_set1_epi16(0x7f)), v;
+    __mmask32 sp;
+    if (dt == LK_F8E4M3) { /* bias 7 -> 127: + 120 << 7; em < 8 subnormal, 0x7f NaN */
+        v = _mm512_add_epi16(_mm512_slli_epi16(em, 4), _mm512_set1_epi16(120 << 7));
+        v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(em, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(8));
+        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(em, tab));
+    } else { /* bias 15 -> 127: + 112 << 7; em < 4 subnormal, >= 0x7c inf / NaN (table 4..7) */
+        v = _mm512_add_epi16(_mm512_slli_epi16(em, 5), _mm512_set1_epi16(112 << 7));
+        __mmask32 hi = _mm512_cmpge_epu16_mask(em, _mm512_set1_epi16(0x7c));
+        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(4)) | hi;
+        __m512i idx = _mm512_and_si512(em, _mm512_set1_epi16(3));
+        idx = _mm512_mask_add_epi16(idx, hi, idx, _mm512_set1_epi16(4));
+        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(idx, tab));
+    }
+    _mm512_mask_storeu_epi16(dst, m, _mm512_or_si512(v, sign));
+}
+
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
  * from the unit's start), rows [nb, nbp) zero */
 static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
@@ -346,16 +442,23 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
     const int32_t *tab = a->table + b * a->max_pages;
     const lk_paged *part[2] = {&a->lat, &a->rope};
     int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
+    __m512i tab8 = lk_is_fp8(a->lat.dtype) ? f8_table(a->lat.dtype) : _mm512_setzero_si512();
     for (int64_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
         for (int k = 0; k < 2; k++) {
             if (!n[k]) continue;
             const lk_paged *pc = part[k];
-            const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
             uint16_t *dst = Kb + jj * L16 + at[k];
-            if (pc->layout == LK_KV_ND) memcpy(dst, src, sizeof(uint16_t) * (size_t)n[k]);
+            if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
+                const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
+                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc); /* tiles of 16 or 32: 32 dims contiguous */
+                for (int64_t d = 0; d < n[k]; d += 32) f8_to_bf16(dst + d, b8 + tile_off(d, tl, cs), n[k] - d, pc->dtype, tab8);
+                continue;
+            }
+            const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
+            if (pc->layout == LK_KV_ND) lkv_copy_bytes((char *)dst, (const char *)src, sizeof(uint16_t) * (size_t)n[k], 0);
             else
-                for (int64_t d = 0; d < n[k]; d += 16) memcpy(dst + d, src + (d >> 4) * pc->s1, 32);
+                for (int64_t d = 0; d < n[k]; d += 16) lkv_c32_storeu((char *)(dst + d), lkv_c32_loadu(src + (d >> 4) * pc->s1));
         }
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kb + jj * L16, 0, sizeof(uint16_t) * (size_t)L16);
@@ -368,35 +471,131 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
     return 0;
 }
 
-static void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l, float *O) {
+/* ---- small R (R <= W: one vector of rows would give one broadcast per dot product) ----
+ * Each loaded vector serves several rows and keys instead:
+ *   Qs  [Rp][L16] bf16   q[b]'s rows as they are (rows past R and dims past E zero)
+ *   S   [KB][Rp]         qk16_small: 4 rows x 6 keys per tile, both operands vectors of
+ *                        2W dims (VDPBF16PS), 24 accumulators reduced by lkv_hsum4 (one
+ *                        tree per score, in a fixed order); softmax_block and P16 as above
+ *   O   [Rp][Dlq] f32    row-major: pv16_small, 4 rows x nv (6, 4 or 2) vectors of W dims
+ *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
+ *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
+ *                        aliasing of the rows in L1) */
+LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t E, float *S,
+                                  int64_t Rp) {
+    lkv_f32 acc[4][6];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
+    for (int64_t d = 0; d < E; d += 2 * LKV_W) {
+        lkv_bits k[6];
+        if (d + 2 * LKV_W <= E)
+            for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(kr[j] + d);
+        else /* the rows end at E (cache rows read in place): the tail masked */
+            for (int j = 0; j < 6; j++) k[j] = lkv_bits_load16(kr[j] + d, E - d);
+        for (int i = 0; i < 4; i++) {
+            lkv_bits qv = lkv_bits_loadu(Qs + i * L16 + d);
+            for (int j = 0; j < 6; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
+        }
+    }
+    for (int j = 0; j < 6; j++) _mm_storeu_ps(S + j * Rp, lkv_hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+}
+
+/* O[i][v W, v W + W) (rows i < 4 ldo apart, v < nv) = (first ? 0 : alpha[i] O) + sum over the
+ * np key pairs k of P16[k Rp + i] . Vp[k V2s + v W] */
+LK_ALWAYS_INLINE void pv16_small(int64_t np, const uint32_t *P16, int64_t Rp, const uint32_t *Vp, int64_t V2s, float *O,
+                                 int64_t ldo, int nv, int first, const float *alpha) {
+    lkv_f32 c[4][6];
+    for (int i = 0; i < 4; i++) {
+        lkv_f32 al = lkv_set1(first ? 0.0f : alpha[i]);
+        for (int v = 0; v < nv; v++) c[i][v] = first ? lkv_zero() : lkv_mul(lkv_loadu(O + i * ldo + v * LKV_W), al);
+    }
+    for (int64_t k = 0; k < np; k++) {
+        lkv_bits vv[6];
+        for (int v = 0; v < nv; v++) vv[v] = lkv_bits_loadu(Vp + k * V2s + v * LKV_W);
+        for (int i = 0; i < 4; i++) {
+            lkv_bits w = lkv_bits_set1(P16[k * Rp + i]);
+            for (int v = 0; v < nv; v++) c[i][v] = lkv_dot2(c[i][v], w, vv[v]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int v = 0; v < nv; v++) lkv_storeu(O + i * ldo + v * LKV_W, c[i][v]);
+}
+
+/* Qs rows = q[b]'s bf16 rows (dims [E, L16) and rows [R, Rp) zero) */
+static void load_q16_small(const dec_ctx *c, int64_t b, uint16_t *Qs) {
     const lk_mla_decode_args *a = c->a;
-    int64_t E2 = c->E2, L16 = c->L16, V2 = c->V2, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
-    uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels
-    uint16_t *Kb = (uint16_t *)(Qb + E2 * Rp);      // [KB][L16] bf16
-    float *S = (float *)(Kb + KB * L16);            // [KB][Rp]
+    const lk_tensor *q = &a->q;
+    int64_t E = c->E, L16 = c->L16, H = a->H;
+    memset(Qs, 0, sizeof(uint16_t) * (size_t)(c->Rp * L16));
+    for (int64_t r = 0; r < c->R; r++)
+        memcpy(Qs + r * L16, (const uint16_t *)q->data + b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2],
+               sizeof(uint16_t) * (size_t)E);
+}
+
+LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
+                                  float *O, int small) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t E2 = c->E2, L16 = c->L16, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
+    int64_t V2 = small ? c->Dlq : c->V2, V2s = small ? c->V2s : c->V2, Rq = rup(R, 4);
+    uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels; small: Qs [Rp][L16] bf16
+    uint16_t *Qs = (uint16_t *)scr;
+    uint16_t *Kb = small ? Qs + Rp * L16 : (uint16_t *)(Qb + E2 * Rp); // [KB][L16] bf16 (small: + a zero row)
+    float *S = (float *)(Kb + (KB + small) * L16);  // [KB][Rp]
     uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [KB/2][Rp] words
-    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2] words
-    float *alpha = (float *)(Vp + KB / 2 * V2);     // [Rp]
+    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2s] words
+    float *alpha = (float *)(Vp + KB / 2 * V2s);    // [Rp]
     float *lim = alpha + Rp;                        // [Rp]
     const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp]
-    load_q16(c, b, Qb);
+    if (small) {
+        load_q16_small(c, b, Qs);
+        memset(S, 0, sizeof(float) * (size_t)(KB * Rp)); /* lanes [Rq, Rp) stay 0 (masked) */
+    } else {
+        load_q16(c, b, Qb);
+    }
     for (int64_t jj = 0; jj < KB; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
+    /* small R over a bf16 ND one-buffer cache: the entries are read in place (rows of E
+     * contiguous values), not copied; keys past the block's end read the zero row */
+    const lk_paged *lat = &a->lat;
+    int direct = small && a->one_buffer && lat->layout == LK_KV_ND && lat->dtype == LK_BF16;
+    const uint16_t *rows[KB], *zrow = Kb + KB * L16;
+    if (small) memset(Kb + KB * L16, 0, sizeof(uint16_t) * (size_t)L16);
     for (int64_t j0 = k0; j0 < k1; j0 += KB) {
         int first = j0 == k0;
         int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
-        load_block16(c, b, j0, nb, nbp, Kb);
-        for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
-            const uint32_t *panel = Qb + p0 * E2;
-            const uint32_t *A = (const uint32_t *)Kb;
-            if (Rp - p0 >= PW)
-                for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
-            else
-                for (int64_t m0 = 0; m0 < nbp; m0 += MR)
-                    mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+        if (direct) {
+            const int32_t *tab = a->table + b * a->max_pages;
+            for (int64_t jj = 0; jj < nbp; jj++) {
+                int64_t j = j0 + jj;
+                rows[jj] = jj < nb ? (const uint16_t *)lat->data +
+                                         lk_paged_off(lat, tab[j / lat->block_size], j % lat->block_size, 0, 0)
+                                   : zrow;
+            }
+        } else {
+            load_block16(c, b, j0, nb, nbp, Kb);
+            for (int64_t jj = 0; jj < nbp; jj++) rows[jj] = Kb + jj * L16;
         }
-        softmax_block(S, Rp, nbp, lim, a->scale, m, l, alpha);
+        if (small) {
+            for (int64_t m0 = 0; m0 < nbp; m0 += 6) { /* nbp is a multiple of MR, of 6 */
+                prefetch_keys(c, b, j0 + KB + m0, 6, k1);
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4) qk16_small(Qs + r0 * L16, rows + m0, L16, c->E, S + m0 * Rp + r0, Rp);
+            }
+        } else {
+            for (int64_t m0 = 0; m0 < KB; m0 += MR) prefetch_keys(c, b, j0 + KB + m0, MR, k1);
+            for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
+                const uint32_t *panel = Qb + p0 * E2;
+                const uint32_t *A = (const uint32_t *)Kb;
+                if (Rp - p0 >= PW)
+                    for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
+                else
+                    for (int64_t m0 = 0; m0 < nbp; m0 += MR)
+                        mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+            }
+        }
+        softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
+        if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O);
+            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq);
+            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1);
             continue;
         }
         /* P16, Vp: keys paired (nbp is even: MR is) */
@@ -405,13 +604,29 @@ static void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, flo
                 lkv_i32 lo = lkv_bf16_bits(lkv_loadu(S + 2 * jp * Rp + v)), hi = lkv_bf16_bits(lkv_loadu(S + (2 * jp + 1) * Rp + v));
                 lkv_bits_storeu(P16 + jp * Rp + v, lkv_as_i32(lkv_or(lkv_as_f32(lo), lkv_as_f32(lkv_i32_slli(hi, 16)))));
             }
-            const uint16_t *r0 = Kb + 2 * jp * L16, *r1 = r0 + L16;
+            const uint16_t *r0 = rows[2 * jp], *r1 = rows[2 * jp + 1];
             for (int64_t d = 0; d < V2; d += 2 * LKV_W) {
-                lkv_bits zl, zh;
-                lkv_zip16(lkv_bits_loadu(r0 + d), lkv_bits_loadu(r1 + d), &zl, &zh);
-                lkv_bits_storeu(Vp + jp * V2 + d, zl);
-                lkv_bits_storeu(Vp + jp * V2 + d + LKV_W, zh);
+                lkv_bits zl, zh, x0, x1;
+                if (d + 2 * LKV_W <= c->E) x0 = lkv_bits_loadu(r0 + d), x1 = lkv_bits_loadu(r1 + d);
+                else x0 = lkv_bits_load16(r0 + d, c->E - d), x1 = lkv_bits_load16(r1 + d, c->E - d);
+                lkv_zip16(x0, x1, &zl, &zh);
+                lkv_bits_storeu(Vp + jp * V2s + d, zl);
+                lkv_bits_storeu(Vp + jp * V2s + d + LKV_W, zh);
             }
+        }
+        if (small) {
+            int64_t Dlq = c->Dlq;
+            for (int64_t d0 = 0; d0 < Dlq; d0 += 6 * LKV_W) {
+                int64_t nv = min64(6, (Dlq - d0) / LKV_W); /* 6, 4 or 2: Dlq is a multiple of 2W */
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4) {
+                    float *C = O + r0 * Dlq + d0;
+                    const uint32_t *pw = P16 + r0, *vp = Vp + d0;
+                    if (nv == 6) pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 6, first, alpha + r0);
+                    else if (nv == 4) pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 4, first, alpha + r0);
+                    else pv16_small(nbp / 2, pw, Rp, vp, V2s, C, Dlq, 2, first, alpha + r0);
+                }
+            }
+            continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
             int two = Rp - p0 >= PW;
@@ -432,7 +647,16 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *o = &a->out;
     int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
-    for (int64_t r0 = 0; r0 < R; r0 += LKV_W) {
+    for (int64_t r = 0; c->small && r < R; r++) { /* O row-major [Rp][Dlq] */
+        char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
+        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * a->kscale);
+        for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
+            lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(O + r * c->Dlq + d0), inv);
+            if (Dl - d0 >= LKV_W) lkv_store(dst + d0 * es, o->dtype, x);
+            else lkv_store_part(dst + d0 * es, o->dtype, x, Dl - d0);
+        }
+    }
+    for (int64_t r0 = 0; !c->small && r0 < R; r0 += LKV_W) {
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) v[k] = lkv_loadu(O + (d0 + k) * Rp + r0);
@@ -441,7 +665,7 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
             for (int64_t i = 0; i < LKV_W && r0 + i < R; i++) {
                 int64_t r = r0 + i;
                 char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2] + d0) * es;
-                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r])));
+                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r]) * a->kscale));
                 if (n == LKV_W) lkv_store(dst, o->dtype, x);
                 else lkv_store_part(dst, o->dtype, x, n);
             }
@@ -474,13 +698,16 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
         Lr[r] = r < c->R ? lk_mla_dec_limit(a, b, r / a->H) : 0;
     }
     lk_dtype lt = a->lat.dtype, rt = a->rope.dtype;
-    if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->Dlp * c->Rp));
+    if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->slot_floats - 2 * c->Rp));
 #if defined(LKV_BF16DOT)
-    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O);
+    else if (c->bf16 && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1);
+    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O, 0);
 #endif
     else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
     else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
     else if (lt == LK_F32 && rt == LK_F32) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F32, LK_F32);
+    else if (lt == LK_F8E4M3) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E4M3, LK_F8E4M3); /* rt == lt */
+    else if (lt == LK_F8E5M2) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E5M2, LK_F8E5M2);
     else run_chunk(c, b, k0, k1, scr, m, l, O, lt, rt);
     if (c->nsplit[b] == 1) finalize(c, b, m, l, O);
 }
@@ -502,6 +729,15 @@ static void merge_range(void *vctx, int64_t b0, int64_t b1) {
                     w[i] = sk.l == 0.0f ? 0.0f : expf(lk_online_shift(sk.m) - lk_online_shift(acc.m));
                     lk_online_add(&acc, sk.l * w[i]);
                     m[v + i] = acc.m, l[v + i] = acc.l;
+                }
+                if (c->small) { /* O row-major [Rp][Dlq]: the same operations per element */
+                    for (int i = 0; i < LKV_W; i++)
+                        for (int64_t d = 0; d < c->Dlq; d += LKV_W) {
+                            float *o = O + (v + i) * c->Dlq + d;
+                            lkv_storeu(o, lkv_fma(lkv_set1(w[i]), lkv_loadu(Ok + (v + i) * c->Dlq + d),
+                                                  lkv_mul(lkv_set1(al[i]), lkv_loadu(o))));
+                        }
+                    continue;
                 }
                 lkv_f32 va = lkv_loadu(al), vw = lkv_loadu(w);
                 for (int64_t d = 0; d < Dlp; d++)
@@ -537,12 +773,20 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
      * 1-chunk units */
     c.scratch_floats = c.E * c.Rp + KB * c.Ep + KB * c.Rp + 2 * c.Rp;
 #if defined(LKV_BF16DOT)
-    c.bf16 = a->q.dtype == LK_BF16 && a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 &&
+             ((a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16) || lk_is_fp8(a->lat.dtype));
     if (c.bf16) { /* Qb, Kb, S, P16, Vp, alpha, lim (4-byte units) */
         c.E2 = (c.E + 1) / 2;
         c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
         c.V2 = rup(c.Dlp, 2 * LKV_W);
         c.scratch_floats = c.E2 * c.Rp + KB * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2 + 2 * c.Rp;
+        c.small = c.R <= LKV_W;
+        if (c.small) { /* Qs, Kb, S, P16, Vp (rows V2s apart), alpha, lim; O [Rp][Dlq] */
+            c.Dlq = rup(a->Dl, 2 * LKV_W);
+            c.V2s = c.Dlq + LKV_W;
+            c.scratch_floats = c.Rp * c.L16 / 2 + (KB + 1) * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
+            if (c.Dlq > c.Dlp) c.slot_floats = (2 + c.Dlq) * c.Rp;
+        }
     }
 #endif
     c.scratch_floats += 2 * c.Rp + c.slot_floats;
