@@ -15,6 +15,7 @@
 
 #include "../core/core.h"
 #include "../common/attn_state.h"
+#include "fp8_attn_shim.h" /* TEMPORARY until the fp8 infrastructure lands */
 #include "../core/paged.h"
 
 typedef struct {
@@ -110,6 +111,10 @@ typedef struct {
     int has_lse;
     const float *alibi;    /* NULL, or ALiBi slopes: request b, head h at alibi[b * alibi_bstride + h] */
     int64_t alibi_bstride; /* Hq ([B, Hq] slopes) or 0 ([Hq]) */
+    /* ---- fp8 q / K / V (since 0.3): descales of request b, KV head kh at
+     * lk_scale_at(&qd, b, kh); 1 for a q, K or V that is not fp8. Scores are
+     * scale * qd * kd * (q . k) on the fp8 codes' values, out = vd * sum_j p_j v_j. */
+    lk_scale qd, kd, vd;
 } lk_attn_args;
 
 /* ALiBi: s[jj] -= slope * |i + k_len - q_len - (j0 + jj)| for keys j0 .. j0 + n - 1 of
