@@ -24,9 +24,9 @@ extern "C" {
 #endif
 
 #define LLMKERN_VERSION_MAJOR 0
-#define LLMKERN_VERSION_MINOR 2
+#define LLMKERN_VERSION_MINOR 3
 #define LLMKERN_VERSION_PATCH 0
-#define LLMKERN_VERSION_STRING "0.2.0"
+#define LLMKERN_VERSION_STRING "0.3.0"
 
 #if defined(_WIN32) && defined(LLMKERN_SHARED_BUILD)
 #define LK_API __declspec(dllexport)
@@ -266,6 +266,9 @@ LK_API lk_status lk_causal_softmax(const lk_tensor *out, const lk_tensor *x);
  *    [num_blocks, C/16, block_size, 16] (any strides); logical (page p, slot s, head h,
  *    dim d) with c = h * D + d lives at [p, c / 16, s, c % 16]. H and D come from the other
  *    arguments (the head dim of q / of the values, or of the tensor written).
+ *    fp8 caches (1-byte elements, where an operator takes them) tile 32 wide, as Ascend's
+ *    32-byte fractal does for 8-bit types: [num_blocks, C/32, block_size, 32], C a
+ *    multiple of 32, (p, s, h, d) at [p, c / 32, s, c % 32].
  * Reads and writes through NZ equal ND bit for bit. */
 typedef enum lk_kv_layout {
     LK_KV_ND = 0,

@@ -41,7 +41,7 @@ cp "$example" "$work/consumer/main.c"
 cat > "$work/consumer/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.18)
 project(llmkern_consumer C)
-find_package(llmkern 0.2 REQUIRED)
+find_package(llmkern 0.3 REQUIRED)
 add_executable(example_shared main.c)
 target_link_libraries(example_shared PRIVATE llmkern::llmkern)
 add_executable(example_static main.c)

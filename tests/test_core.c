@@ -10,6 +10,7 @@
 
 #include "core/core.h"
 #include "core/half.h"
+#include "core/paged.h"
 #include "testutil.h"
 
 /* f16 bits -> value computed in double from the definition */
@@ -195,8 +196,70 @@ static void test_views(void) {
     tu_check(ok, "lk_rowit offsets on a permuted view");
 }
 
+/* fp8 scale arguments (lk_scale_init) and the fp8 forms of the paged-cache checks */
+static void test_fp8_args(void) {
+    lk_set_op("test");
+    lk_scale sc;
+    tu_check(lk_scale_init(&sc, NULL, 2, 3, "k_scale") == LK_OK && lk_scale_at(&sc, 1, 2) == 1.0f &&
+                 lk_scale_is_scalar(&sc), "scale NULL: every value 1");
+    float v[12] = {0.5f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f};
+    lk_tensor t0 = {v, LK_F32, 0, {0}, {0}}, t1 = {v, LK_F32, 1, {1}, {1}};
+    tu_check(lk_scale_init(&sc, &t0, 2, 3, "s") == LK_OK && lk_scale_at(&sc, 1, 2) == 0.5f, "scale []: per tensor");
+    tu_check(lk_scale_init(&sc, &t1, 2, 3, "s") == LK_OK && lk_scale_at(&sc, 1, 2) == 0.5f, "scale [1]: per tensor");
+    lk_tensor th = {v, LK_F32, 1, {3}, {2}};
+    tu_check(lk_scale_init(&sc, &th, 2, 3, "s") == LK_OK && lk_scale_at(&sc, 1, 2) == 5.0f && lk_scale_at(&sc, 0, 1) == 3.0f,
+             "scale [H] strided: per head");
+    lk_tensor tb = {v, LK_F32, 2, {2, 3}, {1, 4}}; /* a transposed view */
+    tu_check(lk_scale_init(&sc, &tb, 2, 3, "s") == LK_OK && lk_scale_at(&sc, 1, 2) == 10.0f && lk_scale_at(&sc, 0, 1) == 5.0f,
+             "scale [B, H] (any strides): per request and head");
+    tu_check(lk_scale_init(&sc, &tb, -1, 3, "s") == LK_ERR_SHAPE, "scale [B, H] refused where B < 0: %s", lk_last_error());
+    lk_tensor tw = {v, LK_F32, 1, {4}, {1}};
+    tu_check(lk_scale_init(&sc, &tw, 2, 3, "k_scale") == LK_ERR_SHAPE && strstr(lk_last_error(), "k_scale"),
+             "scale of a wrong shape: %s", lk_last_error());
+    uint16_t hv[3] = {0};
+    lk_tensor td = {hv, LK_BF16, 1, {3}, {1}};
+    tu_check(lk_scale_init(&sc, &td, 2, 3, "v_scale") == LK_ERR_DTYPE, "scale of dtype bf16: %s", lk_last_error());
+    const float bad[4] = {0.0f, -1.0f, NAN, INFINITY};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        float w[3] = {1.0f, 1.0f, bad[i]};
+        lk_tensor tt = {w, LK_F32, 1, {3}, {1}};
+        ok &= lk_scale_init(&sc, &tt, 2, 3, "q_descale") == LK_ERR_VALUE && strstr(lk_last_error(), "q_descale[2]") != NULL;
+        ok &= lk_scale_check_value(bad[i], "k_scale") == LK_ERR_VALUE && strstr(lk_last_error(), "k_scale") != NULL;
+    }
+    tu_check(ok, "scales 0, < 0, NaN, inf rejected naming the argument and the index");
+    tu_check(lk_scale_check_value(0.25f, "k_scale") == LK_OK, "scale 0.25 accepted");
+    /* paged caches: fp8 refused by lk_paged_init, accepted by lk_paged_init8; NZ tile 32 */
+    static uint8_t c8[2 * 4 * 3 * 32];
+    lk_paged pc;
+    lk_tensor nd8 = {c8, LK_F8E4M3, 4, {2, 3, 4, 32}, {384, 128, 32, 1}};
+    tu_check(lk_paged_init(&pc, &nd8, LK_KV_ND, 4, 32, "k_cache") == LK_ERR_DTYPE, "lk_paged_init refuses fp8");
+    tu_check(lk_paged_init8(&pc, &nd8, LK_KV_ND, 4, 32, "k_cache") == LK_OK, "lk_paged_init8 takes an fp8 ND cache");
+    lk_tensor nz8 = {c8, LK_F8E5M2, 4, {2, 4, 3, 32}, {384, 96, 32, 1}};
+    ok = lk_paged_init8(&pc, &nz8, LK_KV_NZ, 4, 32, "k_cache") == LK_OK && pc.tile == 32;
+    ok &= lk_paged_off(&pc, 1, 2, 1, 5) == 384 + 1 * 96 + 2 * 32 + 5;  /* c = 37: tile 1, lane 5 */
+    ok &= lk_paged_off(&pc, 0, 1, 3, 31) == 3 * 96 + 32 + 31;          /* c = 127: tile 3, lane 31 */
+    tu_check(ok, "fp8 NZ [blocks, C/32, block_size, 32]: tile 32 offsets");
+    lk_tensor nz16 = {c8, LK_F8E5M2, 4, {2, 8, 3, 16}, {384, 48, 16, 1}};
+    tu_check(lk_paged_init8(&pc, &nz16, LK_KV_NZ, 4, 32, "k_cache") == LK_ERR_SHAPE, "fp8 NZ with 16-wide tiles refused: %s",
+             lk_last_error());
+    lk_tensor nz24 = {c8, LK_F8E4M3, 4, {2, 1, 3, 32}, {96, 96, 32, 1}};
+    tu_check(lk_paged_init8(&pc, &nz24, LK_KV_NZ, 3, 8, "k_cache") == LK_ERR_SHAPE, "fp8 NZ needs H*D %% 32 == 0: %s",
+             lk_last_error());
+    static uint16_t c16[2 * 8 * 3 * 16];
+    lk_tensor nzb = {c16, LK_BF16, 4, {2, 8, 3, 16}, {384, 48, 16, 1}};
+    tu_check(lk_paged_init8(&pc, &nzb, LK_KV_NZ, 4, 32, "k_cache") == LK_OK && pc.tile == 16 &&
+                 lk_paged_off(&pc, 1, 2, 1, 5) == 384 + 2 * 48 + 2 * 16 + 5, "bf16 NZ keeps the 16-wide tile");
+    lk_tensor f8 = {c8, LK_F8E4M3, 1, {4}, {1}};
+    lk_tensor i8 = {c8, LK_I32, 1, {4}, {1}};
+    tu_check(lk_check_float(&f8, "x", 1, 1) == LK_ERR_DTYPE && lk_check_float8(&f8, "x", 1, 1) == LK_OK &&
+                 lk_check_float8(&i8, "x", 1, 1) == LK_ERR_DTYPE && strstr(lk_last_error(), "f8e4m3, f8e5m2"),
+             "lk_check_float refuses fp8, lk_check_float8 takes it (and refuses i32: %s)", lk_last_error());
+}
+
 int main(void) {
     tu_init();
+    test_fp8_args();
     test_f16_decode();
     test_f16_encode();
     test_bf16();

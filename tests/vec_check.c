@@ -5,6 +5,9 @@
  *
  *  - typed stores (f16, bf16: round to nearest even, NaN quieted) equal src/core/half.h
  *    on 17M f32 patterns, and the hardware F16C conversion; loads on every 16-bit pattern
+ *  - fp8 (e4m3fn, e5m2): lkv_load on all 256 codes, lkv_store on 17M f32 patterns, on every
+ *    rounding midpoint between adjacent codes and its two f32 neighbours, and on the
+ *    specials, all bit-identical to src/core/fp8.h
  *  - tails: lkv_store_part writes exactly n elements, lkv_load_part zero-fills
  *  - exp, exp_nonan, exp_nonpos: accuracy over the f32 range, special values, and
  *    exp_nonpos bit-identical to exp for x <= 0
@@ -13,10 +16,12 @@
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "core/fp8.h"
 #include "cpu/vec/lkv.h"
 #include "testutil.h"
 
@@ -67,10 +72,73 @@ static void conversions(void) {
     tu_check(bad_load == 0, "lkv_load f16 / bf16 equal scalar on all 16-bit patterns (%d bad)", bad_load);
 }
 
+static uint8_t f8_ref(float v, lk_dtype dt) { return dt == LK_F8E4M3 ? lk_f32_to_f8e4m3(v) : lk_f32_to_f8e5m2(v); }
+static float f8_val(uint8_t c, lk_dtype dt) { return dt == LK_F8E4M3 ? lk_f8e4m3_to_f32(c) : lk_f8e5m2_to_f32(c); }
+
+/* stores of W values (v[0, W)) compared with the scalar converter; the count of bad lanes */
+static int f8_store_bad(const float *v, lk_dtype dt) {
+    uint8_t q[W];
+    if (dt == LK_F8E4M3) lkv_store(q, LK_F8E4M3, lkv_loadu(v)); /* literal dtypes, as kernels call it */
+    else lkv_store(q, LK_F8E5M2, lkv_loadu(v));
+    int bad = 0;
+    for (int j = 0; j < W; j++) bad += q[j] != f8_ref(v[j], dt);
+    return bad;
+}
+
+static void fp8(void) {
+    const lk_dtype dts[2] = {LK_F8E4M3, LK_F8E5M2};
+    for (int t = 0; t < 2; t++) {
+        lk_dtype dt = dts[t];
+        const char *nm = dt == LK_F8E4M3 ? "e4m3fn" : "e5m2";
+        int bad_load = 0, bad_sweep = 0, bad_mid = 0, bad_spec = 0;
+        for (int c = 0; c < 256; c += W) {
+            uint8_t in[W];
+            float out[W];
+            for (int j = 0; j < W; j++) in[j] = (uint8_t)(c + j);
+            lkv_storeu(out, dt == LK_F8E4M3 ? lkv_load(in, LK_F8E4M3) : lkv_load(in, LK_F8E5M2));
+            for (int j = 0; j < W; j++) {
+                float s = f8_val(in[j], dt);
+                bad_load += memcmp(&s, &out[j], 4) != 0; /* bit-exact, NaN payloads included */
+            }
+        }
+        for (uint64_t k = 0; k < (1ull << 32); k += (uint64_t)W * 251) {
+            float v[W];
+            for (int j = 0; j < W; j++) v[j] = lk_bits_f32((uint32_t)(k + (uint64_t)j * 0x2000003u));
+            bad_sweep += f8_store_bad(v, dt);
+        }
+        /* every midpoint between adjacent non-negative finite codes (and beyond the max:
+         * the midpoint to the next step), both signs, and its f32 neighbours */
+        float buf[W];
+        int n = 0;
+        uint8_t maxc = dt == LK_F8E4M3 ? 0x7e : 0x7b;
+        for (int c = 0; c <= maxc; c++) {
+            float lo = f8_val((uint8_t)c, dt);
+            float hi = c < maxc ? f8_val((uint8_t)(c + 1), dt) : lo + (lo - f8_val((uint8_t)(c - 1), dt));
+            float mid = (float)(((double)lo + (double)hi) / 2);
+            const float cand[6] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY), -mid,
+                                   -nextafterf(mid, 0.0f), -nextafterf(mid, INFINITY)};
+            for (int i = 0; i < 6; i++) {
+                buf[n++] = cand[i];
+                if (n == W) bad_mid += f8_store_bad(buf, dt), n = 0;
+            }
+        }
+        for (; n > 0 && n < W; n++) buf[n] = 0.0f;
+        if (n) bad_mid += f8_store_bad(buf, dt);
+        const float spec[16] = {0.0f,     -0.0f,     INFINITY,  -INFINITY,    NAN,     -NAN,     FLT_MAX, -FLT_MAX,
+                                FLT_MIN,  -FLT_MIN,  1e-45f,    -1e-45f,      448.0f,  464.0f,   57344.0f, 61440.0f};
+        for (int i = 0; i < 16; i += W < 16 ? W : 16) bad_spec += f8_store_bad(spec + i, dt);
+        tu_check(bad_load == 0, "lkv_load %s equals the scalar converter on all 256 codes (%d bad)", nm, bad_load);
+        tu_check(bad_sweep == 0, "lkv_store %s equals the scalar converter on 17M f32 patterns (%d bad)", nm, bad_sweep);
+        tu_check(bad_mid == 0, "lkv_store %s: every rounding midpoint and its f32 neighbours (%d bad)", nm, bad_mid);
+        tu_check(bad_spec == 0, "lkv_store %s: zeros, inf, NaN, FLT_MAX, FLT_MIN, f32 subnormals, saturation (%d bad)",
+                 nm, bad_spec);
+    }
+}
+
 static void tails(void) {
     int ok = 1;
-    const lk_dtype dts[3] = {LK_F32, LK_F16, LK_BF16};
-    for (int t = 0; t < 3; t++)
+    const lk_dtype dts[5] = {LK_F32, LK_F16, LK_BF16, LK_F8E4M3, LK_F8E5M2};
+    for (int t = 0; t < 5; t++)
         for (int n = 0; n <= W; n++) {
             unsigned char buf[4 * W + 8], in[4 * W];
             memset(buf, 0xab, sizeof buf);
@@ -291,6 +359,7 @@ static void bf16_dot(void) {
 int LKV_FN(vec_check)(void);
 int LKV_FN(vec_check)(void) {
     conversions();
+    fp8();
     tails();
     exps();
     bf16_orders();

@@ -43,7 +43,7 @@ from .ops import (  # vLLM's other activations
     swigluoai_and_mul,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",

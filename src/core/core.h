@@ -41,6 +41,11 @@ int64_t lk_numel(const lk_tensor *t);
 lk_status lk_check_view(const lk_tensor *t, const char *name, int min_nd, int max_nd);
 /* lk_check_view + dtype is f32/f16/bf16. */
 lk_status lk_check_float(const lk_tensor *t, const char *name, int min_nd, int max_nd);
+/* LK_F8E4M3 or LK_F8E5M2 */
+static inline int lk_is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+/* lk_check_float that also accepts the two fp8 dtypes (for operators that read or write
+ * fp8 caches / outputs). */
+lk_status lk_check_float8(const lk_tensor *t, const char *name, int min_nd, int max_nd);
 /* lk_check_view + dtype is i32/i64. */
 lk_status lk_check_index(const lk_tensor *t, const char *name, int min_nd, int max_nd);
 /* Output views: no two indices may share an element (no 0 strides on dims > 1, ...). */
@@ -57,6 +62,26 @@ lk_status lk_check_same_shape(const lk_tensor *a, const char *an, const lk_tenso
 lk_extent lk_view_extent(const lk_tensor *t);
 /* Formats "[2, 3, 4]" into buf (thread-local ring of a few buffers). */
 const char *lk_shape_str(const lk_tensor *t);
+
+/* ---- fp8 scales ----
+ * quantized = fp8(x / scale), dequantized = f32(q) * scale. A scale argument is NULL
+ * (every value 1), or an f32 tensor (any strides) of shape [] or [1] (per tensor), [H]
+ * (per head) or [B, H] (per request and head: vLLM's flash-attn q/k/v_descale; refused
+ * when lk_scale_init is given B < 0). Every value must be finite and > 0. Kernels read
+ * the values through p (the caller's buffer, validated once by lk_scale_init). */
+typedef struct {
+    const float *p;
+    int64_t sb, sh; /* element strides over requests and heads (0 where broadcast) */
+} lk_scale;
+
+static inline float lk_scale_at(const lk_scale *s, int64_t b, int64_t h) { return s->p[b * s->sb + h * s->sh]; }
+/* per-tensor: the one value (s->sb == s->sh == 0) */
+static inline int lk_scale_is_scalar(const lk_scale *s) { return s->sb == 0 && s->sh == 0; }
+/* Validate t (NULL allowed) as above and fill s; messages name `name` ("k_scale[3]: value
+ * -1 must be finite and > 0"): LK_ERR_DTYPE (not f32), LK_ERR_SHAPE, LK_ERR_VALUE. */
+lk_status lk_scale_init(lk_scale *s, const lk_tensor *t, int64_t B, int64_t H, const char *name);
+/* A scalar float scale: finite and > 0, else LK_ERR_VALUE naming it. */
+lk_status lk_scale_check_value(float v, const char *name);
 
 /* ---- row iteration ----
  * A view is split into `inner` trailing dims (one "row") and the leading dims, which

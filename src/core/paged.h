@@ -3,11 +3,13 @@
  * include/llmkern.h). One logical entry is (page, slot, head, dim); both layouts map it
  * to an element offset:
  *   ND  [num_blocks, block_size, H, D]   off = p*s0 + s*s1 + h*s2 + d*s3
- *   NZ  [num_blocks, C/16, block_size, 16], c = h*D + d
- *                                         off = p*s0 + (c/16)*s1 + s*s2 + (c%16)*s3
+ *   NZ  [num_blocks, C/T, block_size, T], c = h*D + d, tile T = 16 (2- and 4-byte
+ *       dtypes) or 32 (fp8: Ascend's 32-byte fractal for 8-bit types)
+ *                                         off = p*s0 + (c/T)*s1 + s*s2 + (c%T)*s3
  * Every kernel that reads or writes a paged cache goes through lk_paged_off (or, on a
  * fast path, the chunk form: 16 consecutive dims of one head starting at a multiple of
- * 16 are contiguous in NZ when s3 == 1).
+ * 16 are contiguous in NZ when s3 == 1, for either tile: half a 32-wide tile row is such
+ * a chunk; compute the chunk's offset with lk_paged_off, not (d / 16) * s1).
  */
 #ifndef LK_PAGED_H
 #define LK_PAGED_H
@@ -20,14 +22,19 @@ typedef struct {
     lk_kv_layout layout;
     int64_t num_blocks, block_size, H, D;
     int64_t s0, s1, s2, s3; /* strides of the 4 physical dims (element units) */
+    int64_t tile;           /* NZ tile width: 16, or 32 for 1-byte dtypes (ND: 16, unused) */
 } lk_paged;
 
 /* Validate `t` as a paged cache of H heads x D dims in `layout` and fill pc.
  * ND: t is [num_blocks, block_size, H, D] (or, with H == 1, also [num_blocks,
  * block_size, D]); NZ: t is [num_blocks, H*D/16, block_size, 16] with H*D % 16 == 0.
- * Messages name `name`. */
+ * Messages name `name`. fp8 caches are rejected (LK_ERR_DTYPE). */
 lk_status lk_paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H,
                         int64_t D, const char *name);
+/* lk_paged_init that also accepts fp8 caches; an fp8 NZ cache is [num_blocks, H*D/32,
+ * block_size, 32] with H*D % 32 == 0 (tile 32). */
+lk_status lk_paged_init8(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H,
+                         int64_t D, const char *name);
 
 /* Zero the strides of physical dims of size <= 1, and every stride of an empty cache.
  * Such a dim is never stepped, and lk_check_view does not bound its stride (a size-1 dim
@@ -40,6 +47,7 @@ static inline int64_t lk_paged_off(const lk_paged *pc, int64_t page, int64_t slo
                                    int64_t d) {
     if (pc->layout == LK_KV_ND) return page * pc->s0 + slot * pc->s1 + h * pc->s2 + d * pc->s3;
     int64_t c = h * pc->D + d;
+    if (pc->tile == 32) return page * pc->s0 + (c >> 5) * pc->s1 + slot * pc->s2 + (c & 31) * pc->s3;
     return page * pc->s0 + (c >> 4) * pc->s1 + slot * pc->s2 + (c & 15) * pc->s3;
 }
 

@@ -124,6 +124,59 @@ lk_status lk_check_float(const lk_tensor *t, const char *name, int min_nd, int m
     return LK_OK;
 }
 
+lk_status lk_check_float8(const lk_tensor *t, const char *name, int min_nd, int max_nd) {
+    lk_status s = lk_check_view(t, name, min_nd, max_nd);
+    if (s) return s;
+    if (t->dtype != LK_F32 && t->dtype != LK_F16 && t->dtype != LK_BF16 && !lk_is_fp8(t->dtype))
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (f32, f16, bf16, f8e4m3, f8e5m2)", name,
+                       lk_dtype_name(t->dtype));
+    return LK_OK;
+}
+
+lk_status lk_scale_check_value(float v, const char *name) {
+    if (!(v > 0.0f) || v == __builtin_inff())
+        return lk_fail(LK_ERR_VALUE, "%s: value %g must be finite and > 0", name, (double)v);
+    return LK_OK;
+}
+
+lk_status lk_scale_init(lk_scale *s, const lk_tensor *t, int64_t B, int64_t H, const char *name) {
+    static const float one = 1.0f;
+    *s = (lk_scale){&one, 0, 0};
+    if (!t) return LK_OK;
+    lk_status st = lk_check_view(t, name, 0, 2);
+    if (st) return st;
+    if (t->dtype != LK_F32)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (f32)", name, lk_dtype_name(t->dtype));
+    int64_t nb = 1, nh = 1, sb = 0, sh = 0;
+    if (t->ndim == 1 && t->shape[0] == H && H != 1)
+        nh = H, sh = t->stride[0];
+    else if (t->ndim == 2 && B >= 0 && t->shape[0] == B && t->shape[1] == H)
+        nb = B, nh = H, sb = B > 1 ? t->stride[0] : 0, sh = H > 1 ? t->stride[1] : 0;
+    else if (!(t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)))
+        return B >= 0 ? lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1], [%lld] or [%lld, %lld]", name,
+                                lk_shape_str(t), (long long)H, (long long)B, (long long)H)
+                      : lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1] or [%lld]", name,
+                                lk_shape_str(t), (long long)H);
+    if (nb * nh == 0) { /* an empty [B, H] / [H] scale: nothing reads it */
+        s->p = &one, s->sb = s->sh = 0;
+        return LK_OK;
+    }
+    const float *p = (const float *)t->data;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t h = 0; h < nh; h++) {
+            float v = p[b * sb + h * sh];
+            if (!(v > 0.0f) || v == __builtin_inff()) {
+                if (t->ndim == 2)
+                    return lk_fail(LK_ERR_VALUE, "%s[%lld, %lld]: value %g must be finite and > 0", name,
+                                   (long long)b, (long long)h, (double)v);
+                return lk_fail(LK_ERR_VALUE, "%s[%lld]: value %g must be finite and > 0", name, (long long)h,
+                               (double)v);
+            }
+        }
+    *s = (lk_scale){p, sb, sh};
+    return LK_OK;
+}
+
 lk_status lk_check_index(const lk_tensor *t, const char *name, int min_nd, int max_nd) {
     lk_status s = lk_check_view(t, name, min_nd, max_nd);
     if (s) return s;

@@ -15,7 +15,6 @@
 
 #include "../core/core.h"
 #include "../common/attn_state.h"
-#include "fp8_attn_shim.h" /* TEMPORARY until the fp8 infrastructure lands */
 #include "../core/paged.h"
 
 typedef struct {

@@ -172,10 +172,10 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         /* a dense [Tk, Hk, D] view is one page of Tk slots */
         a->kc = (lk_paged){.data = k->data, .dtype = k->dtype, .layout = LK_KV_ND, .num_blocks = 1,
                            .block_size = k->shape[0], .H = Hk, .D = Dqk, .s0 = 0, .s1 = k->stride[0],
-                           .s2 = k->stride[1], .s3 = k->stride[2]};
+                           .s2 = k->stride[1], .s3 = k->stride[2], .tile = 16};
         a->vc = (lk_paged){.data = v->data, .dtype = v->dtype, .layout = LK_KV_ND, .num_blocks = 1,
                            .block_size = v->shape[0], .H = Hk, .D = Dv, .s0 = 0, .s1 = v->stride[0],
-                           .s2 = v->stride[1], .s3 = v->stride[2]};
+                           .s2 = v->stride[1], .s3 = v->stride[2], .tile = 16};
         lk_paged_drop_unit_strides(&a->kc);
         lk_paged_drop_unit_strides(&a->vc);
     }

@@ -22,7 +22,7 @@ def unpack(b):
 
 
 def test_version_and_runtime():
-    assert lk.version() == "0.2.0" == lk.__version__
+    assert lk.version() == "0.3.0" == lk.__version__
     assert lk.isa() in ("ref", "avx2", "avx512", "avx512bf16", "neon")
     best = lk.best_isa()
     prev = lk.isa()

@@ -402,8 +402,8 @@ lk_status lk_mla_attn_current(const lk_mla_args *a, const lk_tensor *out, float 
     fa.has_lse = lse != NULL;
     fa.q = a->q;
     const lk_tensor *k = &a->k, *v = &a->v;
-    fa.kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, a->T, a->H, Dqk, 0, k->stride[0], k->stride[1], k->stride[2]};
-    fa.vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, a->T, a->H, a->Dv, 0, v->stride[0], v->stride[1], v->stride[2]};
+    fa.kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, a->T, a->H, Dqk, 0, k->stride[0], k->stride[1], k->stride[2], 16};
+    fa.vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, a->T, a->H, a->Dv, 0, v->stride[0], v->stride[1], v->stride[2], 16};
     /* as lk_flash_attn_varlen does for dense K/V: strides of size-1 dims are not
      * validated (any value, e.g. 2^61 on a single head) and must not enter the kernels'
      * byte-step arithmetic */

@@ -75,8 +75,8 @@ lk_status lk_mla_concat(const lk_mla_args *a, const lk_mla_plan *p) {
         memset(&fa, 0, sizeof fa);
         fa.out = a->out;
         fa.q = a->q;
-        fa.kc = (lk_paged){Kc, LK_F32, LK_KV_ND, 1, rows, a->H, Dqk, 0, a->H * Dqk, Dqk, 1};
-        fa.vc = (lk_paged){c.Vc, LK_F32, LK_KV_ND, 1, rows, a->H, a->Dv, 0, a->H * a->Dv, a->Dv, 1};
+        fa.kc = (lk_paged){Kc, LK_F32, LK_KV_ND, 1, rows, a->H, Dqk, 0, a->H * Dqk, Dqk, 1, 16};
+        fa.vc = (lk_paged){c.Vc, LK_F32, LK_KV_ND, 1, rows, a->H, a->Dv, 0, a->H * a->Dv, a->Dv, 1, 16};
         fa.cu_q = a->cu_q, fa.k_start = kstart, fa.k_len = klen;
         fa.B = B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
         fa.scale = a->scale, fa.wl = -1, fa.wr = 0;

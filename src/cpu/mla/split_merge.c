@@ -31,8 +31,8 @@ lk_status lk_mla_split_merge(const lk_mla_args *a, const lk_mla_plan *p) {
     fa.lse = lk_tensor_make(lse1, LK_F32, 2, lshape);
     fa.has_lse = 1;
     fa.q = a->q;
-    fa.kc = (lk_paged){Kp, LK_F32, LK_KV_ND, p->pages, bs, a->H, Dqk, bs * a->H * Dqk, a->H * Dqk, Dqk, 1};
-    fa.vc = (lk_paged){Vp, LK_F32, LK_KV_ND, p->pages, bs, a->H, a->Dv, bs * a->H * a->Dv, a->H * a->Dv, a->Dv, 1};
+    fa.kc = (lk_paged){Kp, LK_F32, LK_KV_ND, p->pages, bs, a->H, Dqk, bs * a->H * Dqk, a->H * Dqk, Dqk, 1, 16};
+    fa.vc = (lk_paged){Vp, LK_F32, LK_KV_ND, p->pages, bs, a->H, a->Dv, bs * a->H * a->Dv, a->H * a->Dv, a->Dv, 1, 16};
     fa.cu_q = a->cu_q, fa.k_len = a->prefix, fa.table = p->ptable, fa.table_stride = a->max_pages;
     fa.B = a->B, fa.Hq = a->H, fa.Hk = a->H, fa.Dqk = Dqk, fa.Dv = a->Dv;
     fa.scale = a->scale, fa.wl = -1, fa.wr = -1;

@@ -1109,23 +1109,10 @@ static void decode_unit(void *vctx, int64_t u, int tid) {
 
 /* ------------------------------------------------------------------ driver */
 
-static int use_decode(const lk_attn_args *a);
-
 static int simd_layout_ok(const lk_attn_args *a) {
     const lk_paged *k = &a->kc, *v = &a->vc;
     if (a->Dqk % 8 || a->Dv % 8 || k->s3 != 1 || v->s3 != 1) return 0;
     if (k->layout == LK_KV_NZ && (a->Dqk % TILE(lk_esize(k->dtype)) || a->Dv % TILE(lk_esize(v->dtype)))) return 0;
-#if 1 /* TEMPORARY until the vector layer loads fp8: fp8 only where the bf16 path takes it all */
-    if (lk_is_fp8(a->q.dtype) || lk_is_fp8(k->dtype) || lk_is_fp8(v->dtype)) {
-#if defined(LKV_BF16DOT)
-        int ok = bf16_operand(a->q.dtype) && bf16_operand(k->dtype) && bf16_operand(v->dtype) &&
-                 a->out.dtype == LK_BF16 && (!use_decode(a) || (a->Hq / a->Hk) % 4 == 0);
-        if (!ok) return 0;
-#else
-        return 0;
-#endif
-    }
-#endif
     return 1;
 }
 

@@ -18,7 +18,11 @@
  *               bit-identical to src/core/half.h, NaN quieted), lkv_bf16_bits (the bf16
  *               bits in each lane's low half) and _nonan (no NaN rule: exact for every
  *               value but NaNs whose low 16 bits are not 0)
- *   tails       lkv_load_part(p, dt, n) (lanes >= n are 0), lkv_store_part (writes n)
+ *   int lanes+  lkv_i32_or min (signed) gt (signed, a mask) blend(a, b, m) cvt_f32
+ *   bytes       lkv_u8_load / _part (W bytes zero-extended into the lanes), lkv_u8_store /
+ *               _part (the low byte of each lane)
+ *   tails       lkv__load_part_fh / lkv__store_part_fh (f32/f16/bf16; lkv_load_part and
+ *               lkv_store_part below add fp8)
  *   raw bytes   lkv_bits_loadu storeu stream (LKV_BYTES), lkv_c32_loadu storeu stream
  *               (32 bytes: one NZ chunk of 16-bit values)
  *   streaming   lkv_stream_f32, lkv_stream_half (aligned to the store's width),
@@ -26,7 +30,9 @@
  *   even / odd  lkv_bf16_split: 2W bf16 values of one lkv_bits as f32 in two vectors,
  *               elements 2i and 2i + 1 of the memory order in lane i (no shuffles);
  *               lkv_bf16_join_nonan: the inverse, rounded as lkv_bf16_bits_nonan
- *   built here  lkv_load / lkv_store / lkv_stream (any float dtype), lkv_bf16_load_eo /
+ *   built here  lkv_load / lkv_store / lkv_load_part / lkv_store_part / lkv_stream (any
+ *               float dtype; fp8 through lkv_load_f8 / lkv_store_f8, bit-identical to
+ *               src/core/fp8.h; lkv_stream not for fp8), lkv_bf16_load_eo /
  *               lkv_bf16_store_eo_nonan, lkv_copy_bytes, lkv_exp / _nonan / _nonpos
  *   shuffles    lkv_deinterleave / lkv_interleave (even and odd elements of 2W values,
  *               in the lane order lkv_pair_order gives a plain vector), lkv_store2 (two
@@ -52,17 +58,80 @@
 
 #include "../../core/core.h"
 
+/* ---- fp8 (e4m3fn, e5m2) <-> f32, bit-identical to src/core/fp8.h ----
+ * decode: the code's exponent and mantissa placed under the f32 exponent bias (normal
+ * codes), subnormal codes as man * 2^-9 / 2^-16 (an exact int -> float conversion and
+ * multiply: no f32 subnormal is formed, so DAZ / FTZ do not matter), the NaN (and e5m2
+ * inf) codes blended in, then the sign.
+ * encode: |x| below the format's smallest normal rounds with one f32 addition of
+ * 2^(e_min - M + 23) (the sum's ulp is the fp8 subnormal step: round to nearest even
+ * under the default rounding mode, which no kernel changes); normal magnitudes round
+ * the f32 bits (rebias, add half an fp8 ulp - 1 + the kept lsb, shift) and saturate to
+ * the largest finite code (inf too); NaN gives the all-ones magnitude; then the sign. */
+static inline lkv_f32 lkv__f8_decode(lkv_i32 c, lk_dtype dt) {
+    lkv_i32 sign = lkv_i32_slli(lkv_i32_and(c, lkv_i32_set1(0x80)), 24), em = lkv_i32_and(c, lkv_i32_set1(0x7f));
+    lkv_i32 v;
+    if (dt == LK_F8E4M3) {
+        v = lkv_i32_add(lkv_i32_slli(em, 20), lkv_i32_set1(120 << 23));
+        lkv_f32 sub = lkv_mul(lkv_i32_cvt_f32(em), lkv_set1(0.001953125f)); /* used where em < 8 */
+        v = lkv_i32_blend(v, lkv_as_i32(sub), lkv_i32_gt(lkv_i32_set1(8), em));
+        v = lkv_i32_blend(v, lkv_i32_set1(0x7fc00000), lkv_i32_gt(em, lkv_i32_set1(0x7e)));
+    } else {
+        v = lkv_i32_add(lkv_i32_slli(em, 21), lkv_i32_set1(112 << 23));
+        lkv_f32 sub = lkv_mul(lkv_i32_cvt_f32(em), lkv_set1(1.52587890625e-5f)); /* em < 4 */
+        v = lkv_i32_blend(v, lkv_as_i32(sub), lkv_i32_gt(lkv_i32_set1(4), em));
+        lkv_i32 special = lkv_i32_or(lkv_i32_set1(0x7f800000), lkv_i32_slli(lkv_i32_and(em, lkv_i32_set1(3)), 21));
+        special = lkv_i32_or(special, lkv_i32_blend(lkv_i32_set1(0), lkv_i32_set1(0x400000), lkv_i32_gt(em, lkv_i32_set1(0x7c))));
+        v = lkv_i32_blend(v, special, lkv_i32_gt(em, lkv_i32_set1(0x7b)));
+    }
+    return lkv_as_f32(lkv_i32_or(v, sign));
+}
+
+static inline lkv_i32 lkv__f8_encode(lkv_f32 x, lk_dtype dt) {
+    const int e4 = dt == LK_F8E4M3, M = e4 ? 3 : 2, B = e4 ? 7 : 15, sh = 23 - M;
+    const int maxc = e4 ? 0x7e : 0x7b;
+    lkv_i32 u = lkv_as_i32(x);
+    lkv_i32 sign = lkv_i32_and(lkv_i32_srli(u, 24), lkv_i32_set1(0x80));
+    lkv_i32 a = lkv_i32_and(u, lkv_i32_set1(0x7fffffff));
+    lkv_f32 magic = lkv_set1(e4 ? 16384.0f : 128.0f); /* 2^(1 - B - M + 23) */
+    lkv_i32 qs = lkv_i32_sub(lkv_as_i32(lkv_add(lkv_as_f32(a), magic)), lkv_as_i32(magic));
+    lkv_i32 r = lkv_i32_sub(a, lkv_i32_set1((127 - B) << 23));
+    r = lkv_i32_add(r, lkv_i32_add(lkv_i32_set1((1 << (sh - 1)) - 1), lkv_i32_and(lkv_i32_srli(r, sh), lkv_i32_set1(1))));
+    r = lkv_i32_min(lkv_i32_srli(r, sh), lkv_i32_set1(maxc));
+    lkv_i32 q = lkv_i32_blend(qs, r, lkv_i32_gt(a, lkv_i32_set1(((128 - B) << 23) - 1)));
+    q = lkv_i32_blend(q, lkv_i32_set1(0x7f), lkv_i32_gt(a, lkv_i32_set1(0x7f800000)));
+    return lkv_i32_or(q, sign);
+}
+
+/* W fp8 values of dtype dt (LK_F8E4M3 / LK_F8E5M2) at p, as f32 (exact); the store rounds
+ * as lk_f32_to_f8e4m3 / e5m2 */
+static inline lkv_f32 lkv_load_f8(const void *p, lk_dtype dt) { return lkv__f8_decode(lkv_u8_load(p), dt); }
+static inline void lkv_store_f8(void *p, lk_dtype dt, lkv_f32 v) { lkv_u8_store(p, lkv__f8_encode(v, dt)); }
+
 /* ---- typed loads / stores (dt a literal after inlining: the branches fold) ---- */
 
 static inline lkv_f32 lkv_load(const void *p, lk_dtype dt) {
     if (dt == LK_F32) return lkv_loadu((const float *)p);
+    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) return lkv_load_f8(p, dt);
     return dt == LK_F16 ? lkv_load_f16(p) : lkv_load_bf16(p);
 }
 
 static inline void lkv_store(void *p, lk_dtype dt, lkv_f32 v) {
     if (dt == LK_F32) lkv_storeu((float *)p, v);
+    else if (dt == LK_F8E4M3 || dt == LK_F8E5M2) lkv_store_f8(p, dt, v);
     else if (dt == LK_F16) lkv_store_f16(p, v);
     else lkv_store_bf16(p, v);
+}
+
+/* first n (0 <= n <= W) elements; other lanes 0 / not written */
+static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) return lkv__f8_decode(lkv_u8_load_part(p, n), dt);
+    return lkv__load_part_fh(p, dt, n);
+}
+
+static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) lkv_u8_store_part(p, lkv__f8_encode(v, dt), n);
+    else lkv__store_part_fh(p, dt, v, n);
 }
 
 /* non-temporal store of W values; p aligned to W elements of dt; lkv_sfence before the

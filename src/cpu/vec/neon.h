@@ -93,6 +93,34 @@ static inline lkv_i32 lkv_i32_and(lkv_i32 a, lkv_i32 b) { return vandq_s32(a, b)
 #define lkv_i32_slli(v, n) vshlq_n_s32((v), (n))
 #define lkv_i32_srli(v, n) vreinterpretq_s32_u32(vshrq_n_u32(vreinterpretq_u32_s32(v), (n)))
 #define lkv_i32_srai(v, n) vshrq_n_s32((v), (n))
+static inline lkv_i32 lkv_i32_or(lkv_i32 a, lkv_i32 b) { return vorrq_s32(a, b); }
+static inline lkv_i32 lkv_i32_min(lkv_i32 a, lkv_i32 b) { return vminq_s32(a, b); } /* signed */
+static inline lkv_f32 lkv_i32_cvt_f32(lkv_i32 v) { return vcvtq_f32_s32(v); }
+static inline lkv_m lkv_i32_gt(lkv_i32 a, lkv_i32 b) { return vcgtq_s32(a, b); } /* signed */
+static inline lkv_i32 lkv_i32_blend(lkv_i32 a, lkv_i32 b, lkv_m m) { return vbslq_s32(m, b, a); }
+/* W bytes zero-extended into the lanes / the low byte (0..255) of each lane stored (W
+ * bytes); _part: the first n (0 <= n <= W), other lanes 0 / not written */
+static inline lkv_i32 lkv_u8_load_part(const void *p, int64_t n) {
+    uint8_t b[8] = {0};
+    memcpy(b, p, (size_t)n);
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vld1_u8(b)))));
+}
+static inline lkv_i32 lkv_u8_load(const void *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(w)))));
+}
+static inline void lkv_u8_store_part(void *p, lkv_i32 v, int64_t n) {
+    uint16x4_t h = vmovn_u32(vreinterpretq_u32_s32(v));
+    uint8_t b[8];
+    vst1_u8(b, vmovn_u16(vcombine_u16(h, h)));
+    memcpy(p, b, (size_t)n);
+}
+static inline void lkv_u8_store(void *p, lkv_i32 v) {
+    uint16x4_t h = vmovn_u32(vreinterpretq_u32_s32(v));
+    uint32_t w = vget_lane_u32(vreinterpret_u32_u8(vmovn_u16(vcombine_u16(h, h))), 0);
+    memcpy(p, &w, 4);
+}
 /* raw bytes through byte loads and stores: any alignment */
 static inline lkv_bits lkv_bits_loadu(const void *p) { return vreinterpretq_s32_u8(vld1q_u8((const uint8_t *)p)); }
 static inline void lkv_bits_storeu(void *p, lkv_bits v) { vst1q_u8((uint8_t *)p, vreinterpretq_u8_s32(v)); }
@@ -147,7 +175,7 @@ static inline void lkv_store_bf16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__
 
 /* ---- tails: first n (0 <= n <= W) elements through a small stack buffer; other lanes 0
  * / not written ---- */
-static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+static inline lkv_f32 lkv__load_part_fh(const void *p, lk_dtype dt, int64_t n) {
     if (dt == LK_F32) {
         float buf[4] = {0};
         memcpy(buf, p, (size_t)n * 4);
@@ -157,7 +185,7 @@ static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
     memcpy(h, p, (size_t)n * 2);
     return dt == LK_F16 ? lkv_load_f16(h) : lkv_load_bf16(h);
 }
-static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+static inline void lkv__store_part_fh(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
     if (dt == LK_F32) {
         float buf[4];
         vst1q_f32(buf, v);

@@ -85,6 +85,9 @@ static inline lkv_i32 lkv_i32_and(lkv_i32 a, lkv_i32 b) { return LKV_SI(and)(a, 
 #define lkv_i32_slli(v, n) LKV_X(slli_epi32)((v), (n))
 #define lkv_i32_srli(v, n) LKV_X(srli_epi32)((v), (n))
 #define lkv_i32_srai(v, n) LKV_X(srai_epi32)((v), (n))
+static inline lkv_i32 lkv_i32_or(lkv_i32 a, lkv_i32 b) { return LKV_SI(or)(a, b); }
+static inline lkv_i32 lkv_i32_min(lkv_i32 a, lkv_i32 b) { return LKV_X(min_epi32)(a, b); } /* signed */
+static inline lkv_f32 lkv_i32_cvt_f32(lkv_i32 v) { return LKV_X(cvtepi32_ps)(v); }
 static inline lkv_bits lkv_bits_loadu(const void *p) { return LKV_SI(loadu)((const void *)p); }
 static inline void lkv_bits_storeu(void *p, lkv_bits v) { LKV_SI(storeu)((void *)p, v); }
 static inline void lkv_bits_stream(void *p, lkv_bits v) { LKV_SI(stream)((void *)p, v); } /* LKV_BYTES aligned */
@@ -166,6 +169,16 @@ static inline lkv_m lkv_m_first(int64_t n) { return n >= 16 ? (lkv_m)0xffff : (l
 static inline lkv_f32 lkv_blend(lkv_f32 a, lkv_f32 b, lkv_m m) { return _mm512_mask_blend_ps(m, a, b); }
 static inline lkv_f32 lkv_maskz(lkv_m m, lkv_f32 a) { return _mm512_maskz_mov_ps(m, a); }
 static inline lkv_f32 lkv_zero_where(lkv_m m, lkv_f32 a) { return _mm512_maskz_mov_ps((lkv_m)~m, a); }
+static inline lkv_m lkv_i32_gt(lkv_i32 a, lkv_i32 b) { return _mm512_cmpgt_epi32_mask(a, b); } /* signed */
+static inline lkv_i32 lkv_i32_blend(lkv_i32 a, lkv_i32 b, lkv_m m) { return _mm512_mask_blend_epi32(m, a, b); }
+/* W bytes zero-extended into the lanes / the low byte of each lane stored (W bytes);
+ * _part: the first n (0 <= n <= W), other lanes 0 / not written */
+static inline lkv_i32 lkv_u8_load(const void *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline lkv_i32 lkv_u8_load_part(const void *p, int64_t n) {
+    return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lkv_m_first(n), p));
+}
+static inline void lkv_u8_store(void *p, lkv_i32 v) { _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(v)); }
+static inline void lkv_u8_store_part(void *p, lkv_i32 v, int64_t n) { _mm512_mask_cvtepi32_storeu_epi8(p, lkv_m_first(n), v); }
 
 static inline lkv_i32 lkv_bf16_bits(lkv_f32 v) { /* NaNs quieted as lk_f32_to_bf16 */
     __m512i nan = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(0x40));
@@ -177,13 +190,13 @@ static inline lkv_half lkv__half(lkv_f32 v, lk_dtype dt) {
 }
 
 /* first n (0 <= n <= W) elements, masked; other lanes 0 / not written */
-static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+static inline lkv_f32 lkv__load_part_fh(const void *p, lk_dtype dt, int64_t n) {
     __mmask16 m = lkv_m_first(n);
     if (dt == LK_F32) return _mm512_maskz_loadu_ps(m, p);
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return dt == LK_F16 ? _mm512_cvtph_ps(h) : lkv_as_f32(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+static inline void lkv__store_part_fh(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
     __mmask16 m = lkv_m_first(n);
     if (dt == LK_F32) _mm512_mask_storeu_ps(p, m, v);
     else _mm256_mask_storeu_epi16(p, m, lkv__half(v, dt));
@@ -236,6 +249,28 @@ static inline lkv_m lkv_m_first(int64_t n) { /* lanes [0, n) */
 static inline lkv_f32 lkv_blend(lkv_f32 a, lkv_f32 b, lkv_m m) { return _mm256_blendv_ps(a, b, m); }
 static inline lkv_f32 lkv_maskz(lkv_m m, lkv_f32 a) { return _mm256_and_ps(m, a); }
 static inline lkv_f32 lkv_zero_where(lkv_m m, lkv_f32 a) { return _mm256_andnot_ps(m, a); }
+static inline lkv_m lkv_i32_gt(lkv_i32 a, lkv_i32 b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); } /* signed */
+static inline lkv_i32 lkv_i32_blend(lkv_i32 a, lkv_i32 b, lkv_m m) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), m));
+}
+/* W bytes zero-extended into the lanes / the low byte (0..255) of each lane stored (W
+ * bytes); _part: the first n (0 <= n <= W), other lanes 0 / not written */
+static inline lkv_i32 lkv_u8_load(const void *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline lkv_i32 lkv_u8_load_part(const void *p, int64_t n) {
+    uint8_t b[8] = {0};
+    memcpy(b, p, (size_t)n);
+    return lkv_u8_load(b);
+}
+static inline __m128i lkv__u8_pack(lkv_i32 v) {
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packus_epi16(w, w);
+}
+static inline void lkv_u8_store(void *p, lkv_i32 v) { _mm_storel_epi64((__m128i *)p, lkv__u8_pack(v)); }
+static inline void lkv_u8_store_part(void *p, lkv_i32 v, int64_t n) {
+    uint8_t b[16];
+    _mm_storeu_si128((__m128i *)b, lkv__u8_pack(v));
+    memcpy(p, b, (size_t)n);
+}
 
 static inline lkv_i32 lkv_bf16_bits(lkv_f32 v) { /* NaNs quieted as lk_f32_to_bf16 */
     __m256i nan = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x40));
@@ -248,7 +283,7 @@ static inline lkv_half lkv__half(lkv_f32 v, lk_dtype dt) {
 }
 
 /* first n (0 <= n <= W) elements through a small stack buffer; other lanes 0 / not written */
-static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
+static inline lkv_f32 lkv__load_part_fh(const void *p, lk_dtype dt, int64_t n) {
     if (dt == LK_F32) {
         float buf[8] = {0};
         memcpy(buf, p, (size_t)n * 4);
@@ -258,7 +293,7 @@ static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
     memcpy(h, p, (size_t)n * 2);
     return dt == LK_F16 ? lkv_load_f16(h) : lkv_load_bf16(h);
 }
-static inline void lkv_store_part(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
+static inline void lkv__store_part_fh(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
     if (dt == LK_F32) {
         float buf[8];
         _mm256_storeu_ps(buf, v);
