@@ -827,6 +827,48 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
  * head on bf16 pairs, heads in fours (softcap applied); the next block's K and V rows
  * (kbase / vbase [nb, nk)) prefetched into L2 on the way. kcs / vcs: chunk strides
  * (constant 16 for ND rows after inlining) */
+/* scores16_block for the common shape of 4 query heads per KV head x 128 dims without
+ * softcap: KV heads outer, the 4 heads' q rows held in 16 registers over the block's
+ * keys (not reloaded per key); per score the same sums in the same order as dot16_rows,
+ * so the same bits */
+LK_ALWAYS_INLINE void scores16_g4d128(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
+                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
+                                      int64_t khs, int64_t vhs, float *sc, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, ves = lk_esize(a->vc.dtype), kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        const uint16_t *qh = q16 + kh * 4 * 128;
+        lkv_bits qv[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) qv[g][c] = lkv_bits_loadu(qh + g * 128 + c * 32);
+        const float scale = qk_scale(a, b, kh);
+        float *out = sc + kh * 4 * DB;
+        for (int64_t jj = 0; jj < nb; jj++) {
+            const char *kp = kd + kbase[jj] + kh * khs;
+            if (DB + jj < nk) {
+                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
+                prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, a->Dv, ves);
+            }
+            lkv_bits k0 = rowdt_load(kp, 0, 32, kcs, kt), k1 = rowdt_load(kp, 32, 32, kcs, kt);
+            lkv_bits k2 = rowdt_load(kp, 64, 32, kcs, kt), k3 = rowdt_load(kp, 96, 32, kcs, kt);
+            lkv_f32 s[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                lkv_f32 s0 = lkv_dot2(lkv_dot2(lkv_zero(), qv[g][0], k0), qv[g][2], k2);
+                lkv_f32 s1 = lkv_dot2(lkv_dot2(lkv_zero(), qv[g][1], k1), qv[g][3], k3);
+                s[g] = lkv_add(s0, s1);
+            }
+            __m128 r = _mm_mul_ps(_mm_set1_ps(scale), lkv_hsum4(s[0], s[1], s[2], s[3]));
+            _mm_store_ss(out + jj, r);
+            _mm_store_ss(out + DB + jj, _mm_movehdup_ps(r));
+            _mm_store_ss(out + 2 * DB + jj, _mm_movehl_ps(r, r));
+            _mm_store_ss(out + 3 * DB + jj, _mm_permute_ps(r, 0xff));
+        }
+    }
+}
+
 LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
                                      int64_t khs, int64_t vhs, float *sc, int64_t b, lk_dtype kt) {
@@ -1015,7 +1057,11 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
             }
 #if defined(LKV_BF16DOT)
-            if (c->qk16 && kt == LK_BF16) {
+            if (c->qk16 && G == 4 && Dqk == 128 && !(a->softcap > 0) && (kt == LK_BF16 || lk_is_fp8(kt))) {
+                const uint16_t *q16 = (const uint16_t *)qs;
+                if (kcs == TILE(kes)) scores16_g4d128(a, q16, kbase, vbase, nb, nk, TILE(kes), vcs, khs, vhs, sc, b, kt);
+                else scores16_g4d128(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc, b, kt);
+            } else if (c->qk16 && kt == LK_BF16) {
                 const uint16_t *q16 = (const uint16_t *)qs;
                 if (kcs == 16) scores16_block(a, q16, kbase, vbase, nb, nk, 16, vcs, khs, vhs, sc, b, LK_BF16);
                 else scores16_block(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc, b, LK_BF16);
