@@ -59,8 +59,8 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
             lk_attn_window(a, i, q_len, k_len, &lo, &hi);
             for (int64_t h = 0; h < a->Hq; h++) {
                 int64_t kh = h / G;
-                double qk_scale = (double)a->scale * (double)lk_scale_at(&a->qd, b, kh) *
-                                  (double)lk_scale_at(&a->kd, b, kh);
+                double qk_scale = (double)a->scale * (double)lk_attn_desc(&a->qd, b, kh) *
+                                  (double)lk_attn_desc(&a->kd, b, kh);
                 const char *qrow = (const char *)q->data; // [Dqk] at (q0 + i, h)
                 int64_t qoff = (q0 + i) * q->stride[0] + h * q->stride[1];
                 double m = -INFINITY, l = 0.0;
@@ -85,7 +85,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
                             acc[d] += p * (double)lk_load_f(a->vc.data, a->vc.dtype, lk_attn_key_off(a, &a->vc, b, j, kh, d));
                     }
                 }
-                store_row(a, q0 + i, h, acc, l, m, (double)lk_scale_at(&a->vd, b, kh));
+                store_row(a, q0 + i, h, acc, l, m, (double)lk_attn_desc(&a->vd, b, kh));
             }
         }
     }

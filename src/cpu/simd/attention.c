@@ -154,7 +154,7 @@ static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
 /* the score scale of request b, KV head kh: scale * q_descale * k_descale (1 for
  * tensors that are not fp8) */
 static inline float qk_scale(const lk_attn_args *a, int64_t b, int64_t kh) {
-    return a->scale * lk_scale_at(&a->qd, b, kh) * lk_scale_at(&a->kd, b, kh);
+    return a->scale * lk_attn_desc(&a->qd, b, kh) * lk_attn_desc(&a->kd, b, kh);
 }
 
 /* Qs[r][d] = scale * q[token, head, d] */
@@ -613,7 +613,7 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     for (int64_t t = 0; t < nt; t++)
         for (int64_t g = 0; g < G; g++) {
             int64_t r = t * G + g;
-            store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r], lk_scale_at(&a->vd, b, kh));
+            store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r], lk_attn_desc(&a->vd, b, kh));
         }
 }
 
@@ -1246,7 +1246,7 @@ static lk_status run_decode(const lk_attn_args *a) {
                             lkv_store_part(o + d, LK_F32, v, n);
                         }
                     }
-                    store_out_row(a, q0 + i, h, o, acc, lk_scale_at(&a->vd, b, h / (a->Hq / a->Hk)));
+                    store_out_row(a, q0 + i, h, o, acc, lk_attn_desc(&a->vd, b, h / (a->Hq / a->Hk)));
                 }
         }
         st = LK_OK;
