@@ -2,7 +2,10 @@
  * Public entry lk_flash_attn_varlen: validation of every argument (shapes, dtypes,
  * index values, overlaps) before any store, contiguous int32 copies of the index
  * tensors for the kernels, then the kernel of the ISA in use. Contract in
- * include/llmkern.h; maths in docs/ops.md.
+ * include/llmkern.h; maths in docs/ops.md. fp8 (since 0.3): q, k, v may be
+ * f8e4m3 / f8e5m2 (paged fp8 caches through lk_paged_init8: NZ tiles 32 wide), with
+ * params.q/k/v_descale validated by lk_scale_init ([], [1], [Hk], [B, Hk]) into the
+ * kernel arguments (1 for a tensor that is not fp8).
  */
 #include <math.h>
 #include <stdlib.h>

@@ -40,9 +40,15 @@
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
  *
+ * fp8 q / K / V (docs/ops.md, "fp8 q / K / V"): the descales fold into the score scale
+ * (qk_scale: scale * q_descale * k_descale per request and KV head) and the output
+ * (store_out_row's v_descale); on the AVX512_BF16 build fp8 rows are widened to bf16 in
+ * registers (f8_to_bf16) and take the bf16 dot-product paths, elsewhere they are loaded
+ * through the vector layer's fp8 -> f32 conversion. fp8 NZ tiles are 32 wide (TILE).
+ *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
- * a multiple of 16), head dims a multiple of 8 (a last partial vector where W = 16);
- * anything else goes to the reference.
+ * a multiple of 16, 32 for fp8), head dims a multiple of 8 (a last partial vector where
+ * W = 16); anything else goes to the reference.
  * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
  * allocated up front.
  */
