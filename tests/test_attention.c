@@ -682,6 +682,49 @@ static void test_bad_inputs(void) {
     free_bufs(&z);
 }
 
+/* q/k/v_descale of a wrong shape, dtype, rank or value (fp8 caches, and a bf16 q whose
+ * descale is validated all the same): named, nothing written */
+static void test_fp8_bad_descales(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 1, c.ql[1] = 3, c.kl[0] = 20, c.kl[1] = 5, c.Hq = 4, c.Hk = 2, c.paged = 1, c.bs = 4;
+    c.kt = LK_F8E4M3, c.desc = 4;
+    abufs z;
+    build(&c, &z);
+    tu_buf bad[7] = {tu_alloc(LK_F32, 1, (int64_t[]){3}, 0),    tu_alloc(LK_F32, 2, (int64_t[]){2, 3}, 0),
+                     tu_alloc(LK_F32, 2, (int64_t[]){3, 2}, 0), tu_alloc(LK_F16, 1, (int64_t[]){2}, 0),
+                     tu_alloc(LK_F32, 3, (int64_t[]){2, 2, 1}, 0), tu_alloc(LK_F32, 2, (int64_t[]){2, 2}, 1),
+                     tu_alloc(LK_F32, 1, (int64_t[]){1}, 0)};
+    lk_status want[7] = {LK_ERR_SHAPE, LK_ERR_SHAPE, LK_ERR_SHAPE, LK_ERR_DTYPE, LK_ERR_RANK, LK_ERR_VALUE, LK_ERR_VALUE};
+    for (int i = 0; i < 7; i++) tu_fill_uniform(&bad[i], 0.5, 1);
+    tu_set(&bad[5], 3, NAN);
+    tu_set(&bad[6], 0, -0.5);
+    const char *names[3] = {"q_descale", "k_descale", "v_descale"};
+    for (int w = 0; w < 3; w++)
+        for (int i = 0; i < 7; i++) {
+            lk_attn_params p = params_of(&c);
+            p.q_descale = &z.qd.t, p.k_descale = &z.kd.t, p.v_descale = &z.vd.t;
+            if (w == 0) p.q_descale = &bad[i].t;
+            else if (w == 1) p.k_descale = &bad[i].t;
+            else p.v_descale = &bad[i].t;
+            tu_snapshot(&z.out), tu_snapshot(&z.lse);
+            lk_status st = lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t,
+                                                &z.table.t, &p);
+            tu_check(st == want[i] && strstr(lk_last_error(), names[w]) && tu_intact(&z.out) && tu_intact(&z.lse),
+                     "attn fp8 bad %s case %d -> %s (%s)", names[w], i, lk_status_str(st), lk_last_error());
+        }
+    /* lse overlapping a descale (valid values in it) */
+    lk_attn_params p = params_of(&c);
+    float *l0 = (float *)z.lse.t.data;
+    l0[0] = 1.0f;
+    p.v_descale = &(lk_tensor){l0, LK_F32, 1, {1}, {1}};
+    lk_status st = lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t,
+                                        &z.table.t, &p);
+    tu_check(st == LK_ERR_ALIAS && strstr(lk_last_error(), "v_descale"), "attn fp8: lse overlapping v_descale -> %s (%s)",
+             lk_status_str(st), lk_last_error());
+    for (int i = 0; i < 7; i++) tu_free(&bad[i]);
+    free_bufs(&z);
+}
+
 /* fuzz regression (fuzz_attention), prefill: a key hidden by the causal mask whose V
  * holds +inf. The AVX2 prefill tile multiplied masked keys by P = 0 (0 * inf = NaN),
  * so a future token's value turned every earlier query's output into NaN. Every ISA:
@@ -941,6 +984,7 @@ int main(void) {
     test_fp8_grid();
     test_fp8_paged();
     test_fp8_codes();
+    test_fp8_bad_descales();
     test_threads();
     test_bad_inputs();
     test_alibi_bad();
