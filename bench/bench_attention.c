@@ -1,7 +1,8 @@
 /*
  * flash_attn_varlen: prefill 1 x 2048 x 2048 causal (16 heads x 128; 32 q / 8 kv heads),
  * the MLA shape (192/128, 16 heads, 2048 prefix + 512 new tokens), and decode 1 query x
- * 4096 keys x 32 heads x 128, paged (page 16), batch 1 and 8.
+ * 4096 keys x 32 heads x 128, paged (page 16), batch 1 and 8; fp8 (e4m3 / e5m2) caches
+ * beside bf16 ones (decode rows count fp8 bytes) and their in-process A/B.
  * Prefill rows: GFLOP/s of effective work 4 * Sq * Sk * D * H (causal-halved) against the
  * FMA peak of each ISA, or for all-bf16 inputs the bf16 dot peak where bench_flops_kind
  * says so. Decode rows: GB/s of K/V read against the read bandwidth.
@@ -11,7 +12,9 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 
@@ -99,43 +102,119 @@ static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t D
     char shape[64];
     snprintf(shape, sizeof shape, "%s", label);
     /* q is bf16: the kind follows K / V's dtype */
-    bench_row("flash_attn prefill", shape, lk_dtype_name(kvt), ms, flops, bench_flops_kind(kvt), err);
+    /* fp8 K / V take the bf16 dot path where bf16 ones do (widened exactly) */
+    lk_dtype kind_dt = kvt == LK_F8E4M3 || kvt == LK_F8E5M2 ? LK_BF16 : kvt;
+    bench_row("flash_attn prefill", shape, lk_dtype_name(kvt), ms, flops, bench_flops_kind(kind_dt), err);
     bench_free(q), bench_free(out), bench_free(k), bench_free(v);
 }
 
-static void decode_case(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs) {
+/* a paged decode problem: B requests of 1 query over K keys, H / Hk heads x D, pages of
+ * bs slots scattered through the pool, K/V caches of kvt (fp8: per-tensor descales) */
+typedef struct {
     attn_ctx c;
-    memset(&c, 0, sizeof c);
-    c.paged = 1;
+    void *q, *out, *k, *v;
+    int32_t *cuq, *used, *table;
+    float kd, vd;
+    lk_tensor tkd, tvd;
+} decode_prob;
+
+static void decode_make(decode_prob *d, int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs,
+                        lk_dtype kvt) {
+    memset(d, 0, sizeof *d);
+    attn_ctx *c = &d->c;
+    c->paged = 1;
     int64_t pages = (K + bs - 1) / bs, nb = B * pages;
-    void *q = bench_alloc(LK_BF16, B * H * D, -1, 1), *out = bench_alloc(LK_BF16, B * H * D, 0, 0);
-    void *k = bench_alloc(LK_BF16, nb * bs * Hk * D, -1, 1), *v = bench_alloc(LK_BF16, nb * bs * Hk * D, -1, 1);
-    int32_t *cuq = bench_alloc(LK_I32, B + 1, 0, 0), *used = bench_alloc(LK_I32, B, 0, 0);
-    int32_t *table = bench_alloc(LK_I32, B * pages, 0, 0);
-    for (int64_t b = 0; b <= B; b++) cuq[b] = (int32_t)b;
-    for (int64_t b = 0; b < B; b++) used[b] = (int32_t)K;
+    int f8 = kvt == LK_F8E4M3 || kvt == LK_F8E5M2;
+    d->q = bench_alloc(LK_BF16, B * H * D, -1, 1), d->out = bench_alloc(LK_BF16, B * H * D, 0, 0);
+    /* fp8: codes of x / 0.25 for x in [-1, 1) (the quantized range of a real cache) */
+    d->k = bench_alloc(kvt, nb * bs * Hk * D, f8 ? -4 : -1, f8 ? 4 : 1);
+    d->v = bench_alloc(kvt, nb * bs * Hk * D, f8 ? -4 : -1, f8 ? 4 : 1);
+    d->cuq = bench_alloc(LK_I32, B + 1, 0, 0), d->used = bench_alloc(LK_I32, B, 0, 0);
+    d->table = bench_alloc(LK_I32, B * pages, 0, 0);
+    for (int64_t b = 0; b <= B; b++) d->cuq[b] = (int32_t)b;
+    for (int64_t b = 0; b < B; b++) d->used[b] = (int32_t)K;
     /* pages of a request scattered: stride through the pool */
     for (int64_t b = 0; b < B; b++)
-        for (int64_t p = 0; p < pages; p++) table[b * pages + p] = (int32_t)((p * B + b) % nb);
-    c.q = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){B, H, D});
-    c.out = lk_tensor_make(out, LK_BF16, 3, (int64_t[]){B, H, D});
-    c.k = lk_tensor_make(k, LK_BF16, 4, (int64_t[]){nb, bs, Hk, D});
-    c.v = lk_tensor_make(v, LK_BF16, 4, (int64_t[]){nb, bs, Hk, D});
-    c.cuq = lk_tensor_make(cuq, LK_I32, 1, (int64_t[]){B + 1});
-    c.used = lk_tensor_make(used, LK_I32, 1, (int64_t[]){B});
-    c.table = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, pages});
-    c.p = lk_attn_params_default((float)(1.0 / sqrt((double)D)));
-    c.p.alibi_slopes = NULL; /* a 0.1 build (--lib) returns the struct without this field */
-    c.p.causal = 1;
-    double ms = bench_time(run_attn, &c);
-    double err = check_tail(&c, 1, K, H, Hk, D, 1);
-    char shape[64], heads[32];
+        for (int64_t p = 0; p < pages; p++) d->table[b * pages + p] = (int32_t)((p * B + b) % nb);
+    c->q = lk_tensor_make(d->q, LK_BF16, 3, (int64_t[]){B, H, D});
+    c->out = lk_tensor_make(d->out, LK_BF16, 3, (int64_t[]){B, H, D});
+    c->k = lk_tensor_make(d->k, kvt, 4, (int64_t[]){nb, bs, Hk, D});
+    c->v = lk_tensor_make(d->v, kvt, 4, (int64_t[]){nb, bs, Hk, D});
+    c->cuq = lk_tensor_make(d->cuq, LK_I32, 1, (int64_t[]){B + 1});
+    c->used = lk_tensor_make(d->used, LK_I32, 1, (int64_t[]){B});
+    c->table = lk_tensor_make(d->table, LK_I32, 2, (int64_t[]){B, pages});
+    c->p = lk_attn_params_default((float)(1.0 / sqrt((double)D)));
+    c->p.alibi_slopes = NULL; /* a 0.1 build (--lib) returns the struct without this field */
+    c->p.causal = 1;
+    if (f8) { /* 0.3 fields: set only for the fp8 rows, which need a 0.3 library */
+        d->kd = d->vd = 0.25f;
+        d->tkd = lk_tensor_make(&d->kd, LK_F32, 0, NULL), d->tvd = lk_tensor_make(&d->vd, LK_F32, 0, NULL);
+        c->p.k_descale = &d->tkd, c->p.v_descale = &d->tvd;
+    }
+}
+
+static void decode_free(decode_prob *d) {
+    bench_free(d->q), bench_free(d->out), bench_free(d->k), bench_free(d->v);
+    bench_free(d->cuq), bench_free(d->used), bench_free(d->table);
+}
+
+static void decode_shape(char *shape, size_t n, int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs) {
+    char heads[32];
     if (Hk == H) snprintf(heads, sizeof heads, "%lldh", (long long)H);
     else snprintf(heads, sizeof heads, "%lld/%lldh", (long long)H, (long long)Hk);
-    snprintf(shape, sizeof shape, "B=%lld 1x%lld x%s x%lld p%lld", (long long)B, (long long)K, heads, (long long)D,
-             (long long)bs);
-    bench_row("flash_attn decode", shape, "bf16", ms, (double)B * K * Hk * D * 2 * 2, BENCH_READ_BW, err);
-    bench_free(q), bench_free(out), bench_free(k), bench_free(v), bench_free(cuq), bench_free(used), bench_free(table);
+    snprintf(shape, n, "B=%lld 1x%lld x%s x%lld p%lld", (long long)B, (long long)K, heads, (long long)D, (long long)bs);
+}
+
+static void decode_case(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs, lk_dtype kvt) {
+    decode_prob d;
+    decode_make(&d, B, K, H, Hk, D, bs, kvt);
+    double ms = bench_time(run_attn, &d.c);
+    double err = check_tail(&d.c, 1, K, H, Hk, D, 1);
+    char shape[64];
+    decode_shape(shape, sizeof shape, B, K, H, Hk, D, bs);
+    /* bytes read: the K and V caches in their own element size (fp8: 1 byte) */
+    double bytes = (double)B * K * Hk * D * 2 * (double)lk_dtype_size(kvt);
+    bench_row("flash_attn decode", shape, lk_dtype_name(kvt), ms, bytes, BENCH_READ_BW, err);
+    decode_free(&d);
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* fp8 vs bf16 caches of the same decode problem, in-process A/B: calls alternate
+ * (bf16, fp8, bf16, ...) on the first variant, medians of each; the fp8 read rate
+ * counts fp8 bytes, set against the read bandwidth of the start-up probe */
+static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs, lk_dtype f8) {
+    enum { REPS = 15 };
+    decode_prob a, b;
+    decode_make(&a, B, K, H, Hk, D, bs, LK_BF16);
+    decode_make(&b, B, K, H, Hk, D, bs, f8);
+    double ta[REPS], tb[REPS];
+    run_attn(&a.c), run_attn(&b.c); /* warm-up */
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ms();
+        run_attn(&a.c);
+        double t1 = now_ms();
+        run_attn(&b.c);
+        ta[r] = t1 - t0, tb[r] = now_ms() - t1;
+    }
+    qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
+    double ma = ta[REPS / 2], mb = tb[REPS / 2], bytes = (double)B * K * Hk * D * 2;
+    char shape[64];
+    decode_shape(shape, sizeof shape, B, K, H, Hk, D, bs);
+    printf("  A/B %s %s vs bf16 (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), %s %.3f ms "
+           "(%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s)\n",
+           shape, lk_dtype_name(f8), REPS, ma, ta[0], ta[REPS - 1], lk_dtype_name(f8), mb, tb[0], tb[REPS - 1], ma / mb,
+           lk_dtype_name(f8), bytes / mb * 1e-6, 100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs);
+    decode_free(&a), decode_free(&b);
 }
 
 void bench_attention(void) {
@@ -147,7 +226,14 @@ void bench_attention(void) {
     prefill_case(2048, 0, 16, 16, 128, 128, LK_F16, "1x2048^2 c 16h x128");
     prefill_case(2048, 0, 32, 8, 128, 128, LK_BF16, "1x2048^2 c 32/8h x128");
     prefill_case(512, 2048, 16, 16, 192, 128, LK_BF16, "MLA 512+2048p 16h 192/128");
-    decode_case(1, 4096, 32, 32, 128, 16);
-    decode_case(8, 4096, 32, 32, 128, 16);
-    decode_case(8, 4096, 32, 8, 128, 16); /* GQA, Llama-3-8B's heads */
+    decode_case(1, 4096, 32, 32, 128, 16, LK_BF16);
+    decode_case(8, 4096, 32, 32, 128, 16, LK_BF16);
+    decode_case(8, 4096, 32, 8, 128, 16, LK_BF16); /* GQA, Llama-3-8B's heads */
+    /* ---- fp8 KV caches (e4m3 / e5m2, per-tensor descales): decode rows beside bf16's, a
+     * prefill row, and the in-process fp8 vs bf16 A/B of the GQA decode */
+    decode_case(8, 4096, 32, 8, 128, 16, LK_F8E4M3);
+    decode_case(8, 4096, 32, 8, 128, 16, LK_F8E5M2);
+    decode_case(8, 4096, 32, 32, 128, 16, LK_F8E4M3);
+    prefill_case(2048, 0, 32, 8, 128, 128, LK_F8E4M3, "1x2048^2 c 32/8h x128");
+    decode_ab_fp8(8, 4096, 32, 8, 128, 16, LK_F8E4M3);
 }

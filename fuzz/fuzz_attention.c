@@ -8,20 +8,55 @@
  * rows, seqused_k beyond the block table, block_table entries of read pages outside
  * [0, num_blocks)), empty caches (0 pages, block size 0 too), API misuse (cu_seqlens_k with a block table, seqused_k without),
  * out aliasing q, NULL params, ALiBi slopes [Hq] / [B, Hq] (wrong shapes and non-finite
- * values too). out is compared with the ref within the test suite's
+ * values too), fp8 q / k / v (e4m3 / e5m2, NZ caches in 32-wide tiles) with q/k/v_descale
+ * of every form ([1], [Hk], [B, Hk]; wrong shapes, dtypes and values too). out is compared with the ref within the test suite's
  * vs-ref tolerance, lse within 1e-4.
  */
 #include "fuzz_common.h"
 
 typedef struct {
-    int out, lse, q, k, v, cuq, cuk, used, table, null_params, alibi;
+    int out, lse, q, k, v, cuq, cuk, used, table, null_params, alibi, desc[3];
     lk_attn_params p;
 } attn_attrs;
+
+static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* a dtype for q, k or v: f32 / f16 / bf16, or fp8 (e4m3 / e5m2) a third of the time */
+static lk_dtype qkv_type(fz_in *in) {
+    if (fz_u8(in) % 3 == 0) return fz_u8(in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+    return fz_ftype(in);
+}
+
+/* fz_fill for an fp8 view (fz_fill fills f32 / f16 / bf16 ones): values in [lo, hi) as
+ * fp8 codes, specials at the world's rate */
+static void fill_f8(fz_world *w, int vi, double lo, double hi) {
+    fz_view *v = &w->v[vi];
+    if (!fz_usable(w, vi) || !is_f8(v->t.dtype)) return;
+    for (int64_t i = 0, n = fz_numel(&v->t); i < n; i++) {
+        float x = fz_unif(&w->rng) < w->special_rate ? fz_special(&w->rng) : (float)(lo + (hi - lo) * fz_unif(&w->rng));
+        lk_store_f(v->t.data, v->t.dtype, fz_off(&v->t, i), x);
+    }
+}
+
+/* fz_view_new for q / k / v, which take fp8: the wrong-kind dtype draw of fz_view_new may
+ * pick an fp8 dtype, which is of the right kind here (the expectation it set is undone) */
+static int qkv_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape) {
+    int mf = w->must_fail, cl = w->clean;
+    const char *why = w->why_fail;
+    int vi = fz_view_new(w, in, name, dt, nd, shape, FZ_IN);
+    fz_view *v = &w->v[vi];
+    if (v->bad && is_f8(v->t.dtype) && !is_f8(dt) && !fz_view_invalid(&v->t) && v->t.data)
+        w->must_fail = mf, w->why_fail = why, w->clean = cl, v->bad = 0;
+    return vi;
+}
 
 static lk_status call(const fz_world *w, const void *ap) {
     const attn_attrs *a = ap;
     lk_attn_params p = a->p;
     p.alibi_slopes = a->alibi < 0 ? NULL : fz_t(w, a->alibi);
+    p.q_descale = a->desc[0] < 0 ? NULL : fz_t(w, a->desc[0]);
+    p.k_descale = a->desc[1] < 0 ? NULL : fz_t(w, a->desc[1]);
+    p.v_descale = a->desc[2] < 0 ? NULL : fz_t(w, a->desc[2]);
     return lk_flash_attn_varlen(fz_t(w, a->out), fz_t(w, a->lse), fz_t(w, a->q), fz_t(w, a->k),
                                 fz_t(w, a->v), fz_t(w, a->cuq), fz_t(w, a->cuk), fz_t(w, a->used),
                                 fz_t(w, a->table), a->null_params ? NULL : &p);
@@ -43,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_init(&w, &in, "lk_flash_attn_varlen");
     attn_attrs a;
     memset(&a, 0, sizeof a);
-    a.cuk = a.used = a.table = a.lse = a.alibi = -1;
+    a.cuk = a.used = a.table = a.lse = a.alibi = a.desc[0] = a.desc[1] = a.desc[2] = -1;
     int64_t B = fz_range(&in, 0, 3), ql[3], kl[3], Tq = 0, Tk = 0;
     for (int64_t b = 0; b < B; b++) {
         ql[b] = fz_range(&in, 0, 4), kl[b] = fz_range(&in, 0, 12);
@@ -53,9 +88,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int paged = (int)(fz_u8(&in) % 3);    /* 0 dense, 1 paged ND, 2 paged NZ */
     int64_t Hk = 1 + (int64_t)(fz_u8(&in) % 2), G = 1 + (int64_t)(fz_u8(&in) % 3), Hq = Hk * G;
     int64_t Dqk, Dv;
+    lk_dtype qt = qkv_type(&in), kt = qkv_type(&in), vt = qkv_type(&in), ot = fz_ftype(&in);
+    int64_t tk = is_f8(kt) ? 32 : 16, tv = is_f8(vt) ? 32 : 16; /* NZ tiles: 32 wide for fp8 */
     if (paged == 2) {
-        Dqk = (16 / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
-        Dv = (16 / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
+        Dqk = (tk / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
+        Dv = (tv / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
     } else {
         Dqk = fz_dim(&in, 24), Dv = fz_dim(&in, 24);
         if (Dqk == 0 || Dv == 0) fz_fail_expected(&w, "head dim 0");
@@ -64,10 +101,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Hq += 1;
         if (Hq % Hk) fz_fail_expected(&w, "query heads not a multiple of KV heads");
     }
-    lk_dtype qt = fz_ftype(&in), kt = fz_ftype(&in), vt = fz_ftype(&in), ot = fz_ftype(&in);
     int64_t qs[3] = {Tq, Hq, Dqk}, os[3] = {Tq, Hq, Dv}, ls[2] = {Tq, Hq};
-    a.q = fz_view_new(&w, &in, "q", qt, 3, qs, FZ_IN);
-    if (fz_u8(&in) % 8 == 0 && Dv == Dqk) { /* out is q */
+    a.q = qkv_view(&w, &in, "q", qt, 3, qs);
+    if (fz_u8(&in) % 8 == 0 && Dv == Dqk && !is_f8(qt)) { /* out is q */
         a.out = fz_view_alias(&w, a.q, "out", FZ_OUT);
         w.v[a.out].inplace_of = -1;
     } else {
@@ -94,8 +130,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (paged == 0) {
         Tk += fz_range(&in, 0, 2);
         int64_t ks[3] = {Tk, Hk, Dqk}, vs[3] = {Tk, Hk, Dv};
-        a.k = fz_view_new(&w, &in, "k", kt, 3, ks, FZ_IN);
-        a.v = fz_view_new(&w, &in, "v", vt, 3, vs, FZ_IN);
+        a.k = qkv_view(&w, &in, "k", kt, 3, ks);
+        a.v = qkv_view(&w, &in, "v", vt, 3, vs);
         a.cuk = fz_view_new(&w, &in, "cu_seqlens_k", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &nb1, FZ_IDX);
         fz_idx_fill(&w, &in, a.cuk, ck, nb1, Tk + 1);
         check_cu(&w, a.cuk, nb1, Tk);
@@ -110,12 +146,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         maxp += fz_range(&in, 0, 1);
         if (paged == 1) {
             int64_t ks[4] = {NB, bs, Hk, Dqk}, vs[4] = {NB, bs, Hk, Dv};
-            a.k = fz_view_new(&w, &in, "k", kt, 4, ks, FZ_IN);
-            a.v = fz_view_new(&w, &in, "v", vt, 4, vs, FZ_IN);
+            a.k = qkv_view(&w, &in, "k", kt, 4, ks);
+            a.v = qkv_view(&w, &in, "v", vt, 4, vs);
         } else {
-            int64_t ks[4] = {NB, Hk * Dqk / 16, bs, 16}, vs[4] = {NB, Hk * Dv / 16, bs, 16};
-            a.k = fz_view_new(&w, &in, "k", kt, 4, ks, FZ_IN);
-            a.v = fz_view_new(&w, &in, "v", vt, 4, vs, FZ_IN);
+            int64_t ks[4] = {NB, Hk * Dqk / tk, bs, tk}, vs[4] = {NB, Hk * Dv / tv, bs, tv};
+            a.k = qkv_view(&w, &in, "k", kt, 4, ks);
+            a.v = qkv_view(&w, &in, "v", vt, 4, vs);
         }
         a.p.kv_layout = paged == 2 ? LK_KV_NZ : LK_KV_ND;
         int64_t ts[2] = {B, maxp};
@@ -176,6 +212,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int64_t i = 0; i < fz_numel(&w.v[a.alibi].t); i++)
                 if (!isfinite(fz_get(&w.v[a.alibi].t, i))) fz_fail_expected(&w, "alibi slope not finite");
     }
+    /* descales: none, [1], [Hk] or [B, Hk] each; a wrong shape, a wrong dtype, or a value
+     * <= 0 / non-finite sometimes (validated even for tensors that are not fp8) */
+    static const char *DN[3] = {"q_descale", "k_descale", "v_descale"};
+    for (int i = 0; i < 3; i++) {
+        unsigned dm = fz_u8(&in) % 6;
+        if (dm < 2) continue;
+        int64_t ds[2] = {dm == 2 ? 1 : dm == 3 ? Hk : B, Hk};
+        int nd = dm == 5 ? 2 : 1;
+        if (dm == 5 && fz_chance(&in, 6)) ds[1] = Hk + 1, fz_fail_expected(&w, "descale shape");
+        lk_dtype dd = LK_F32;
+        if (fz_chance(&in, 8)) dd = LK_BF16, fz_fail_expected(&w, "descale not f32");
+        a.desc[i] = fz_view_new(&w, &in, DN[i], dd, nd, ds, FZ_IN);
+        fz_fill(&w, a.desc[i], 0.25, 4);
+        if (fz_chance(&in, 8) && fz_usable(&w, a.desc[i]) && fz_numel(&w.v[a.desc[i]].t) > 0) {
+            static const float BADV[4] = {0.0f, -1.0f, NAN, INFINITY};
+            lk_store_f(w.v[a.desc[i]].t.data, LK_F32, fz_off(&w.v[a.desc[i]].t, 0), BADV[fz_u8(&in) % 4]);
+            fz_fail_expected(&w, "descale value not finite > 0");
+        }
+    }
     if (paged && fz_chance(&in, 4)) {
         a.p.kv_layout = (lk_kv_layout)7;
         fz_fail_expected(&w, "unknown kv layout");
@@ -183,6 +238,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_fill(&w, a.q, -2, 2);
     fz_fill(&w, a.k, -2, 2);
     fz_fill(&w, a.v, -2, 2);
+    fill_f8(&w, a.q, -2, 2), fill_f8(&w, a.k, -2, 2), fill_f8(&w, a.v, -2, 2);
     if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");
     if (fz_chance(&in, 4)) {
         unsigned k = fz_u8(&in) % 5;

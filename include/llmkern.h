@@ -355,7 +355,7 @@ LK_API lk_status lk_convert_fp8(const lk_tensor *dst, const lk_tensor *src, floa
  * designated / brace initializer) keeps its meaning when fields are added. A field added
  * changes the struct's size: the library's minor version (and soname, libllmkern.so.0.N)
  * changes with it, so a binary built against an older header keeps loading the library
- * it was built for. alibi_slopes: since 0.2. */
+ * it was built for. alibi_slopes: since 0.2; q_descale, k_descale, v_descale: since 0.3. */
 typedef struct lk_attn_params {
     float scale;            /* softmax scale, always explicit (no 1/sqrt(D) default)      */
     int causal;             /* bottom-right causal: sets window_right = 0                  */
@@ -366,9 +366,19 @@ typedef struct lk_attn_params {
     const lk_tensor *alibi_slopes; /* NULL, or f32 [Hq] or [B, Hq] (any strides), finite:   */
                             /* s -= slope[b, h] * |i + off - j| after scale and softcap     */
                             /* (flash-attention's ALiBi)                                    */
+    /* ---- fp8 descales (since 0.3) ----
+     * NULL (= 1) or f32 (any strides), every value finite and > 0, of shape [] or [1]
+     * (per tensor), [Hk] (per KV head) or [B, Hk] (per request and KV head: vLLM's
+     * flash-attn q/k/v_descale). They apply to an fp8 (f8e4m3 / f8e5m2) q, k or v:
+     * dequantized value = f32(code) * descale, so scores are
+     * scale * q_descale * k_descale * (q . k) and out = v_descale * sum_j p_j v_j, applied
+     * in the kernel (the cache is never dequantized to a buffer). For a q, k or v that
+     * is not fp8 the descale is validated and ignored (vLLM's "auto" cache). */
+    const lk_tensor *q_descale, *k_descale, *v_descale;
 } lk_attn_params;
 
-/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND, alibi_slopes = NULL} */
+/* {scale, causal = 0, window = (-1, -1), softcap = 0, ND, alibi_slopes = NULL,
+ *  q/k/v_descale = NULL} */
 LK_API lk_attn_params lk_attn_params_default(float scale);
 
 /* Variable-length attention, flash-attention semantics.
@@ -380,7 +390,10 @@ LK_API lk_attn_params lk_attn_params_default(float scale);
  *   physical), block_table [B, max_pages] i32, seqused_k [B] i32 key lengths;
  *   cu_seqlens_k NULL.
  * GQA/MQA: query head h reads KV head h / (Hq / Hk). Dqk != Dv allowed. A query row
- * that sees no key gets out = 0 and lse = -inf. */
+ * that sees no key gets out = 0 and lse = -inf.
+ * fp8 (since 0.3): q, k and v may be f8e4m3 / f8e5m2 (each on its own; out stays
+ * f32/f16/bf16), with params.q/k/v_descale; a paged fp8 cache in NZ is
+ * [blocks, Hk*D/32, block_size, 32] (the 32-wide tile of 1-byte caches). */
 LK_API lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse,
                                       const lk_tensor *q, const lk_tensor *k, const lk_tensor *v,
                                       const lk_tensor *cu_seqlens_q,

@@ -270,6 +270,7 @@ static void attn_common(oc_inst *in, oc_size sz, int64_t *B, int64_t ql[2], int6
     add(in, "lse", LK_F32, 2, (int64_t[]){Tq, *Hq}, 1, 1);
     in->arg[1].optional = 1;
     tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tq, *Hq, *D}, 0, 0), -2, 2);
+    in->arg[2].fp8 = 1; /* q, k, v take fp8 (since 0.3) */
     in->params = lk_attn_params_default(0.125f);
     in->params.causal = 1;
 }
@@ -280,6 +281,7 @@ static void make_attn_dense(oc_inst *in, oc_size sz) {
     int64_t Tk = kl[0] + kl[1], n1 = B + 1;
     tu_fill_uniform(add(in, "k", LK_BF16, 3, (int64_t[]){Tk, Hk, D}, 0, 1), -2, 2);
     tu_fill_uniform(add(in, "v", LK_F16, 3, (int64_t[]){Tk, Hk, D}, 0, 0), -2, 2);
+    in->arg[3].fp8 = in->arg[4].fp8 = 1;
     tu_buf *cq = add(in, "cu_seqlens_q", LK_I32, 1, &n1, 0, 0), *ck = add(in, "cu_seqlens_k", LK_I64, 1, &n1, 0, 0);
     tu_set(cq, 0, 0), tu_set(cq, 1, (double)ql[0]), tu_set(cq, 2, (double)(ql[0] + ql[1]));
     tu_set(ck, 0, 0), tu_set(ck, 1, (double)kl[0]), tu_set(ck, 2, (double)Tk);
@@ -295,6 +297,7 @@ static void make_attn_paged(oc_inst *in, oc_size sz) {
     int64_t bs = sz == OC_LARGE ? 16 : 4, NB = sz == OC_LARGE ? 40 : 6, maxp = (kl[1] + bs - 1) / bs, n1 = B + 1;
     tu_fill_uniform(add(in, "k", LK_BF16, 4, (int64_t[]){NB, bs, Hk, D}, 0, 0), -2, 2);
     tu_fill_uniform(add(in, "v", LK_BF16, 4, (int64_t[]){NB, bs, Hk, D}, 0, 1), -2, 2);
+    in->arg[3].fp8 = in->arg[4].fp8 = 1;
     tu_buf *cq = add(in, "cu_seqlens_q", LK_I64, 1, &n1, 0, 0);
     tu_set(cq, 0, 0), tu_set(cq, 1, (double)ql[0]), tu_set(cq, 2, (double)(ql[0] + ql[1]));
     tu_buf *u = add(in, "seqused_k", LK_I32, 1, &B, 0, 0);
@@ -318,6 +321,34 @@ static void make_attn_alibi(oc_inst *in, oc_size sz) {
 static lk_status call_attn_alibi(const oc_inst *in) {
     lk_attn_params p = in->params;
     p.alibi_slopes = T(in, 8);
+    return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6), T(in, 7),
+                                &p);
+}
+
+/* ---- fp8 attention: paged e4m3 K / e5m2 V caches (the padded view for V), descales
+ * q_descale [1], k_descale [Hk], v_descale [B, Hk] (padded) as arguments 8, 9, 10 (each
+ * optional: NULL reads as 1) */
+static void make_attn_fp8(oc_inst *in, oc_size sz) {
+    make_attn_paged(in, sz);
+    for (int k = 3; k < 5; k++) {
+        oc_arg *a = &in->arg[k];
+        int64_t shape[4];
+        for (int d = 0; d < 4; d++) shape[d] = a->buf.t.shape[d];
+        tu_free(&a->buf);
+        a->buf = tu_alloc(k == 3 ? LK_F8E4M3 : LK_F8E5M2, 4, shape, k == 4);
+        tu_fill_uniform(&a->buf, -3, 3);
+        a->t = a->buf.t;
+        a->fp8 = 1;
+    }
+    int64_t B = 2, Hk = 2;
+    tu_fill_uniform(add(in, "q_descale", LK_F32, 1, (int64_t[]){1}, 0, 0), 0.5, 2);
+    tu_fill_uniform(add(in, "k_descale", LK_F32, 1, &Hk, 0, 0), 0.5, 2);
+    tu_fill_uniform(add(in, "v_descale", LK_F32, 2, (int64_t[]){B, Hk}, 0, 1), 0.5, 2);
+    for (int k = 8; k < 11; k++) in->arg[k].optional = 1;
+}
+static lk_status call_attn_fp8(const oc_inst *in) {
+    lk_attn_params p = in->params;
+    p.q_descale = T(in, 8), p.k_descale = T(in, 9), p.v_descale = T(in, 10);
     return lk_flash_attn_varlen(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6), T(in, 7),
                                 &p);
 }
@@ -708,6 +739,7 @@ const oc_op OC_OPS[] = {
     {"lk_flash_attn_varlen", make_attn_dense, call_attn_dense},      /* dense K/V */
     {"lk_flash_attn_varlen", make_attn_paged, call_attn_paged},      /* paged K/V */
     {"lk_flash_attn_varlen", make_attn_alibi, call_attn_alibi},      /* paged K/V, ALiBi */
+    {"lk_flash_attn_varlen", make_attn_fp8, call_attn_fp8},          /* paged fp8 K/V, descales */
     {"lk_mla_prefix_prefill", make_mla_split, call_mla},             /* split + merge, ND */
     {"lk_mla_prefix_prefill", make_mla_concat, call_mla},            /* concat, NZ two buffers */
     {"lk_mla_prefix_prefill", make_mla_fused, call_mla},             /* fused, ND two buffers */

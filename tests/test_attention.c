@@ -28,16 +28,46 @@ typedef struct {
     int pad;                     /* strided views */
     int lse_t;                   /* lse as the transpose view of a [H, T] buffer */
     int alibi;                   /* ALiBi slopes: 0 none, 1 [Hq], 2 [B, Hq] (padded view) */
+    int desc;                    /* fp8 descales: 0 none, 1 [], 2 [1], 3 [Hk], 4 [B, Hk] (padded view) */
     const char *name;
 } acase;
 
 typedef struct {
-    tu_buf q, k, v, out, lse, cuq, cuk, used, table, alibi;
+    tu_buf q, k, v, out, lse, cuq, cuk, used, table, alibi, qd, kd, vd;
     double *want, *want_lse;     /* [Tq][Hq][Dv], [Tq][Hq] */
     int64_t Tq;
 } abufs;
 
 static double frand(void) { return tu_uniform(-1, 1); }
+
+static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
+
+/* the descale of q (w 0), k (1) or v (2) for request b, KV head kh; 1 without descales */
+static double desc_of(const acase *c, int w, int64_t b, int64_t kh) {
+    const double base[3] = {0.75, 1.3, 0.4};
+    if (!c->desc) return 1.0;
+    double s = base[w];
+    if (c->desc >= 3) s *= 1.0 + 0.25 * (double)kh;
+    if (c->desc == 4) s *= 1.0 + 0.125 * (double)b;
+    return (double)(float)s;
+}
+
+/* the dequantized value of a stored q / k / v element (fp8: code * descale) */
+static double deq(const acase *c, lk_dtype dt, int w, int64_t b, int64_t kh, double code) {
+    return is_f8(dt) ? code * desc_of(c, w, b, kh) : code;
+}
+
+static tu_buf alloc_desc(const acase *c, int w) {
+    tu_buf t;
+    if (c->desc == 1) t = tu_alloc(LK_F32, 0, (int64_t[]){1}, 0);
+    else if (c->desc == 2) t = tu_alloc(LK_F32, 1, (int64_t[]){1}, 0);
+    else if (c->desc == 3) t = tu_alloc(LK_F32, 1, (int64_t[]){c->Hk}, 0);
+    else t = tu_alloc(LK_F32, 2, (int64_t[]){c->B, c->Hk}, 1);
+    int64_t nb = c->desc == 4 ? c->B : 1, nh = c->desc >= 3 ? c->Hk : 1;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t h = 0; h < nh; h++) tu_set(&t, b * nh + h, desc_of(c, w, b, h));
+    return t;
+}
 
 /* ALiBi slope of (request b, head h): powers of 2 as in the ALiBi paper, per request
  * scaled for the [B, Hq] form */
@@ -51,15 +81,16 @@ static int64_t cache_index(const acase *c, int64_t nb, int64_t page, int64_t slo
                            int64_t d, int64_t D) {
     (void)nb;
     if (c->layout == LK_KV_NZ) {
-        int64_t C = c->Hk * D, ch = h * D + d;
-        return ((page * (C / 16) + ch / 16) * c->bs + slot) * 16 + ch % 16;
+        int64_t C = c->Hk * D, ch = h * D + d, T = is_f8(c->kt) ? 32 : 16; /* fp8: 32-wide tiles */
+        return ((page * (C / T) + ch / T) * c->bs + slot) * T + ch % T;
     }
     return ((page * c->bs + slot) * c->Hk + h) * D + d;
 }
 
 static tu_buf alloc_cache(const acase *c, int64_t nb, int64_t D, lk_dtype dt) {
+    int64_t T = is_f8(dt) ? 32 : 16;
     if (c->layout == LK_KV_NZ)
-        return tu_alloc(dt, 4, (int64_t[]){nb, c->Hk * D / 16, c->bs, 16}, c->pad);
+        return tu_alloc(dt, 4, (int64_t[]){nb, c->Hk * D / T, c->bs, T}, c->pad);
     if (c->hnd) return tu_alloc_perm(dt, 4, (int64_t[]){nb, c->bs, c->Hk, D}, (int[]){0, 2, 1, 3}, c->pad);
     return tu_alloc(dt, 4, (int64_t[]){nb, c->bs, c->Hk, D}, c->pad);
 }
@@ -81,8 +112,9 @@ static void build(const acase *c, abufs *z) {
     for (int b = 0; b < B; b++) {
         K[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dqk + 1));
         V[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dv + 1));
-        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dqk; i++) K[b][i] = lk_round_to(c->kt, (float)frand());
-        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dv; i++) V[b][i] = lk_round_to(c->kt, (float)frand());
+        double amp = is_f8(c->kt) ? 3.0 : 1.0; /* fp8 codes over more binades */
+        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dqk; i++) K[b][i] = lk_round_to(c->kt, (float)(amp * frand()));
+        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dv; i++) V[b][i] = lk_round_to(c->kt, (float)(amp * frand()));
     }
     int64_t acc = 0;
     for (int b = 0; b <= B; b++) {
@@ -145,7 +177,8 @@ static void build(const acase *c, abufs *z) {
         for (int64_t b = 0; b < (c->alibi == 2 ? B : 1); b++)
             for (int64_t h = 0; h < c->Hq; h++) tu_set(&z->alibi, b * c->Hq + h, slope_of(c, b, h));
     }
-    /* float64 dense reference */
+    if (c->desc) z->qd = alloc_desc(c, 0), z->kd = alloc_desc(c, 1), z->vd = alloc_desc(c, 2);
+    /* float64 dense reference (of the dequantized fp8 values) */
     z->want = calloc((size_t)(Tq * c->Hq * c->Dv + 1), sizeof(double));
     z->want_lse = malloc(sizeof(double) * (size_t)(Tq * c->Hq + 1));
     for (int64_t i = 0; i < Tq * c->Hq; i++) z->want_lse[i] = -INFINITY;
@@ -168,7 +201,8 @@ static void build(const acase *c, abufs *z) {
                     }
                     double dot = 0;
                     for (int64_t d = 0; d < c->Dqk; d++)
-                        dot += tu_get(&z->q, (t * c->Hq + h) * c->Dqk + d) * K[b][(j * c->Hk + kh) * c->Dqk + d];
+                        dot += deq(c, c->qt, 0, b, kh, tu_get(&z->q, (t * c->Hq + h) * c->Dqk + d)) *
+                               deq(c, c->kt, 1, b, kh, K[b][(j * c->Hk + kh) * c->Dqk + d]);
                     double sc = dot * (double)(float)(1.0 / sqrt((double)c->Dqk));
                     if (c->softcap > 0) sc = c->softcap * tanh(sc / c->softcap);
                     if (c->alibi) sc -= (double)(float)slope_of(c, b, h) * fabs((double)(i + off - j));
@@ -181,7 +215,7 @@ static void build(const acase *c, abufs *z) {
                 for (int64_t d = 0; d < c->Dv; d++) {
                     double o = 0;
                     for (int64_t j = 0; j < kl; j++)
-                        if (s[j] > -INFINITY) o += exp(s[j] - m) * V[b][(j * c->Hk + kh) * c->Dv + d];
+                        if (s[j] > -INFINITY) o += exp(s[j] - m) * deq(c, c->kt, 2, b, kh, V[b][(j * c->Hk + kh) * c->Dv + d]);
                     z->want[(t * c->Hq + h) * c->Dv + d] = o / l;
                 }
                 z->want_lse[t * c->Hq + h] = m + log(l);
@@ -197,6 +231,7 @@ static void free_bufs(abufs *z) {
     tu_free(&z->q), tu_free(&z->k), tu_free(&z->v), tu_free(&z->out), tu_free(&z->lse);
     tu_free(&z->cuq), tu_free(&z->cuk), tu_free(&z->used), tu_free(&z->table);
     if (z->alibi.base) tu_free(&z->alibi);
+    if (z->qd.base) tu_free(&z->qd), tu_free(&z->kd), tu_free(&z->vd);
     free(z->want), free(z->want_lse);
 }
 
@@ -213,6 +248,7 @@ static lk_attn_params params_of(const acase *c) {
 static lk_status call(const acase *c, abufs *z, int with_lse) {
     lk_attn_params p = params_of(c);
     if (c->alibi) p.alibi_slopes = &z->alibi.t;
+    if (c->desc) p.q_descale = &z->qd.t, p.k_descale = &z->kd.t, p.v_descale = &z->vd.t;
     return lk_flash_attn_varlen(&z->out.t, with_lse ? &z->lse.t : NULL, &z->q.t, &z->k.t, &z->v.t,
                                 &z->cuq.t, c->paged ? NULL : &z->cuk.t, c->paged ? &z->used.t : NULL,
                                 c->paged ? &z->table.t : NULL, &p);
@@ -382,6 +418,143 @@ static void test_grid(void) {
     }
 }
 
+/* fp8 q / K / V (e4m3, e5m2) with descales of every form, against the float64 attention
+ * of the dequantized values (code * descale) on every ISA: decode and prefill, dense and
+ * paged, GQA groups of 1, 4 and 6, head dims, empty requests, padded views */
+static void test_fp8_grid(void) {
+    const lk_dtype dts[][3] = {{LK_BF16, LK_F8E4M3, LK_BF16}, {LK_BF16, LK_F8E5M2, LK_BF16},
+                               {LK_F8E4M3, LK_F8E4M3, LK_BF16}, {LK_F32, LK_F8E4M3, LK_F32},
+                               {LK_BF16, LK_F8E4M3, LK_F32},    {LK_F8E5M2, LK_F8E5M2, LK_F16},
+                               {LK_F16, LK_F8E5M2, LK_BF16}};
+    int n = 0;
+    for (int i = 0; i < 7; i++)
+        for (int shape = 0; shape < 4; shape++) {
+            acase c = base_case();
+            c.qt = dts[i][0], c.kt = dts[i][1], c.ot = dts[i][2], c.desc = n++ % 5;
+            c.Dqk = c.Dv = 128, c.causal = 1;
+            if (shape == 0) { /* paged decode, GQA 4, several chunks */
+                c.B = 3, c.ql[0] = 1, c.ql[1] = 1, c.ql[2] = 3, c.kl[0] = 700, c.kl[1] = 0, c.kl[2] = 37;
+                c.Hq = 8, c.Hk = 2, c.paged = 1, c.name = "fp8 decode paged";
+            } else if (shape == 1) { /* dense prefill */
+                c.ql[0] = 40, c.kl[0] = 90, c.Hq = 4, c.Hk = 2, c.name = "fp8 prefill dense";
+            } else if (shape == 2) { /* MHA decode, NZ, head dims 64 / 96 */
+                c.B = 2, c.ql[0] = 1, c.ql[1] = 2, c.kl[0] = 65, c.kl[1] = 130, c.Hq = c.Hk = 3;
+                c.Dqk = 64, c.Dv = 96, c.paged = 1, c.layout = LK_KV_NZ, c.name = "fp8 decode NZ MHA";
+            } else { /* GQA 6, mixed batch with empty requests, padding, strided views */
+                c.B = 5;
+                int64_t ql[5] = {3, 0, 17, 1, 0}, kl[5] = {3, 9, 0, 30, 0};
+                memcpy(c.ql, ql, sizeof ql), memcpy(c.kl, kl, sizeof kl);
+                c.pad_tokens = 2, c.pad = 1, c.lse_t = 1, c.Hq = 6, c.Hk = 1, c.paged = 1, c.bs = 7;
+                c.Dqk = 80, c.Dv = 48, c.name = "fp8 mixed batch strided";
+            }
+            free(run_case(&c));
+        }
+    /* softcap, window and ALiBi with fp8 */
+    acase c = base_case();
+    c.qt = LK_BF16, c.kt = LK_F8E4M3, c.ot = LK_BF16, c.desc = 4, c.B = 2, c.ql[0] = 1, c.ql[1] = 33;
+    c.kl[0] = 300, c.kl[1] = 50, c.Hq = 8, c.Hk = 2, c.paged = 1, c.softcap = 2.5f, c.wl = 40, c.alibi = 2;
+    c.Dqk = c.Dv = 128, c.causal = 1, c.name = "fp8 softcap window alibi";
+    free(run_case(&c));
+}
+
+/* page sizes 1, 7, 16, 128 with fp8 caches: NZ (32-wide tiles) == ND == HND bit for bit */
+static void test_fp8_paged(void) {
+    const int bss[] = {1, 7, 16, 128};
+    for (int i = 0; i < 4; i++)
+        for (int decode = 0; decode <= 1; decode++) {
+            acase c = base_case();
+            c.B = 2, c.ql[0] = decode ? 1 : 19, c.ql[1] = decode ? 2 : 40, c.kl[0] = 150, c.kl[1] = 41;
+            c.causal = 1, c.paged = 1, c.bs = bss[i], c.Hq = 8, c.Hk = 2, c.Dqk = 128, c.Dv = 128;
+            c.kt = i % 2 ? LK_F8E5M2 : LK_F8E4M3, c.desc = 3 + i % 2;
+            tu_seed(2000 + i);
+            c.name = "fp8 paged ND";
+            double *nd = run_case(&c);
+            tu_seed(2000 + i);
+            c.layout = LK_KV_NZ, c.name = "fp8 paged NZ";
+            double *nz = run_case(&c);
+            tu_seed(2000 + i);
+            c.layout = LK_KV_ND, c.hnd = 1, c.pad = 1, c.name = "fp8 paged HND strided";
+            double *hnd = run_case(&c);
+            int64_t n = (c.ql[0] + c.ql[1]) * c.Hq * c.Dv;
+            tu_check(memcmp(nd, nz, sizeof(double) * (size_t)n) == 0 && memcmp(nd, hnd, sizeof(double) * (size_t)n) == 0,
+                     "attn fp8 page size %d %s: NZ and HND outputs bit-identical to ND", bss[i],
+                     decode ? "decode" : "prefill");
+            free(nd), free(nz), free(hnd);
+        }
+}
+
+/* every fp8 code through K and V on every ISA, decode (paged: request r on page r, one
+ * query) and prefill (dense: request r = key row r, 5 queries): key r holds code r in
+ * every dim, every V row the codes 0..255 (dim d = code d), queries one-hot at dim 0
+ * (bf16 1). So lse = 2 * value(code r) (k_descale 2, exact) and out = 0.5 * value(code
+ * d) (v_descale 0.5; one key: P = 1) bit for bit: a wrong entry of a widening table shows
+ * here. NaN codes give NaN, e5m2's infinities inf (lse); such rows are not compared. */
+static void test_fp8_codes(void) {
+    enum { D = 256, HQ = 4, R = 256, QL = 5 };
+    static uint8_t kc[R][D], vc[R][D];
+    static uint16_t q[R * QL][HQ][D];
+    static float out[R * QL][HQ][D], lse[R * QL][HQ];
+    static int32_t cuq[R + 1], cuk[R + 1], used[R], table[R];
+    float kd = 2.0f, vd = 0.5f;
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++) kc[r][d] = (uint8_t)r, vc[r][d] = (uint8_t)d;
+    memset(q, 0, sizeof q);
+    for (int r = 0; r < R * QL; r++)
+        for (int h = 0; h < HQ; h++) q[r][h][0] = 0x3f80; /* bf16 1.0 */
+    for (int r = 0; r <= R; r++) cuk[r] = r;
+    for (int r = 0; r < R; r++) used[r] = 1, table[r] = r;
+    lk_tensor tkd = lk_tensor_make(&kd, LK_F32, 0, NULL), tvd = lk_tensor_make(&vd, LK_F32, 0, NULL);
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int f = 0; f < 2; f++)
+        for (int decode = 0; decode <= 1; decode++)
+            for (int of = 0; of <= 1; of++) {
+                lk_dtype dt = f ? LK_F8E5M2 : LK_F8E4M3, ot = of ? LK_F32 : LK_BF16;
+                int ql = decode ? 1 : QL;
+                lk_attn_params p = lk_attn_params_default(1.0f);
+                p.k_descale = &tkd, p.v_descale = &tvd;
+                for (int r = 0; r <= R; r++) cuq[r] = r * ql;
+                lk_tensor tq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){R * ql, HQ, D});
+                lk_tensor to = lk_tensor_make(out, ot, 3, (int64_t[]){R * ql, HQ, D});
+                lk_tensor tl = lk_tensor_make(lse, LK_F32, 2, (int64_t[]){R * ql, HQ});
+                lk_tensor tcq = lk_tensor_make(cuq, LK_I32, 1, (int64_t[]){R + 1});
+                lk_tensor tck = lk_tensor_make(cuk, LK_I32, 1, (int64_t[]){R + 1});
+                lk_tensor tu = lk_tensor_make(used, LK_I32, 1, (int64_t[]){R});
+                lk_tensor tt = lk_tensor_make(table, LK_I32, 2, (int64_t[]){R, 1});
+                lk_tensor tk = decode ? lk_tensor_make(kc, dt, 4, (int64_t[]){R, 1, 1, D})
+                                      : lk_tensor_make(kc, dt, 3, (int64_t[]){R, 1, D});
+                lk_tensor tv = decode ? lk_tensor_make(vc, dt, 4, (int64_t[]){R, 1, 1, D})
+                                      : lk_tensor_make(vc, dt, 3, (int64_t[]){R, 1, D});
+                for (int ii = 0; ii < ni; ii++) {
+                    lk_set_isa(isas[ii]);
+                    memset(out, 0x55, sizeof out);
+                    lk_status st = decode ? lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, NULL, &tu, &tt, &p)
+                                          : lk_flash_attn_varlen(&to, &tl, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+                    int bad = 0;
+                    for (int t = 0; t < R * ql && !st; t++) {
+                        int r = t / ql;
+                        float kv = dt == LK_F8E4M3 ? lk_f8e4m3_to_f32((uint8_t)r) : lk_f8e5m2_to_f32((uint8_t)r);
+                        for (int h = 0; h < HQ; h++) {
+                            float want = 2.0f * kv, got = lse[t][h];
+                            /* an infinite score: lse inf or NaN (attn_state.h's +inf rule) */
+                            if (!(isnan(want) || isinf(want) ? isnan(got) || got == want : got == want)) bad++;
+                            if (!isfinite(kv)) continue; /* a NaN / inf score: a NaN row */
+                            for (int d = 0; d < D; d++) {
+                                float vv = dt == LK_F8E4M3 ? lk_f8e4m3_to_f32((uint8_t)d) : lk_f8e5m2_to_f32((uint8_t)d);
+                                float w = 0.5f * vv;
+                                float g = ot == LK_F32 ? out[t][h][d] : lk_load_f(out, LK_BF16, (t * HQ + h) * D + d);
+                                if (!(isnan(w) ? isnan(g) : g == w)) bad++;
+                            }
+                        }
+                    }
+                    tu_check(st == LK_OK && bad == 0, "attn fp8 codes %s %s %s out %s: %d wrong (%s)",
+                             lk_isa_name(isas[ii]), lk_dtype_name(dt), decode ? "decode" : "prefill",
+                             lk_dtype_name(ot), bad, st ? lk_last_error() : "");
+                }
+            }
+    lk_set_isa(lk_isa_best());
+}
+
 /* page sizes, ND / HND / NZ, NZ == ND bit for bit */
 static void test_paged(void) {
     const int bss[] = {1, 7, 16, 128};
@@ -506,6 +679,49 @@ static void test_bad_inputs(void) {
     EXPECT("ND cache passed as NZ", "k", LK_ERR_SHAPE, ATTN(&z.out.t, &z.q.t, &z.k.t, &z.table.t, &z.used.t, &z.cuq.t, &pb));
 #undef ATTN
 #undef EXPECT
+    free_bufs(&z);
+}
+
+/* q/k/v_descale of a wrong shape, dtype, rank or value (fp8 caches, and a bf16 q whose
+ * descale is validated all the same): named, nothing written */
+static void test_fp8_bad_descales(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 1, c.ql[1] = 3, c.kl[0] = 20, c.kl[1] = 5, c.Hq = 4, c.Hk = 2, c.paged = 1, c.bs = 4;
+    c.kt = LK_F8E4M3, c.desc = 4;
+    abufs z;
+    build(&c, &z);
+    tu_buf bad[7] = {tu_alloc(LK_F32, 1, (int64_t[]){3}, 0),    tu_alloc(LK_F32, 2, (int64_t[]){2, 3}, 0),
+                     tu_alloc(LK_F32, 2, (int64_t[]){3, 2}, 0), tu_alloc(LK_F16, 1, (int64_t[]){2}, 0),
+                     tu_alloc(LK_F32, 3, (int64_t[]){2, 2, 1}, 0), tu_alloc(LK_F32, 2, (int64_t[]){2, 2}, 1),
+                     tu_alloc(LK_F32, 1, (int64_t[]){1}, 0)};
+    lk_status want[7] = {LK_ERR_SHAPE, LK_ERR_SHAPE, LK_ERR_SHAPE, LK_ERR_DTYPE, LK_ERR_RANK, LK_ERR_VALUE, LK_ERR_VALUE};
+    for (int i = 0; i < 7; i++) tu_fill_uniform(&bad[i], 0.5, 1);
+    tu_set(&bad[5], 3, NAN);
+    tu_set(&bad[6], 0, -0.5);
+    const char *names[3] = {"q_descale", "k_descale", "v_descale"};
+    for (int w = 0; w < 3; w++)
+        for (int i = 0; i < 7; i++) {
+            lk_attn_params p = params_of(&c);
+            p.q_descale = &z.qd.t, p.k_descale = &z.kd.t, p.v_descale = &z.vd.t;
+            if (w == 0) p.q_descale = &bad[i].t;
+            else if (w == 1) p.k_descale = &bad[i].t;
+            else p.v_descale = &bad[i].t;
+            tu_snapshot(&z.out), tu_snapshot(&z.lse);
+            lk_status st = lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t,
+                                                &z.table.t, &p);
+            tu_check(st == want[i] && strstr(lk_last_error(), names[w]) && tu_intact(&z.out) && tu_intact(&z.lse),
+                     "attn fp8 bad %s case %d -> %s (%s)", names[w], i, lk_status_str(st), lk_last_error());
+        }
+    /* lse overlapping a descale (valid values in it) */
+    lk_attn_params p = params_of(&c);
+    float *l0 = (float *)z.lse.t.data;
+    l0[0] = 1.0f;
+    p.v_descale = &(lk_tensor){l0, LK_F32, 1, {1}, {1}};
+    lk_status st = lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t,
+                                        &z.table.t, &p);
+    tu_check(st == LK_ERR_ALIAS && strstr(lk_last_error(), "v_descale"), "attn fp8: lse overlapping v_descale -> %s (%s)",
+             lk_status_str(st), lk_last_error());
+    for (int i = 0; i < 7; i++) tu_free(&bad[i]);
     free_bufs(&z);
 }
 
@@ -765,6 +981,10 @@ int main(void) {
     tu_init();
     test_grid();
     test_paged();
+    test_fp8_grid();
+    test_fp8_paged();
+    test_fp8_codes();
+    test_fp8_bad_descales();
     test_threads();
     test_bad_inputs();
     test_alibi_bad();

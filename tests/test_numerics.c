@@ -6,6 +6,7 @@
  * (D = 40) for the SIMD paths' full vectors and tails.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -894,6 +895,134 @@ static void test_attention_bf16_decode(void) {
     }
 }
 
+/* ---------------------------------------------------------------- fp8 attention */
+
+/* flash_attn over fp8 K / V (docs/numerics.md, "fp8 attention"): K, V of values x are
+ * quantized as vLLM does, code = fp8(x / s) with s = max|x| / fp8 max, and attended with
+ * k_descale = v_descale = s; every ISA's f32 out is compared with the float64 attention
+ * of the unquantized x, within the bound derived from the fp8 step:
+ *   |dscore_j| <= delta_j = scale * sum_d |q_d| (u |k_jd| + s t),  delta = max_j delta_j
+ *   |out - out_x| <= (e^(2 delta) - 1) max|v| (1 + u) + u max|v| + s t + 3e-5 (f32)
+ * (u = 2^-(M+1) the unit roundoff of the format, t = half its smallest subnormal step;
+ * the softmax weights move by a factor within e^(+-delta), so by at most e^(2 delta) - 1
+ * in sum). Then the special values: a NaN code of a visible key makes its query rows
+ * NaN (that KV head's), a NaN V code of a key the causal mask hides reaches only the
+ * queries that see it (in its dim), e5m2's inf in K makes the row NaN, and descales scale exactly. */
+static void test_attention_fp8(void) {
+    enum { T = 24, HQ = 4, HK = 2, DH = 64 };
+    static float x_k[T][HK][DH], x_v[T][HK][DH], q[T][HQ][DH], out[T][HQ][DH];
+    static uint8_t kc[T][HK][DH], vc[T][HK][DH];
+    tu_seed(303);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HK; h++)
+            for (int d = 0; d < DH; d++) x_k[t][h][d] = (float)tu_uniform(-1, 1), x_v[t][h][d] = (float)tu_uniform(-1, 1);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HQ; h++)
+            for (int d = 0; d < DH; d++) q[t][h][d] = (float)tu_uniform(-1, 1);
+    for (int f = 0; f < 2; f++) {
+        lk_dtype dt = f ? LK_F8E5M2 : LK_F8E4M3;
+        double fpmax = f ? 57344.0 : 448.0, u = f ? 0.125 : 0.0625, tt = f ? ldexp(1, -17) : ldexp(1, -10);
+        float s = (float)(1.0 / fpmax); /*  max|x| <= 1 */
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < HK; h++)
+                for (int d = 0; d < DH; d++) {
+                    kc[t][h][d] = f ? lk_f32_to_f8e5m2(x_k[t][h][d] / s) : lk_f32_to_f8e4m3(x_k[t][h][d] / s);
+                    vc[t][h][d] = f ? lk_f32_to_f8e5m2(x_v[t][h][d] / s) : lk_f32_to_f8e4m3(x_v[t][h][d] / s);
+                }
+        for (int decode = 0; decode <= 1; decode++) {
+            /* decode: T requests of one query over keys [0, t]; prefill: one causal request */
+            int32_t cq[T + 1], ck[T + 1];
+            for (int t = 0; t <= T; t++) cq[t] = decode ? t : (t ? T : 0), ck[t] = decode ? 0 : (t ? T : 0);
+            int32_t kls[T];
+            for (int t = 0; t < T; t++) kls[t] = t + 1;
+            lk_tensor tq = t3(q, LK_F32, T, HQ, DH), to = t3(out, LK_F32, T, HQ, DH);
+            lk_tensor tk = t3(kc, dt, T, HK, DH), tv = t3(vc, dt, T, HK, DH);
+            lk_tensor tcq = t1(cq, LK_I32, decode ? T + 1 : 2), tck = t1(ck, LK_I32, decode ? T + 1 : 2);
+            /* decode over dense K: request t sees keys [0, t]: cu_seqlens_k can't overlap,
+             * so decode goes paged with one page per key */
+            int32_t table[T][T], used[T];
+            for (int b = 0; b < T; b++) {
+                used[b] = kls[b];
+                for (int j = 0; j < T; j++) table[b][j] = j;
+            }
+            lk_tensor pk = lk_tensor_make(kc, dt, 4, (int64_t[]){T, 1, HK, DH});
+            lk_tensor pv = lk_tensor_make(vc, dt, 4, (int64_t[]){T, 1, HK, DH});
+            lk_tensor tt2 = lk_tensor_make(table, LK_I32, 2, (int64_t[]){T, T}), tu = t1(used, LK_I32, T);
+            float sd = s;
+            lk_tensor tsd = lk_tensor_make(&sd, LK_F32, 0, NULL);
+            lk_attn_params p = lk_attn_params_default(0.125f);
+            p.causal = 1, p.k_descale = &tsd, p.v_descale = &tsd;
+            for (int ii = 0; ii < ni; ii++) {
+                lk_set_isa(isas[ii]);
+                lk_status st = decode ? lk_flash_attn_varlen(&to, NULL, &tq, &pk, &pv, &tcq, NULL, &tu, &tt2, &p)
+                                      : lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+                double worst = 0; /* max err / bound */
+                for (int i = 0; i < T && !st; i++)
+                    for (int h = 0; h < HQ; h++) {
+                        int kh = h / (HQ / HK), nk = i + 1; /* query i sees keys [0, i] either way */
+                        double sc[T], m = -INFINITY, l = 0, delta = 0, vmax = 0;
+                        for (int j = 0; j < nk; j++) {
+                            double dot = 0, dj = 0;
+                            for (int d = 0; d < DH; d++) {
+                                dot += (double)q[i][h][d] * x_k[j][kh][d];
+                                dj += fabs(q[i][h][d]) * (u * fabs(x_k[j][kh][d]) + s * tt);
+                            }
+                            sc[j] = 0.125 * dot, delta = fmax(delta, 0.125 * dj);
+                            m = fmax(m, sc[j]);
+                        }
+                        for (int j = 0; j < nk; j++) l += exp(sc[j] - m);
+                        for (int d = 0; d < DH; d++) {
+                            double o = 0;
+                            for (int j = 0; j < nk; j++) o += exp(sc[j] - m) / l * x_v[j][kh][d], vmax = fmax(vmax, fabs(x_v[j][kh][d]));
+                            double bound = (exp(2 * delta) - 1) * vmax * (1 + u) + u * vmax + s * tt + 3e-5;
+                            double e = fabs(out[i][h][d] - o) / bound;
+                            if (!(e <= worst)) worst = e;
+                        }
+                    }
+                if (getenv("LK_DEBUG")) fprintf(stderr, "worst %g\n", worst);
+                tu_check(st == LK_OK && worst <= 1, "%s flash_attn fp8 %s %s: f32 out vs float64 on the unquantized values "
+                         "within the fp8 step bound (max err / bound %.3g)", lk_isa_name(isas[ii]), lk_dtype_name(dt),
+                         decode ? "decode" : "prefill", worst);
+            }
+        }
+    }
+    /* special values (e5m2 caches, per-head descales [HK]) */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HK; h++)
+            for (int d = 0; d < DH; d++) kc[t][h][d] = lk_f32_to_f8e5m2(x_k[t][h][d]), vc[t][h][d] = lk_f32_to_f8e5m2(x_v[t][h][d]);
+    kc[3][1][5] = 0x7f;   /* NaN in K of key 3, KV head 1: rows i >= 3 of heads 2, 3 NaN */
+    vc[10][0][7] = 0xfe;  /* NaN in V of key 10, KV head 0, dim 7: hidden from queries < 10 */
+    kc[20][0][0] = 0x7c;  /* +inf in K of key 20, KV head 0: q . k = +-inf or NaN: rows >= 20 NaN */
+    for (int t = 0; t < T; t++) q[t][0][0] = q[t][1][0] = 0.5f; /* q[.][h][0] > 0: inf score, not NaN */
+    float kds[HK] = {0.5f, 2.0f}, vds[HK] = {4.0f, 0.25f};
+    lk_tensor tkd = t1(kds, LK_F32, HK), tvd = t1(vds, LK_F32, HK);
+    int32_t cq[2] = {0, T};
+    lk_tensor tq = t3(q, LK_F32, T, HQ, DH), to = t3(out, LK_F32, T, HQ, DH);
+    lk_tensor tk = t3(kc, LK_F8E5M2, T, HK, DH), tv = t3(vc, LK_F8E5M2, T, HK, DH), tcq = t1(cq, LK_I32, 2);
+    lk_attn_params p = lk_attn_params_default(0.125f);
+    p.causal = 1, p.k_descale = &tkd, p.v_descale = &tvd;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        int ok = lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tcq, &tcq, NULL, NULL, &p) == LK_OK;
+        for (int i = 0; i < T; i++)
+            for (int h = 0; h < HQ; h++) {
+                int kh = h / 2, nan_row = (kh == 1 && i >= 3) || (kh == 0 && i >= 20);
+                for (int d = 0; d < DH; d++) { /* a NaN V value: its dim only */
+                    int nan = nan_row || (kh == 0 && i >= 10 && d == 7);
+                    int good = nan ? isnan(out[i][h][d]) : isfinite(out[i][h][d]);
+                    if (!good && getenv("LK_DEBUG")) fprintf(stderr, "i %d h %d d %d: %g\n", i, h, d, (double)out[i][h][d]);
+                    ok &= good;
+                }
+            }
+        /* row 0 sees key 0 only: out = v_descale * v(key 0) exactly */
+        for (int h = 0; h < HQ; h++)
+            for (int d = 0; d < DH; d++) ok &= out[0][h][d] == vds[h / 2] * lk_f8e5m2_to_f32(vc[0][h / 2][d]);
+        tu_check(ok, "%s flash_attn fp8: a NaN K code makes its rows NaN, a hidden key's NaN V code reaches only the "
+                 "queries that see it, +inf in K makes rows NaN, the per-head v_descale scales exactly",
+                 lk_isa_name(isas[ii]));
+    }
+}
+
 /* ---------------------------------------------------------------- mla_decode */
 
 /* mla_decode's rules (docs/numerics.md), bf16 (the avx512bf16 ISA's bf16 dot-product
@@ -1137,6 +1266,7 @@ int main(void) {
     test_attention_page_tail();
     test_attention_bf16();
     test_attention_bf16_decode();
+    test_attention_fp8();
     test_mla();
     test_mla_fp8();
     test_mla_decode();

@@ -63,7 +63,10 @@ class LkAttnParams(ctypes.Structure):
     _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int),
                 ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
                 ("softcap", ctypes.c_float), ("kv_layout", ctypes.c_int),
-                ("alibi_slopes", ctypes.c_void_p)]
+                ("alibi_slopes", ctypes.c_void_p),
+                # ---- fp8 attention (since 0.3): pointers to packed lk_tensor descales
+                ("q_descale", ctypes.c_void_p), ("k_descale", ctypes.c_void_p),
+                ("v_descale", ctypes.c_void_p)]
 
 
 class LkMlaParams(ctypes.Structure):
@@ -79,10 +82,10 @@ class LkMlaDecodeParams(ctypes.Structure):
 # _PACK[nd](ptr, dtype, nd, *shape, *strides) -> the bytes of one lk_tensor (unused dims 0)
 _PACK = tuple(struct.Struct("@Pii%dq%dx%dq%dx" % (n, 8 * (MAX_DIMS - n), n, 8 * (MAX_DIMS - n))).pack
               for n in range(MAX_DIMS + 1))
-_PACK_PARAMS = struct.Struct("@fiqqfiP").pack
+_PACK_PARAMS = struct.Struct("@fiqqfiPPPP").pack  # alibi, q/k/v_descale (0.3)
 _PACK_MLA_PARAMS = struct.Struct("@fiiif").pack  # + k_scale (0.3)
 assert struct.calcsize("@Pii8q8q") == ctypes.sizeof(LkTensor)
-assert struct.calcsize("@fiqqfiP") == ctypes.sizeof(LkAttnParams)
+assert struct.calcsize("@fiqqfiPPPP") == ctypes.sizeof(LkAttnParams)
 assert struct.calcsize("@fiii") == ctypes.sizeof(LkMlaParams)
 _PACK_MLA_DECODE_PARAMS = struct.Struct("@fiiqf4x").pack  # + k_scale (since 0.3)
 assert struct.calcsize("@fiiq") == ctypes.sizeof(LkMlaDecodeParams)
@@ -390,6 +393,28 @@ def _is_uint8(x):
     return torch is not None and isinstance(x, torch.Tensor) and x.dtype == torch.uint8
 
 
+# ---- fp8 attention inputs (flash_attn over fp8 q / K / V)
+
+
+def fp8_view(x, name, dt=None):
+    """view() of a read-only argument that may be fp8: with dt (F8E4M3 / F8E5M2) a uint8
+    buffer is viewed as dt and an fp8-typed array or tensor must be of dtype dt; without
+    dt, float8 arrays / tensors are taken by their own dtype (as view() does)."""
+    if x is None or dt is None:
+        return view(x, name)
+    if _is_uint8(x):
+        if isinstance(x, np.ndarray):
+            return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides
+        if not x.is_cpu:
+            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+        return pack(x.data_ptr(), dt, x.shape, x.stride(), name)
+    p, got, shape, st = info(x, name)
+    if got != dt:
+        raise TypeError("%s: dtype %s does not match the fp8 kv_cache_dtype (%s)"
+                        % (name, getattr(x, "dtype", got), "float8_e4m3fn" if dt == F8E4M3 else "float8_e5m2"))
+    return pack(p, dt, shape, st, name)
+
+
 def fp8_out_view(x, name, dt):
     """out_view() of an fp8 cache of lk dtype dt: a uint8 buffer (as vLLM allocates fp8
     caches) is viewed as dt; an fp8-typed array or tensor must be of dtype dt."""
@@ -462,14 +487,17 @@ def is_torch(x):
     return fn is _torch_info
 
 
-def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi=None):
-    """The packed lk_attn_params; alibi: the packed lk_tensor of the slopes or None. With
-    alibi, returns (params, keep): keep holds the tensor's buffer, which must outlive the
+def attn_params(scale, causal, window_left, window_right, softcap, layout, alibi=None,
+                q_descale=None, k_descale=None, v_descale=None):
+    """The packed lk_attn_params; alibi, q/k/v_descale: packed lk_tensors or None. With
+    any of them, returns (params, keep): keep holds their buffers, which must outlive the
     call."""
-    if alibi is None:
-        return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, 0)
-    keep = ctypes.create_string_buffer(alibi, len(alibi))
-    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, ctypes.addressof(keep)), keep
+    tens = (alibi, q_descale, k_descale, v_descale)
+    if all(t is None for t in tens):
+        return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, 0, 0, 0, 0)
+    keep = [None if t is None else ctypes.create_string_buffer(t, len(t)) for t in tens]
+    ptrs = [0 if k is None else ctypes.addressof(k) for k in keep]
+    return _PACK_PARAMS(scale, causal, window_left, window_right, softcap, layout, *ptrs), keep
 
 
 def mla_params(scale, strategy, layout, dedup, k_scale=1.0):

@@ -662,13 +662,58 @@ def _empty(like, shape, f32=False):
     return np.empty(shape, dtype=np.float32 if f32 else like.dtype)
 
 
+# ---- fp8 attention (q / K / V in f8e4m3 / f8e5m2 with q/k/v_descale)
+
+
+def _fp8_code(x):
+    """L.F8E4M3 / L.F8E5M2 for a float8-typed array or tensor, else None."""
+    name = str(getattr(x, "dtype", ""))
+    if "float8_e4m3fn" in name:
+        return L.F8E4M3
+    if "float8_e5m2" in name:
+        return L.F8E5M2
+    return None
+
+
+def _kv_fp8(kv_cache_dtype):
+    """The lk fp8 dtype uint8 K/V buffers are viewed as (None for 'auto')."""
+    if kv_cache_dtype in (None, "auto"):
+        return None
+    if kv_cache_dtype in _FP8_KV:
+        return _FP8_KV[kv_cache_dtype]
+    raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
+
+
+def _descale_view(x, name, keep):
+    """A descale as a packed f32 lk_tensor (None stays None): a Python number becomes a
+    0-d f32 array (kept alive in keep); arrays / tensors of shape [], [1], [Hk] or
+    [B, Hk] (vLLM's expanded [num_seqs, num_kv_heads], any strides) are passed as they are."""
+    if x is None:
+        return None
+    if isinstance(x, (int, float, np.generic)) and not isinstance(x, (bool, np.bool_)):
+        x = np.array(x, dtype=np.float32)  # numbers and NumPy scalars (np.float32(0.5))
+        keep.append(x)
+    return _view(x, name)
+
+
+def _fp8_out_like(q, v):
+    """An out dtype for an fp8 q: v's when v is not fp8, else bf16 (torch) / f32 (NumPy)."""
+    if _fp8_code(v) is None and not L._is_uint8(v):
+        return v.dtype
+    if L.is_torch(q):
+        import torch
+        return torch.bfloat16
+    return np.float32
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *,
                            return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND",
                            scheduler_metadata=None, num_splits=0, fa_version=None, q_v=None,
-                           q_descale=None, k_descale=None, v_descale=None, s_aux=None):
+                           q_descale=None, k_descale=None, v_descale=None, s_aux=None,
+                           kv_cache_dtype="auto"):
     """flash-attention's varlen attention. q [Tq, Hq, Dqk]; dense k [Tk, Hk, Dqk],
     v [Tk, Hk, Dv] with cu_seqlens_k, or paged caches with block_table [B, pages] and
     seqused_k [B] (cu_seqlens_k None; kv_layout 'ND' or 'NZ'). Returns out [Tq, Hq, Dv]
@@ -679,17 +724,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     -slope * |i + k_len - q_len - j| on the scaled (and softcapped) score.
     max_seqlen_* are accepted for compatibility and not needed; deterministic,
     scheduler_metadata, num_splits and fa_version are ignored (results never depend on the
-    thread count); q_v, q/k/v_descale and s_aux raise NotImplementedError."""
+    thread count); q_v and s_aux raise NotImplementedError.
+    fp8: q, k and v may be float8_e4m3fn / float8_e5m2 (torch or ml_dtypes) with
+    q_descale, k_descale, v_descale (f32 numbers or tensors of shape [], [1], [Hk] or
+    [num_seqs, Hk] as vLLM expands them; dequantized = fp8 * descale, applied to the
+    scores and outputs inside the kernel; ignored for a q, k or v that is not fp8).
+    kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' views uint8 K/V buffers (as vLLM
+    allocates caches) as that fp8 type. An fp8 NZ cache is [blocks, Hk*D/32, bs, 32]."""
     if dropout_p:
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
     # vLLM's vllm_flash_attn keywords: scheduling hints are ignored, the rest refused
-    for name, val in (("q_v", q_v), ("q_descale", q_descale), ("k_descale", k_descale),
-                      ("v_descale", v_descale), ("s_aux", s_aux)):
+    for name, val in (("q_v", q_v), ("s_aux", s_aux)):
         if val is not None:
             raise NotImplementedError("%s: not supported (%s)" % (
-                name, "fp8 attention" if name.endswith("descale") else
-                "attention sinks" if name == "s_aux" else "FlashAttention-3's MLA q_v"))
+                name, "attention sinks" if name == "s_aux" else "FlashAttention-3's MLA q_v"))
     lay = _layout(kv_layout)
+    f8 = _kv_fp8(kv_cache_dtype)
     if block_table is not None and seqused_k is None and cu_seqlens_k is not None:
         # flash-attention 2's paged form: the key lengths come from cu_seqlens_k
         seqused_k = _seqlens_from_cu(cu_seqlens_k, "cu_seqlens_k")
@@ -706,19 +756,28 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         tq, hq = q.shape[0], q.shape[1]
     if out is None:
         dv = v.shape[-1]
-        if block_table is not None and lay == 1:  # NZ: [blocks, C/16, bs, 16], C = Hk * D
-            hk = k.shape[1] * 16 // dqk
-            dv = v.shape[1] * 16 // hk if hk else dqk
-        out = _empty(q, (tq, hq, dv))
+        if block_table is not None and lay == 1:  # NZ: [blocks, C/T, bs, T], C = Hk * D
+            kt = 32 if (f8 is not None or _fp8_code(k) is not None) else 16  # fp8: 32-wide tiles
+            vt = 32 if (f8 is not None or _fp8_code(v) is not None) else 16
+            hk = k.shape[1] * kt // dqk
+            dv = v.shape[1] * vt // hk if hk else dqk
+        if _fp8_code(q) is not None:
+            out = (__import__("torch").empty((tq, hq, dv), dtype=_fp8_out_like(q, v)) if L.is_torch(q)
+                   else np.empty((tq, hq, dv), dtype=_fp8_out_like(q, v)))
+        else:
+            out = _empty(q, (tq, hq, dv))
     lse = _empty(q, (hq, tq), f32=True) if return_softmax_lse else None
     wl, wr = (-1, -1) if window_size is None else window_size
+    alive = []
     params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, lay,
-                           _view(alibi_slopes, "alibi_slopes"))
+                           _view(alibi_slopes, "alibi_slopes"), _descale_view(q_descale, "q_descale", alive),
+                           _descale_view(k_descale, "k_descale", alive),
+                           _descale_view(v_descale, "v_descale", alive))
     keep = None
-    if alibi_slopes is not None:
+    if isinstance(params, tuple):
         params, keep = params
-    s = L.flash_attn_varlen(_out(out, "out"), _tview(lse, "lse"), _view(q, "q"), _view(k, "k"),
-                            _view(v, "v"), _view(cu_seqlens_q, "cu_seqlens_q"),
+    s = L.flash_attn_varlen(_out(out, "out"), _tview(lse, "lse"), _view(q, "q"), L.fp8_view(k, "k", f8),
+                            L.fp8_view(v, "v", f8), _view(cu_seqlens_q, "cu_seqlens_q"),
                             _view(cu_seqlens_k, "cu_seqlens_k"), _view(seqused_k, "seqused_k"),
                             _view(block_table, "block_table"), params)
     del keep
@@ -760,7 +819,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, out=None):
+                            return_softmax_lse=False, *, out=None, q_descale=None, k_descale=None,
+                            v_descale=None, kv_cache_dtype="auto"):
     """flash-attention's decode entry point. q [B, s_q, Hq, D]; k_cache, v_cache dense
     [B_cache, S, Hk, D] (request b uses row cache_batch_idx[b], default b) or paged
     [num_blocks, block_size, Hk, D] with block_table [B, max_blocks]; cache_seqlens (int or
@@ -773,11 +833,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softcap, alibi_slopes [Hq] / [B, Hq] as flash_attn_varlen_func). Returns out
     [B, s_q, Hq, Dv] (allocated like q when None), or (out, lse [B, Hq, s_q]) with
     return_softmax_lse. On any error nothing is written: the cache slots of the append
-    are put back. num_splits is ignored; cache_leftpad is not supported."""
+    are put back. num_splits is ignored; cache_leftpad is not supported.
+    fp8 caches (float8 types, or uint8 with kv_cache_dtype 'fp8' / 'fp8_e4m3' /
+    'fp8_e5m2') and an fp8 q with q/k/v_descale as flash_attn_varlen_func; appending k, v
+    to an fp8 cache is not supported (write them with reshape_and_cache_flash first)."""
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     if (k is None) != (v is None):
         raise ValueError("k, v: pass both new keys and new values, or neither")
+    f8 = _kv_fp8(kv_cache_dtype)
+    if k is not None and (f8 is not None or _fp8_code(k_cache) is not None or _fp8_code(v_cache) is not None):
+        raise NotImplementedError("k, v: appending to an fp8 cache is not supported; write the new "
+                                  "keys with reshape_and_cache_flash(kv_cache_dtype='fp8') first")
     if len(q.shape) != 4:
         raise ValueError("q: shape %s, expected [batch, seqlen, heads, head_dim]" % (tuple(q.shape),))
     if len(k_cache.shape) != 4 or len(v_cache.shape) != 4:
@@ -863,17 +930,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             softmax_scale = 1.0 / math.sqrt(D)
         dv = int(v_cache.shape[-1])
         if out is None:
-            out = _empty(q, (B, sq, Hq, dv))
+            if _fp8_code(q) is not None:
+                out = (__import__("torch").empty((B, sq, Hq, dv), dtype=_fp8_out_like(q, v_cache)) if L.is_torch(q)
+                       else np.empty((B, sq, Hq, dv), dtype=_fp8_out_like(q, v_cache)))
+            else:
+                out = _empty(q, (B, sq, Hq, dv))
         lse = _empty(q, (B, sq, Hq), f32=True) if return_softmax_lse else None
+        alive = []
         params = L.attn_params(softmax_scale, 1 if causal else 0, wl, wr, softcap, 0,
-                               _view(alibi_slopes, "alibi_slopes"))
+                               _view(alibi_slopes, "alibi_slopes"), _descale_view(q_descale, "q_descale", alive),
+                               _descale_view(k_descale, "k_descale", alive),
+                               _descale_view(v_descale, "v_descale", alive))
         keep = None
-        if alibi_slopes is not None:
+        if isinstance(params, tuple):
             params, keep = params
         cu_q = _side(q, (np.arange(B + 1) * sq).astype(np.int32))
         st = L.flash_attn_varlen(_tokens_view(out, "out", True),
                                  None if lse is None else _view(lse.reshape(B * sq, Hq), "lse"),
-                                 _tokens_view(qq, "q"), _view(k_cache, "k_cache"), _view(v_cache, "v_cache"),
+                                 _tokens_view(qq, "q"), L.fp8_view(k_cache, "k_cache", f8),
+                                 L.fp8_view(v_cache, "v_cache", f8),
                                  _view(cu_q, "cu_seqlens_q"), None,
                                  _view(_side(q, total.astype(np.int32)), "cache_seqlens"),
                                  _view(_side(q, table), "block_table"), params)

@@ -140,7 +140,18 @@ typedef struct {
     int has_lse;
     const float *alibi;    /* NULL, or ALiBi slopes: request b, head h at alibi[b * alibi_bstride + h] */
     int64_t alibi_bstride; /* Hq ([B, Hq] slopes) or 0 ([Hq]) */
+    /* ---- fp8 q / K / V (since 0.3): descales of request b, KV head kh at
+     * lk_scale_at(&qd, b, kh); 1 for a q, K or V that is not fp8. Scores are
+     * scale * qd * kd * (q . k) on the fp8 codes' values, out = vd * sum_j p_j v_j.
+     * A zero-initialised lk_scale (p NULL: internal callers such as the MLA strategies)
+     * reads as 1 (lk_attn_desc). */
+    lk_scale qd, kd, vd;
 } lk_attn_args;
+
+/* descale of request b, KV head kh (1 where s->p is NULL) */
+static inline float lk_attn_desc(const lk_scale *s, int64_t b, int64_t kh) {
+    return s->p ? lk_scale_at(s, b, kh) : 1.0f;
+}
 
 /* ALiBi: s[jj] -= slope * |i + k_len - q_len - (j0 + jj)| for keys j0 .. j0 + n - 1 of
  * query i of request b, head h (f32; the SIMD kernels' one place for it) */

@@ -2,7 +2,10 @@
  * Public entry lk_flash_attn_varlen: validation of every argument (shapes, dtypes,
  * index values, overlaps) before any store, contiguous int32 copies of the index
  * tensors for the kernels, then the kernel of the ISA in use. Contract in
- * include/llmkern.h; maths in docs/ops.md.
+ * include/llmkern.h; maths in docs/ops.md. fp8 (since 0.3): q, k, v may be
+ * f8e4m3 / f8e5m2 (paged fp8 caches through lk_paged_init8: NZ tiles 32 wide), with
+ * params.q/k/v_descale validated by lk_scale_init ([], [1], [Hk], [B, Hk]) into the
+ * kernel arguments (1 for a tensor that is not fp8).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -12,7 +15,7 @@
 #include "../cpu/kernels.h"
 
 lk_attn_params lk_attn_params_default(float scale) {
-    lk_attn_params p = {scale, 0, -1, -1, 0.0f, LK_KV_ND, NULL};
+    lk_attn_params p = {scale, 0, -1, -1, 0.0f, LK_KV_ND, NULL, NULL, NULL, NULL};
     return p;
 }
 
@@ -102,7 +105,7 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
     if (p->window_left < -1 || p->window_right < -1)
         return lk_fail(LK_ERR_VALUE, "params.window: values must be >= -1, got (%lld, %lld)",
                        (long long)p->window_left, (long long)p->window_right);
-    if ((s = lk_check_float(q, "q", 3, 3))) return s;
+    if ((s = lk_check_float8(q, "q", 3, 3))) return s;
     if ((s = lk_check_float(out, "out", 3, 3))) return s;
     if ((s = lk_check_index(cu_q, "cu_seqlens_q", 1, 1))) return s;
     int64_t Tq = q->shape[0], Hq = q->shape[1], Dqk = q->shape[2], Dv = out->shape[2];
@@ -124,7 +127,7 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
     if (!paged) {
         if (used) return lk_fail(LK_ERR_VALUE, "seqused_k: only with a block_table (paged K/V)");
         if (!cu_k) return lk_fail(LK_ERR_NULL, "cu_seqlens_k: required for dense K/V");
-        if ((s = lk_check_float(k, "k", 3, 3)) || (s = lk_check_float(v, "v", 3, 3))) return s;
+        if ((s = lk_check_float8(k, "k", 3, 3)) || (s = lk_check_float8(v, "v", 3, 3))) return s;
         if ((s = lk_check_index(cu_k, "cu_seqlens_k", 1, 1))) return s;
         if (cu_k->shape[0] != B + 1)
             return lk_fail(LK_ERR_SHAPE, "cu_seqlens_k: %lld entries, cu_seqlens_q has %lld",
@@ -143,12 +146,13 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         if (table->shape[0] != B || used->shape[0] != B)
             return lk_fail(LK_ERR_SHAPE, "block_table %s / seqused_k %s: need %lld requests",
                            lk_shape_str(table), lk_shape_str(used), (long long)B);
-        if ((s = lk_check_float(k, "k", 4, 4)) || (s = lk_check_float(v, "v", 4, 4))) return s;
+        if ((s = lk_check_float8(k, "k", 4, 4)) || (s = lk_check_float8(v, "v", 4, 4))) return s;
         if (p->kv_layout == LK_KV_NZ) {
-            if ((k->shape[1] * 16) % Dqk)
+            int64_t tile = lk_is_fp8(k->dtype) ? 32 : 16; /* 1-byte caches: 32-wide tiles */
+            if ((k->shape[1] * tile) % Dqk)
                 return lk_fail(LK_ERR_SHAPE, "k: NZ page of %lld values is not a whole number of %lld-dim heads",
-                               (long long)(k->shape[1] * 16), (long long)Dqk);
-            Hk = k->shape[1] * 16 / Dqk;
+                               (long long)(k->shape[1] * tile), (long long)Dqk);
+            Hk = k->shape[1] * tile / Dqk;
         } else {
             Hk = k->shape[2];
         }
@@ -158,8 +162,8 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
                        (long long)Hq, (long long)Hk);
     lk_kv_layout lay = paged ? p->kv_layout : LK_KV_ND;
     if (paged) {
-        if ((s = lk_paged_init(&a->kc, k, lay, Hk, Dqk, "k"))) return s;
-        if ((s = lk_paged_init(&a->vc, v, lay, Hk, Dv, "v"))) return s;
+        if ((s = lk_paged_init8(&a->kc, k, lay, Hk, Dqk, "k"))) return s;
+        if ((s = lk_paged_init8(&a->vc, v, lay, Hk, Dv, "v"))) return s;
         if (a->kc.num_blocks != a->vc.num_blocks || a->kc.block_size != a->vc.block_size)
             return lk_fail(LK_ERR_SHAPE, "v: cache pages (%lld x %lld) differ from k's (%lld x %lld)",
                            (long long)a->vc.num_blocks, (long long)a->vc.block_size,
@@ -169,19 +173,33 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         if (a->kc.block_size < 1) a->kc.block_size = a->vc.block_size = 1;
     } else {
         /* a dense [Tk, Hk, D] view is one page of Tk slots */
-        a->kc = (lk_paged){k->data, k->dtype, LK_KV_ND, 1, k->shape[0], Hk, Dqk, 0, k->stride[0], k->stride[1], k->stride[2], 16};
-        a->vc = (lk_paged){v->data, v->dtype, LK_KV_ND, 1, v->shape[0], Hk, Dv, 0, v->stride[0], v->stride[1], v->stride[2], 16};
+        a->kc = (lk_paged){.data = k->data, .dtype = k->dtype, .layout = LK_KV_ND, .num_blocks = 1,
+                           .block_size = k->shape[0], .H = Hk, .D = Dqk, .s0 = 0, .s1 = k->stride[0],
+                           .s2 = k->stride[1], .s3 = k->stride[2], .tile = 16};
+        a->vc = (lk_paged){.data = v->data, .dtype = v->dtype, .layout = LK_KV_ND, .num_blocks = 1,
+                           .block_size = v->shape[0], .H = Hk, .D = Dv, .s0 = 0, .s1 = v->stride[0],
+                           .s2 = v->stride[1], .s3 = v->stride[2], .tile = 16};
         lk_paged_drop_unit_strides(&a->kc);
         lk_paged_drop_unit_strides(&a->vc);
     }
     /* outputs: no self overlap, disjoint from every input and from each other */
     if ((s = lk_check_no_self_overlap(out, "out"))) return s;
-    const lk_tensor *ins[7] = {q, k, v, cu_q, cu_k, used, table};
-    const char *names[7] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table"};
-    if ((s = check_overlaps(out, "out", ins, names, 7))) return s;
+    /* fp8 descales (since 0.3): [], [1], [Hk] or [B, Hk], finite and > 0; 1 for a q,
+     * k or v that is not fp8 (validated all the same) */
+    if ((s = lk_scale_init(&a->qd, p->q_descale, B, Hk, "q_descale")) ||
+        (s = lk_scale_init(&a->kd, p->k_descale, B, Hk, "k_descale")) ||
+        (s = lk_scale_init(&a->vd, p->v_descale, B, Hk, "v_descale")))
+        return s;
+    if (!lk_is_fp8(q->dtype)) lk_scale_init(&a->qd, NULL, B, Hk, "q_descale");
+    if (!lk_is_fp8(k->dtype)) lk_scale_init(&a->kd, NULL, B, Hk, "k_descale");
+    if (!lk_is_fp8(v->dtype)) lk_scale_init(&a->vd, NULL, B, Hk, "v_descale");
+    const lk_tensor *ins[10] = {q, k, v, cu_q, cu_k, used, table, p->q_descale, p->k_descale, p->v_descale};
+    const char *names[10] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+                             "q_descale", "k_descale", "v_descale"};
+    if ((s = check_overlaps(out, "out", ins, names, 10))) return s;
     if (lse) {
         if ((s = lk_check_no_self_overlap(lse, "lse"))) return s;
-        if ((s = check_overlaps(lse, "lse", ins, names, 7))) return s;
+        if ((s = check_overlaps(lse, "lse", ins, names, 10))) return s;
         if ((s = lk_check_disjoint(lse, "lse", out, "out"))) return s;
     }
     if (p->alibi_slopes) {

@@ -7,6 +7,9 @@
  *   s_j = softcap * tanh(s_j / softcap) if softcap > 0
  *   s_j -= slope[b, h] * |i + k_len - q_len - j|   with ALiBi slopes
  *   out_i = sum_j softmax(s)_j v_j,  lse_i = log(sum_j exp(s_j))   (natural log)
+ * fp8 q / K / V (since 0.3): every value is the dequantized f32(code) * descale of its
+ * (request, KV head): the dot is taken on the codes' values and multiplied by
+ * q_descale * k_descale with the scale, the output sum by v_descale.
  * A row that sees no key gets out = 0 and lse = -inf; query rows outside every request
  * (padding) likewise. Two passes over the scores (max, then exp-sum and PV); dot
  * products and sums in double. Keys are addressed through lk_attn_key_off, so dense,
@@ -19,10 +22,10 @@
 #include "../kernels.h"
 
 static void store_row(const lk_attn_args *a, int64_t t, int64_t h, const double *acc, double l,
-                      double m) {
+                      double m, double vd) {
     const lk_tensor *o = &a->out;
     for (int64_t d = 0; d < a->Dv; d++) {
-        float v = l > 0 || isnan(l) ? (float)(acc[d] / l) : 0.0f;
+        float v = l > 0 || isnan(l) ? (float)(vd * acc[d] / l) : 0.0f;
         lk_store_f(o->data, o->dtype, t * o->stride[0] + h * o->stride[1] + d * o->stride[2], v);
     }
     if (a->has_lse) {
@@ -47,7 +50,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
     /* padding rows first: every row outside [cu_q[0], cu_q[B]) */
     for (int64_t t = 0; t < Tq; t++) {
         if (t >= a->cu_q[0] && t < a->cu_q[a->B]) continue;
-        for (int64_t h = 0; h < a->Hq; h++) store_row(a, t, h, acc, 0.0, 0.0);
+        for (int64_t h = 0; h < a->Hq; h++) store_row(a, t, h, acc, 0.0, 0.0, 1.0);
     }
     for (int64_t b = 0; b < a->B; b++) {
         int64_t q0 = a->cu_q[b], q_len = a->cu_q[b + 1] - q0, k_len = a->k_len[b];
@@ -56,6 +59,8 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
             lk_attn_window(a, i, q_len, k_len, &lo, &hi);
             for (int64_t h = 0; h < a->Hq; h++) {
                 int64_t kh = h / G;
+                double qk_scale = (double)a->scale * (double)lk_attn_desc(&a->qd, b, kh) *
+                                  (double)lk_attn_desc(&a->kd, b, kh);
                 const char *qrow = (const char *)q->data; // [Dqk] at (q0 + i, h)
                 int64_t qoff = (q0 + i) * q->stride[0] + h * q->stride[1];
                 double m = -INFINITY, l = 0.0;
@@ -64,7 +69,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
                     for (int64_t d = 0; d < a->Dqk; d++)
                         dot += (double)lk_load_f(qrow, q->dtype, qoff + d * q->stride[2]) *
                                (double)lk_load_f(a->kc.data, a->kc.dtype, lk_attn_key_off(a, &a->kc, b, j, kh, d));
-                    double sc = dot * (double)a->scale;
+                    double sc = dot * qk_scale;
                     if (a->softcap > 0) sc = (double)a->softcap * tanh(sc / (double)a->softcap);
                     if (a->alibi) /* ALiBi: -slope * |i + k_len - q_len - j| */
                         sc -= (double)a->alibi[b * a->alibi_bstride + h] * (double)llabs(i + k_len - q_len - j);
@@ -80,7 +85,7 @@ lk_status lk_ref_flash_attn(const lk_attn_args *a) {
                             acc[d] += p * (double)lk_load_f(a->vc.data, a->vc.dtype, lk_attn_key_off(a, &a->vc, b, j, kh, d));
                     }
                 }
-                store_row(a, q0 + i, h, acc, l, m);
+                store_row(a, q0 + i, h, acc, l, m, (double)lk_attn_desc(&a->vd, b, kh));
             }
         }
     }

@@ -40,9 +40,15 @@
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
  *
+ * fp8 q / K / V (docs/ops.md, "fp8 q / K / V"): the descales fold into the score scale
+ * (qk_scale: scale * q_descale * k_descale per request and KV head) and the output
+ * (store_out_row's v_descale); on the AVX512_BF16 build fp8 rows are widened to bf16 in
+ * registers (f8_to_bf16) and take the bf16 dot-product paths, elsewhere they are loaded
+ * through the vector layer's fp8 -> f32 conversion. fp8 NZ tiles are 32 wide (TILE).
+ *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
- * a multiple of 16), head dims a multiple of 8 (a last partial vector where W = 16);
- * anything else goes to the reference.
+ * a multiple of 16, 32 for fp8), head dims a multiple of 8 (a last partial vector where
+ * W = 16); anything else goes to the reference.
  * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
  * allocated up front.
  */
@@ -90,15 +96,23 @@ static inline void mk(int64_t K, const float *A, int64_t lda, const float *B, fl
 
 /* ------------------------------------------------------------------ loading */
 
-/* element offset of dim d of a K/V row starting at `base` (unit lane stride; NZ rows are
- * 16-dim chunks `cs` apart, ND rows contiguous: cs = 16) */
-static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d) { return base + (d >> 4) * cs + (d & 15); }
+/* K/V rows are read in tiles of TILE(es) dims, `cs` elements apart: NZ's tiles (16 wide,
+ * 32 for 1-byte fp8 caches), cs = s1; an ND row is contiguous, cs = TILE(es). The fp8
+ * tile keeps 16 consecutive dims from a multiple of 16 contiguous, as every vector load
+ * here needs. */
+#define TILE(es) ((es) == 1 ? 32 : 16)
 
-/* byte offset of dim d (a multiple of W) of a K/V row whose 16-dim chunks are cs
- * elements apart (cs == 16: a contiguous ND row) */
-static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return ((d >> 4) * cs + (d & 15)) * es; }
+/* element offset of dim d of a K/V row of `es`-byte elements starting at `base` */
+static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d, int64_t es) {
+    return es == 1 ? base + (d >> 5) * cs + (d & 31) : base + (d >> 4) * cs + (d & 15);
+}
 
-static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
+/* byte offset of dim d (a multiple of W) of a K/V row of `es`-byte elements */
+static inline int64_t chunk_off(int64_t d, int64_t cs, int64_t es) { return dim_off(0, cs, d, es) * es; }
+
+static inline int64_t chunk_stride(const lk_paged *c) {
+    return c->layout == LK_KV_NZ ? c->s1 : TILE(lk_esize(c->dtype));
+}
 
 /* W dims of a K/V row from element offset off (n < W: the first n, the rest 0) */
 static inline lkv_f32 load_at(const lk_paged *c, int64_t off, int64_t n) {
@@ -113,7 +127,7 @@ static inline lkv_f32 load_at(const lk_paged *c, int64_t off, int64_t n) {
 /* Kt[p][d][jj % PW] = K[j0 + jj][d] for jj < kb, 0 for kb <= jj < KB */
 static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, float *Kt) {
     const lk_paged *c = &a->kc;
-    int64_t D = a->Dqk, cs = chunk_stride(c);
+    int64_t D = a->Dqk, cs = chunk_stride(c), es = lk_esize(c->dtype);
     for (int64_t g = 0; g < KB; g += LKV_W) {
         int64_t base[LKV_W];
         for (int r = 0; r < LKV_W; r++) base[r] = g + r < kb ? lk_attn_key_off(a, c, b, j0 + g + r, kh, 0) : NO_KEY;
@@ -121,7 +135,7 @@ static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
         for (int64_t d = 0; d < D; d += LKV_W) {
             int64_t n = D - d < LKV_W ? D - d : LKV_W;
             lkv_f32 rw[LKV_W];
-            for (int r = 0; r < LKV_W; r++) rw[r] = base[r] != NO_KEY ? load_at(c, dim_off(base[r], cs, d), n) : lkv_zero();
+            for (int r = 0; r < LKV_W; r++) rw[r] = base[r] != NO_KEY ? load_at(c, dim_off(base[r], cs, d, es), n) : lkv_zero();
             lkv_transpose(rw);
             for (int k = 0; k < n; k++) lkv_storeu(dst + (d + k) * PW, rw[k]);
         }
@@ -133,36 +147,43 @@ static void load_k_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0
 static void load_v_tile(const lk_attn_args *a, int64_t b, int64_t kh, int64_t j0, int64_t kb, int64_t Dvp,
                         int64_t ps, float *Vp) {
     const lk_paged *c = &a->vc;
-    int64_t D = a->Dv, cs = chunk_stride(c);
+    int64_t D = a->Dv, cs = chunk_stride(c), es = lk_esize(c->dtype);
     for (int64_t jj = 0; jj < KB; jj++) {
         int64_t base = jj < kb ? lk_attn_key_off(a, c, b, j0 + jj, kh, 0) : NO_KEY;
         for (int64_t d = 0; d < Dvp; d += LKV_W) {
-            lkv_f32 v = base != NO_KEY && d < D ? load_at(c, dim_off(base, cs, d), D - d) : lkv_zero();
+            lkv_f32 v = base != NO_KEY && d < D ? load_at(c, dim_off(base, cs, d, es), D - d) : lkv_zero();
             lkv_storeu(Vp + (d / PW) * ps + jj * PW + (d % PW), v);
         }
     }
 }
 
+/* the score scale of request b, KV head kh: scale * q_descale * k_descale (1 for
+ * tensors that are not fp8) */
+static inline float qk_scale(const lk_attn_args *a, int64_t b, int64_t kh) {
+    return a->scale * lk_attn_desc(&a->qd, b, kh) * lk_attn_desc(&a->kd, b, kh);
+}
+
 /* Qs[r][d] = scale * q[token, head, d] */
-static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float *dst) {
+static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float scale, float *dst) {
     const lk_tensor *q = &a->q;
     int64_t off = t * q->stride[0] + h * q->stride[1], D = a->Dqk;
-    lkv_f32 sc = lkv_set1(a->scale);
+    lkv_f32 sc = lkv_set1(scale);
     if (q->stride[2] == 1) {
         int64_t es = lk_esize(q->dtype);
         const char *p = (const char *)q->data + off * es;
         int64_t d = 0;
         for (; d + LKV_W <= D; d += LKV_W) lkv_storeu(dst + d, lkv_mul(sc, lkv_load(p + d * es, q->dtype)));
-        for (; d < D; d++) dst[d] = a->scale * lk_load_f(p, q->dtype, d);
+        for (; d < D; d++) dst[d] = scale * lk_load_f(p, q->dtype, d);
     } else {
-        for (int64_t d = 0; d < D; d++) dst[d] = a->scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+        for (int64_t d = 0; d < D; d++) dst[d] = scale * lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
     }
 }
 
+/* out[t, h] = vd * o / l (vd: the v_descale of the row's request and KV head) */
 static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const float *o,
-                          lk_online_state st) {
+                          lk_online_state st, float vd) {
     const lk_tensor *out = &a->out;
-    float inv = lk_softmax_inv(st.l);
+    float inv = lk_softmax_inv(st.l) * vd;
     /* every visible score -inf (l = 0): zeros, never NaN, even where a zero weight met an
      * infinite V value in the accumulator (0 * inf) */
     lkv_m keep = lkv_m_first(st.l == 0.0f ? 0 : LKV_W);
@@ -281,10 +302,56 @@ LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_
                            m > 16 ? lkv_c32_loadu(q + chunk_off(d + 16, cs, 2)) : _mm256_setzero_si256());
 }
 
-/* row16_load of the K/V row at element offset base of cache c */
-static inline lkv_bits load_pairs(const lk_paged *c, int64_t base, int64_t cs, int64_t d, int64_t n) {
-    return row16_load((const char *)c->data + 2 * base, d, n, cs);
+/* ---- fp8 rows on the bf16 path: every e4m3 / e5m2 value is a bf16 value, so a row of
+ * codes is widened to bf16 bits in registers (no dequantized copy) and feeds the same
+ * dot products; the descales multiply the f32 scores and outputs.
+ *   normal code: bf16 = sign | (mag << (7 - M)) + ((127 - bias) << 7)   (mag = code & 0x7f)
+ *   subnormal (mag < 2^M): a table of its 2^M values; e4m3 S.1111.111 -> NaN; e5m2
+ *   S.11111.00 -> inf, S.11111.xx -> NaN (quiet, the sign kept), as src/core/fp8.h
+ *   converts to f32. */
+static inline lkv_bits f8_to_bf16(__m256i codes, lk_dtype dt) {
+    __m512i w = _mm512_cvtepu8_epi16(codes), mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
+    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8), r;
+    if (dt == LK_F8E4M3) {
+        const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                             0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
+        r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+        r = _mm512_mask_permutexvar_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, sub);
+        r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+    } else {
+        const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                             0, 0, 0, 0, 0x3840, 0x3800, 0x3780, 0);
+        r = _mm512_add_epi16(_mm512_slli_epi16(mag, 5), _mm512_set1_epi16(112 << 7));
+        r = _mm512_mask_permutexvar_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(4)), mag, sub);
+        r = _mm512_mask_mov_epi16(r, _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(0x7c)), _mm512_set1_epi16(0x7fc0));
+        r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7c)), _mm512_set1_epi16(0x7f80));
+    }
+    return _mm512_or_si512(r, sign);
 }
+
+/* row16_load for a row of fp8 codes at p: 2W = 32 dims from d (m of them, a multiple of
+ * 8; the rest 0), 32-dim tiles cs bytes apart (cs == 32: a contiguous ND row); d is a
+ * multiple of 32 wherever the tiles are not contiguous */
+LK_ALWAYS_INLINE lkv_bits row16_load_f8(const char *p, int64_t d, int64_t m, int64_t cs, lk_dtype dt) {
+    if (!p || m <= 0) return lkv_bits_load16(p, 0);
+    const char *q = p + dim_off(0, cs, d, 1);
+    __m256i c = m >= 32 ? _mm256_loadu_si256((const __m256i *)q) : _mm256_maskz_loadu_epi8((__mmask32)((1u << m) - 1u), q);
+    return f8_to_bf16(c, dt);
+}
+
+/* 2W dims of a bf16 or fp8 row (dt constant after inlining) */
+LK_ALWAYS_INLINE lkv_bits rowdt_load(const char *p, int64_t d, int64_t m, int64_t cs, lk_dtype dt) {
+    return dt == LK_BF16 ? row16_load(p, d, m, cs) : row16_load_f8(p, d, m, cs, dt);
+}
+
+/* row16_load of the K/V row at element offset base of cache c (bf16 or fp8) */
+static inline lkv_bits load_pairs(const lk_paged *c, int64_t base, int64_t cs, int64_t d, int64_t n) {
+    if (c->dtype == LK_BF16) return row16_load((const char *)c->data + 2 * base, d, n, cs);
+    return row16_load_f8((const char *)c->data + base, d, n, cs, c->dtype);
+}
+
+/* a bf16-path operand: bf16, or fp8 (widened exactly) */
+static inline int bf16_operand(lk_dtype dt) { return dt == LK_BF16 || lk_is_fp8(dt); }
 
 /* Kb tile: word (d2, jj % PW) of panel jj / PW = dims 2 d2, 2 d2 + 1 of key j0 + jj; 0
  * for jj >= kb */
@@ -328,9 +395,19 @@ static void load_v_tile_bf16(const lk_attn_args *a, int64_t b, int64_t kh, int64
     }
 }
 
-/* Qb row = q[token, head, :] as bf16 bits */
+/* Qb row = q[token, head, :] as bf16 bits (an fp8 q widened: exact) */
 static void load_q_row_bf16(const lk_attn_args *a, int64_t t, int64_t h, uint16_t *dst) {
     const lk_tensor *q = &a->q;
+    if (q->dtype != LK_BF16) {
+        int64_t off = t * q->stride[0] + h * q->stride[1];
+        for (int64_t d = 0; d < a->Dqk; d++) {
+            float f = lk_load_f(q->data, q->dtype, off + d * q->stride[2]);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            dst[d] = (uint16_t)(u >> 16);
+        }
+        return;
+    }
     const uint16_t *p = (const uint16_t *)q->data + t * q->stride[0] + h * q->stride[1];
     for (int64_t d = 0; d < a->Dqk; d++) dst[d] = p[d * q->stride[2]];
 }
@@ -469,7 +546,7 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
             if (c->qk16) load_q_row_bf16(a, q0 + t0 + t, kh * G + g, Qb + r * Dqk);
             else
 #endif
-            load_q_row(a, q0 + t0 + t, kh * G + g, Qs + r * Dqk);
+            load_q_row(a, q0 + t0 + t, kh * G + g, qk_scale(a, b, kh), Qs + r * Dqk);
         }
         if (l0 <= h0) {
             if (l0 < jmin) jmin = l0;
@@ -489,7 +566,7 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
             for (int64_t r = 0; r < Mp; r += MR)
                 for (int64_t p = 0; p < KB / PW; p++)
                     mk2(Dqk / 2, (const uint32_t *)(Qb + r * Dqk), Dqk / 2, Kb + j0 * Dqk / 2 + p * (Dqk / 2) * PW,
-                        S + r * KB + p * PW, KB, 0, a->scale);
+                        S + r * KB + p * PW, KB, 0, qk_scale(a, b, kh));
         else
 #endif
         for (int64_t r = 0; r < Mp; r += MR)
@@ -542,7 +619,7 @@ static void prefill_unit(void *vctx, int64_t u, int tid) {
     for (int64_t t = 0; t < nt; t++)
         for (int64_t g = 0; g < G; g++) {
             int64_t r = t * G + g;
-            store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r]);
+            store_out_row(a, q0 + t0 + t, kh * G + g, O + r * Dvp, st[r], lk_attn_desc(&a->vd, b, kh));
         }
 }
 
@@ -588,8 +665,8 @@ static lk_status run_prefill(const lk_attn_args *a) {
      * order of the f32 sums changes. P.V on bf16 pairs, which rounds P to bf16, only for
      * bf16 v into a bf16 out, where that rounding stays within the output's own (see
      * docs/numerics.md); any other out keeps P in f32 */
-    c.qk16 = a->q.dtype == LK_BF16 && a->kc.dtype == LK_BF16;
-    c.pv16 = c.qk16 && a->vc.dtype == LK_BF16 && a->out.dtype == LK_BF16;
+    c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
+    c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16;
 #endif
     int64_t *ix = malloc(sizeof(int64_t) * (size_t)(3 * n_slabs + 2 * max_tiles + 2 * max_units + 1));
     void *scratch = NULL, *pack = NULL;
@@ -651,19 +728,19 @@ typedef struct {
  * page and each scattered cache page; per-row L1 prefetches a few rows ahead left the
  * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead) */
 
-/* elements between consecutive heads of one key (ND: s2; NZ: a head is D/16 chunks) */
+/* elements between consecutive heads of one key (ND: s2; NZ: a head is D/TILE chunks) */
 static inline int64_t head_step(const lk_paged *c) {
-    return c->layout == LK_KV_NZ ? (c->D / 16) * c->s1 : c->s2;
+    return c->layout == LK_KV_NZ ? (c->D / TILE(lk_esize(c->dtype))) * c->s1 : c->s2;
 }
 
 
 /* prefetch a K/V row of D dims of `es` bytes in 16-dim chunks `cs` elements apart
  * (cs == 16: contiguous ND row) into L2 */
 static inline void prefetch_row_l2(const char *p, int64_t cs, int64_t D, int64_t es) {
-    if (cs == 16) {
+    if (cs == TILE(es)) {
         for (int64_t off = 0; off < D * es; off += 64) lkv_prefetch_l2(p + off);
     } else {
-        for (int64_t c = 0; c < D / 16; c++) lkv_prefetch_l2(p + c * cs * es);
+        for (int64_t c = 0; c < D / TILE(es); c++) lkv_prefetch_l2(p + c * cs * es);
     }
 }
 
@@ -713,13 +790,13 @@ LK_ALWAYS_INLINE void dot_rows4(const float *q, int64_t qs, const char *p, int64
  * query rows q + g qs against one bf16 key row at p (16-dim chunks cs elements apart), on
  * bf16 pairs (VDPBF16PS: the products exact, f32 sums) */
 LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, int64_t cs, int64_t D, int n,
-                                 float scale, float cap, float *out, int64_t os) {
+                                 float scale, float cap, float *out, int64_t os, lk_dtype dt) {
     lkv_f32 s0[4], s1[4];
 #pragma GCC unroll 4
     for (int g = 0; g < n; g++) s0[g] = s1[g] = lkv_zero();
     int64_t d = 0;
     for (; d + 4 * LKV_W <= D; d += 4 * LKV_W) { /* two vectors of 2W dims: even ones to s0, odd to s1 */
-        lkv_bits k0 = row16_load(p, d, 2 * LKV_W, cs), k1 = row16_load(p, d + 2 * LKV_W, 2 * LKV_W, cs);
+        lkv_bits k0 = rowdt_load(p, d, 2 * LKV_W, cs, dt), k1 = rowdt_load(p, d + 2 * LKV_W, 2 * LKV_W, cs, dt);
 #pragma GCC unroll 4
         for (int g = 0; g < n; g++) {
             s0[g] = lkv_dot2(s0[g], lkv_bits_loadu(q + g * qs + d), k0);
@@ -728,7 +805,7 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
     }
     for (; d < D; d += 2 * LKV_W) { /* the last < 4W dims (a multiple of 8), same parity rule */
         int64_t m = D - d < 2 * LKV_W ? D - d : 2 * LKV_W;
-        lkv_bits k = row16_load(p, d, m, cs);
+        lkv_bits k = rowdt_load(p, d, m, cs, dt);
         int odd = (d / (2 * LKV_W)) % 2;
 #pragma GCC unroll 4
         for (int g = 0; g < n; g++) {
@@ -756,23 +833,66 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
  * head on bf16 pairs, heads in fours (softcap applied); the next block's K and V rows
  * (kbase / vbase [nb, nk)) prefetched into L2 on the way. kcs / vcs: chunk strides
  * (constant 16 for ND rows after inlining) */
+/* scores16_block for the common shape of 4 query heads per KV head x 128 dims without
+ * softcap: KV heads outer, the 4 heads' q rows held in 16 registers over the block's
+ * keys (not reloaded per key); per score the same sums in the same order as dot16_rows,
+ * so the same bits */
+LK_ALWAYS_INLINE void scores16_g4d128(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
+                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
+                                      int64_t khs, int64_t vhs, float *sc, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, ves = lk_esize(a->vc.dtype), kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        const uint16_t *qh = q16 + kh * 4 * 128;
+        lkv_bits qv[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) qv[g][c] = lkv_bits_loadu(qh + g * 128 + c * 32);
+        const float scale = qk_scale(a, b, kh);
+        float *out = sc + kh * 4 * DB;
+        for (int64_t jj = 0; jj < nb; jj++) {
+            const char *kp = kd + kbase[jj] + kh * khs;
+            if (DB + jj < nk) {
+                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
+                prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, a->Dv, ves);
+            }
+            lkv_bits k0 = rowdt_load(kp, 0, 32, kcs, kt), k1 = rowdt_load(kp, 32, 32, kcs, kt);
+            lkv_bits k2 = rowdt_load(kp, 64, 32, kcs, kt), k3 = rowdt_load(kp, 96, 32, kcs, kt);
+            lkv_f32 s[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                lkv_f32 s0 = lkv_dot2(lkv_dot2(lkv_zero(), qv[g][0], k0), qv[g][2], k2);
+                lkv_f32 s1 = lkv_dot2(lkv_dot2(lkv_zero(), qv[g][1], k1), qv[g][3], k3);
+                s[g] = lkv_add(s0, s1);
+            }
+            __m128 r = _mm_mul_ps(_mm_set1_ps(scale), lkv_hsum4(s[0], s[1], s[2], s[3]));
+            _mm_store_ss(out + jj, r);
+            _mm_store_ss(out + DB + jj, _mm_movehdup_ps(r));
+            _mm_store_ss(out + 2 * DB + jj, _mm_movehl_ps(r, r));
+            _mm_store_ss(out + 3 * DB + jj, _mm_permute_ps(r, 0xff));
+        }
+    }
+}
+
 LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
-                                     int64_t khs, int64_t vhs, float *sc) {
-    const int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk, Dv = a->Dv, ves = lk_esize(a->vc.dtype);
-    const float scale = a->scale, cap = a->softcap;
+                                     int64_t khs, int64_t vhs, float *sc, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk, Dv = a->Dv, ves = lk_esize(a->vc.dtype), kes = lk_esize(kt);
+    const float cap = a->softcap;
     const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
     for (int64_t jj = 0; jj < nb; jj++)
         for (int64_t kh = 0; kh < Hk; kh++) {
             const char *kp = kd + kbase[jj] + kh * khs;
+            const float scale = qk_scale(a, b, kh);
             if (DB + jj < nk) {
-                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, D, 2);
+                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, D, kes);
                 prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, Dv, ves);
             }
             for (int64_t g = 0; g < G;) {
                 int64_t h = kh * G + g, n = G - g >= 4 ? 4 : 1;
-                if (n == 4) dot16_rows(q16 + h * D, D, kp, kcs, D, 4, scale, cap, sc + h * DB + jj, DB);
-                else dot16_rows(q16 + h * D, D, kp, kcs, D, 1, scale, cap, sc + h * DB + jj, DB);
+                if (n == 4) dot16_rows(q16 + h * D, D, kp, kcs, D, 4, scale, cap, sc + h * DB + jj, DB, kt);
+                else dot16_rows(q16 + h * D, D, kp, kcs, D, 1, scale, cap, sc + h * DB + jj, DB, kt);
                 g += n;
             }
         }
@@ -794,7 +914,7 @@ LK_ALWAYS_INLINE void add_out4(float *o, int64_t D, lkv_f32 a0, lkv_f32 a1, lkv_
  * apart. Passes of 4W dims: each pair of rows zipped once into pairs of one dim
  * (lkv_zip16), 4 f32 accumulators per head, the block's sum added to o once. */
 LK_ALWAYS_INLINE void pv16_rows(float *o, int64_t os, const uint32_t *pw, int64_t ps, const char *const *v,
-                                int64_t npairs, int64_t cs, int64_t D, int n) {
+                                int64_t npairs, int64_t cs, int64_t D, int n, lk_dtype dt) {
     for (int64_t d0 = 0; d0 < D; d0 += 4 * LKV_W) {
         int64_t m0 = D - d0 < 2 * LKV_W ? D - d0 : 2 * LKV_W, m1 = D - d0 - m0 < 2 * LKV_W ? D - d0 - m0 : 2 * LKV_W;
         lkv_f32 c0[4], c1[4], c2[4], c3[4];
@@ -802,8 +922,8 @@ LK_ALWAYS_INLINE void pv16_rows(float *o, int64_t os, const uint32_t *pw, int64_
         for (int g = 0; g < n; g++) c0[g] = c1[g] = c2[g] = c3[g] = lkv_zero();
         for (int64_t p = 0; p < npairs; p++) {
             lkv_bits lo0, hi0, lo1, hi1;
-            lkv_zip16(row16_load(v[2 * p], d0, m0, cs), row16_load(v[2 * p + 1], d0, m0, cs), &lo0, &hi0);
-            lkv_zip16(row16_load(v[2 * p], d0 + 2 * LKV_W, m1, cs), row16_load(v[2 * p + 1], d0 + 2 * LKV_W, m1, cs),
+            lkv_zip16(rowdt_load(v[2 * p], d0, m0, cs, dt), rowdt_load(v[2 * p + 1], d0, m0, cs, dt), &lo0, &hi0);
+            lkv_zip16(rowdt_load(v[2 * p], d0 + 2 * LKV_W, m1, cs, dt), rowdt_load(v[2 * p + 1], d0 + 2 * LKV_W, m1, cs, dt),
                       &lo1, &hi1);
 #pragma GCC unroll 4
             for (int g = 0; g < n; g++) {
@@ -931,7 +1051,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 continue;
             }
 #endif
-            load_q_row(a, q0 + i, h, qs + h * Dqk);
+            load_q_row(a, q0 + i, h, qk_scale(a, b, h / G), qs + h * Dqk);
         }
         for (int64_t jb = lo; jb <= hi; jb += DB) {
             int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
@@ -943,10 +1063,18 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
             }
 #if defined(LKV_BF16DOT)
-            if (kt == LK_BF16 && c->qk16) {
+            if (c->qk16 && G == 4 && Dqk == 128 && !(a->softcap > 0) && (kt == LK_BF16 || lk_is_fp8(kt))) {
                 const uint16_t *q16 = (const uint16_t *)qs;
-                if (kcs == 16) scores16_block(a, q16, kbase, vbase, nb, nk, 16, vcs, khs, vhs, sc);
-                else scores16_block(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc);
+                if (kcs == TILE(kes)) scores16_g4d128(a, q16, kbase, vbase, nb, nk, TILE(kes), vcs, khs, vhs, sc, b, kt);
+                else scores16_g4d128(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc, b, kt);
+            } else if (c->qk16 && kt == LK_BF16) {
+                const uint16_t *q16 = (const uint16_t *)qs;
+                if (kcs == 16) scores16_block(a, q16, kbase, vbase, nb, nk, 16, vcs, khs, vhs, sc, b, LK_BF16);
+                else scores16_block(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc, b, LK_BF16);
+            } else if (c->qk16 && lk_is_fp8(kt)) { /* fp8 K widened to bf16 in registers */
+                const uint16_t *q16 = (const uint16_t *)qs;
+                if (kcs == 32) scores16_block(a, q16, kbase, vbase, nb, nk, 32, vcs, khs, vhs, sc, b, kt);
+                else scores16_block(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, sc, b, kt);
             } else
 #endif
             for (int64_t jj = 0; jj < nb; jj++)
@@ -976,7 +1104,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                 if (alpha != 1.0f) scale_row(o + h * Dv, Dv, alpha);
             }
 #if defined(LKV_BF16DOT)
-            if (c->pv16 && vt == LK_BF16) {
+            if (c->pv16 && (vt == LK_BF16 || lk_is_fp8(vt))) {
                 /* P rounded to bf16 pairs, then P.V on bf16 pairs per KV head */
                 uint32_t *pw = (uint32_t *)(sc + Hq * DB); // [Hq][DB / 2] (+ DB / 2 words of slack)
                 for (int64_t h = 0; h < Hq; h++)
@@ -990,9 +1118,9 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
                         float *oh = o + h * Dv;
                         const uint32_t *ph = pw + h * (DB / 2);
                         int64_t np = (nb + 1) / 2;
-                        if (n == 4 && vcs == 16) pv16_rows(oh, Dv, ph, DB / 2, vp, np, 16, Dv, 4);
-                        else if (n == 4) pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 4);
-                        else pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 1);
+                        if (n == 4 && vcs == TILE(ves)) pv16_rows(oh, Dv, ph, DB / 2, vp, np, TILE(ves), Dv, 4, vt);
+                        else if (n == 4) pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 4, vt);
+                        else pv16_rows(oh, Dv, ph, DB / 2, vp, np, vcs, Dv, 1, vt);
                         g += n;
                     }
                 }
@@ -1026,6 +1154,8 @@ static void decode_unit(void *vctx, int64_t u, int tid) {
     if (kt == LK_BF16 && vt == LK_BF16) decode_chunk(c, b, ch, tid, LK_BF16, LK_BF16);
     else if (kt == LK_F16 && vt == LK_F16) decode_chunk(c, b, ch, tid, LK_F16, LK_F16);
     else if (kt == LK_F32 && vt == LK_F32) decode_chunk(c, b, ch, tid, LK_F32, LK_F32);
+    else if (kt == LK_F8E4M3 && vt == LK_F8E4M3) decode_chunk(c, b, ch, tid, LK_F8E4M3, LK_F8E4M3);
+    else if (kt == LK_F8E5M2 && vt == LK_F8E5M2) decode_chunk(c, b, ch, tid, LK_F8E5M2, LK_F8E5M2);
     else decode_chunk(c, b, ch, tid, kt, vt);
 }
 
@@ -1034,7 +1164,7 @@ static void decode_unit(void *vctx, int64_t u, int tid) {
 static int simd_layout_ok(const lk_attn_args *a) {
     const lk_paged *k = &a->kc, *v = &a->vc;
     if (a->Dqk % 8 || a->Dv % 8 || k->s3 != 1 || v->s3 != 1) return 0;
-    if (k->layout == LK_KV_NZ && (a->Dqk % 16 || a->Dv % 16)) return 0;
+    if (k->layout == LK_KV_NZ && (a->Dqk % TILE(lk_esize(k->dtype)) || a->Dv % TILE(lk_esize(v->dtype)))) return 0;
     return 1;
 }
 
@@ -1079,11 +1209,11 @@ static lk_status run_decode(const lk_attn_args *a) {
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
                     malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0};
 #if defined(LKV_BF16DOT)
-    c.qk16 = a->q.dtype == LK_BF16 && a->kc.dtype == LK_BF16;
+    c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
     /* P.V on bf16 pairs pays where four query heads share each zipped V pair (GQA groups
      * of 4k); with one head per KV head its 4 accumulator chains are latency-bound and
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
-    c.pv16 = c.qk16 && a->vc.dtype == LK_BF16 && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
+    c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
 #endif
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
     c.sbuf = malloc(sizeof(float) * (size_t)(nt * SBUF_FLOATS(a->Hq)));
@@ -1122,7 +1252,7 @@ static lk_status run_decode(const lk_attn_args *a) {
                             lkv_store_part(o + d, LK_F32, v, n);
                         }
                     }
-                    store_out_row(a, q0 + i, h, o, acc);
+                    store_out_row(a, q0 + i, h, o, acc, lk_attn_desc(&a->vd, b, h / (a->Hq / a->Hk)));
                 }
         }
         st = LK_OK;
