@@ -432,39 +432,12 @@ def is_fp8_buffer(x):
     return "float8_e4m3fn" in name or "float8_e5m2" in name
 
 
-def fp8_view(x, name, dt):
-    """view() of an fp8 cache read or written: uint8 viewed as dt, fp8-typed of dtype dt."""
-    if _is_uint8(x):
-        if isinstance(x, np.ndarray):
-            return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides
-        if not x.is_cpu:
-            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
-        return pack(x.data_ptr(), dt, x.shape, x.stride(), name)
-    p, got, shape, st = info(x, name)
-    if got != dt:
-        raise TypeError("%s: dtype %s does not match the fp8 kv_cache_dtype (%s)"
-                        % (name, getattr(x, "dtype", got), "float8_e4m3fn" if dt == F8E4M3 else "float8_e5m2"))
-    return pack(p, dt, shape, st, name)
-
-
 # ---- fp8 inputs (mla_prefix_prefill's latent caches)
 
 def fp8_in_view(x, name, dt):
     """view() of an fp8 input of lk dtype dt: a uint8 buffer (as vLLM allocates fp8 caches)
     is viewed as dt; an fp8-typed array or tensor must be of dtype dt (None -> NULL)."""
-    if x is None:
-        return None
-    if _is_uint8(x):
-        if isinstance(x, np.ndarray):
-            return pack(_np_data(x), dt, x.shape, x.strides, name)  # itemsize 1: byte strides
-        if not x.is_cpu:
-            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
-        return pack(x.data_ptr(), dt, x.shape, x.stride(), name)
-    p, got, shape, st = info(x, name)
-    if got != dt:
-        raise TypeError("%s: dtype %s does not match the fp8 kv_cache_dtype (%s)"
-                        % (name, getattr(x, "dtype", got), "float8_e4m3fn" if dt == F8E4M3 else "float8_e5m2"))
-    return pack(p, dt, shape, st, name)
+    return None if x is None else fp8_view(x, name, dt)
 
 
 def transposed_view(x, name, write=False):

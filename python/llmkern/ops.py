@@ -362,6 +362,19 @@ def _layout(layout):
 _FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
 
 
+def _scalar_scale(scale, name):
+    """A per-tensor scale (a Python number or a one-element array / tensor) as a float
+    (the operators whose C parameter is one f32: MLA prefill and decode)."""
+    if scale is None:
+        raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+    if isinstance(scale, (int, float)):
+        return float(scale)
+    shape = tuple(getattr(scale, "shape", ()))
+    if int(np.prod(shape)) != 1:
+        raise ValueError("%s: shape %s, expected one element (a per-tensor scale)" % (name, shape))
+    return float(scale.reshape(-1)[0])
+
+
 def _scale_arg(scale, name, required=True):
     """A scale as (keep-alive object, packed f32 view): a Python number becomes a 0-d f32
     array; arrays / tensors ([], [1], per head [H]) go to C as they are, which checks
