@@ -562,7 +562,7 @@ def test_flash_attn_varlen_alibi(rng, shape):
 
 def test_vllm_flash_attn_keywords(rng):
     """vLLM's vllm_flash_attn call: keywords only (max_seqlen_q before cu_seqlens_q in its
-    signature), scheduling hints accepted, sinks refused naming the argument."""
+    signature), scheduling hints accepted, sinks / q_v refused naming the argument (fp8 descales: test_fp8_attention.py)."""
     q, k, v, cu_q, cu_k = varlen_inputs(rng, np.float32, [2, 3], [4, 5])
     kc, vc, table = paged_from_dense(rng, k, v, [4, 5], cu_k[:-1], BS=4, NB=5)
     out = np.empty_like(q)
@@ -573,7 +573,7 @@ def test_vllm_flash_attn_keywords(rng):
                               k_descale=None, v_descale=None, num_splits=0, cu_seqlens_k=None)
     want, _ = ref_attention(q, k, v, cu_q, [4, 5], cu_k[:-1], 0.2, True, (-1, -1), 0.0)
     close(out, want, 2.0)
-    for kw in ("s_aux", "q_v"):  # q_descale: fp8 attention (tests/python/test_fp8_attention.py)
+    for kw in ("s_aux", "q_v"):
         with pytest.raises(NotImplementedError, match=kw):
             lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, 3, 5, block_table=table,
                                       seqused_k=np.array([4, 5], np.int32), **{kw: np.ones(1, np.float32)})
