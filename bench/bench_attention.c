@@ -189,31 +189,38 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* fp8 vs bf16 caches of the same decode problem, in-process A/B: calls alternate
- * (bf16, fp8, bf16, ...) on the first variant, medians of each; the fp8 read rate
- * counts fp8 bytes, set against the read bandwidth of the start-up probe */
+/* fp8 vs bf16 caches of the same decode problem, in-process A/B on each ISA of --isa:
+ * calls alternate (bf16, fp8, bf16, ...) on the first variant, medians of each; the fp8
+ * read rate counts fp8 bytes, set against the read bandwidth of the start-up probe */
 static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs, lk_dtype f8) {
     enum { REPS = 15 };
     decode_prob a, b;
     decode_make(&a, B, K, H, Hk, D, bs, LK_BF16);
     decode_make(&b, B, K, H, Hk, D, bs, f8);
-    double ta[REPS], tb[REPS];
-    run_attn(&a.c), run_attn(&b.c); /* warm-up */
-    for (int r = 0; r < REPS; r++) {
-        double t0 = now_ms();
-        run_attn(&a.c);
-        double t1 = now_ms();
-        run_attn(&b.c);
-        ta[r] = t1 - t0, tb[r] = now_ms() - t1;
-    }
-    qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
-    double ma = ta[REPS / 2], mb = tb[REPS / 2], bytes = (double)B * K * Hk * D * 2;
     char shape[64];
     decode_shape(shape, sizeof shape, B, K, H, Hk, D, bs);
-    printf("  A/B %s %s vs bf16 (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), %s %.3f ms "
-           "(%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s)\n",
-           shape, lk_dtype_name(f8), REPS, ma, ta[0], ta[REPS - 1], lk_dtype_name(f8), mb, tb[0], tb[REPS - 1], ma / mb,
-           lk_dtype_name(f8), bytes / mb * 1e-6, 100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs);
+    double bytes = (double)B * K * Hk * D * 2;
+    lk_isa prev = lk_isa_current();
+    for (int vi = 0; vi < BENCH.nisa; vi++) {
+        lk_set_isa(BENCH.isa[vi]);
+        double ta[REPS], tb[REPS];
+        run_attn(&a.c), run_attn(&b.c); /* warm-up */
+        for (int r = 0; r < REPS; r++) {
+            double t0 = now_ms();
+            run_attn(&a.c);
+            double t1 = now_ms();
+            run_attn(&b.c);
+            ta[r] = t1 - t0, tb[r] = now_ms() - t1;
+        }
+        qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
+        double ma = ta[REPS / 2], mb = tb[REPS / 2];
+        printf("  A/B %s %s vs bf16 on %s (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), "
+               "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s)\n",
+               shape, lk_dtype_name(f8), lk_isa_name(BENCH.isa[vi]), REPS, ma, ta[0], ta[REPS - 1], lk_dtype_name(f8),
+               mb, tb[0], tb[REPS - 1], ma / mb, lk_dtype_name(f8), bytes / mb * 1e-6,
+               100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs);
+    }
+    lk_set_isa(prev);
     decode_free(&a), decode_free(&b);
 }
 

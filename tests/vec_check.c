@@ -351,6 +351,19 @@ static void bf16_dot(void) {
     }
     tu_check(ok_dot, "lkv_dot2 = acc + two exact bf16 products, within two f32 roundings");
     tu_check(ok_pack, "lkv_bf16_pack_rne rounds like lk_f32_to_bf16 (normal results), in order lo | hi");
+    int bad_f8 = 0;
+    for (int t = 0; t < 2; t++)
+        for (int c0 = 0; c0 < 256; c0 += 32) {
+            uint8_t codes[32];
+            uint16_t got[32];
+            for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(c0 + ((j * 7) & 31)); /* a permuted block */
+            __m256i cv = _mm256_loadu_si256((const __m256i *)codes);
+            lkv_bits_storeu(got, t ? lkv_f8_to_bf16(cv, LK_F8E5M2) : lkv_f8_to_bf16(cv, LK_F8E4M3));
+            for (int j = 0; j < 32; j++)
+                bad_f8 += got[j] != lk_f32_to_bf16(t ? lk_f8e5m2_to_f32(codes[j]) : lk_f8e4m3_to_f32(codes[j]));
+        }
+    tu_check(bad_f8 == 0, "lkv_f8_to_bf16 equals lk_f32_to_bf16 of the scalar fp8 converters on all 256 codes of "
+             "e4m3fn and e5m2, in order (%d bad)", bad_f8);
     tu_check(ok_zip, "lkv_zip16 interleaves the 16-bit values of two vectors");
     tu_check(ok_part, "lkv_bits_load16 loads n 16-bit values and zeroes the rest");
 }

@@ -41,9 +41,13 @@ int lk_cpu_has_avx512(void) {
     return f && dq && bw && vl;
 }
 
+/* the avx512bf16 row: AVX512_BF16 (dot products) and AVX512_VBMI (byte lookups of the
+ * fp8 widening); Zen 4 / 5, Sapphire Rapids and later have both, Cooper Lake (BF16
+ * without VBMI) runs the avx512 row */
 int lk_cpu_has_avx512bf16(void) {
     unsigned a, b, c, d;
     if (!lk_cpu_has_avx512()) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((c >> 1) & 1)) return 0; /* AVX512_VBMI */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
 }

@@ -303,31 +303,10 @@ LK_ALWAYS_INLINE lkv_bits row16_load(const char *q, int64_t d, int64_t m, int64_
 }
 
 /* ---- fp8 rows on the bf16 path: every e4m3 / e5m2 value is a bf16 value, so a row of
- * codes is widened to bf16 bits in registers (no dequantized copy) and feeds the same
- * dot products; the descales multiply the f32 scores and outputs.
- *   normal code: bf16 = sign | (mag << (7 - M)) + ((127 - bias) << 7)   (mag = code & 0x7f)
- *   subnormal (mag < 2^M): a table of its 2^M values; e4m3 S.1111.111 -> NaN; e5m2
- *   S.11111.00 -> inf, S.11111.xx -> NaN (quiet, the sign kept), as src/core/fp8.h
- *   converts to f32. */
-static inline lkv_bits f8_to_bf16(__m256i codes, lk_dtype dt) {
-    __m512i w = _mm512_cvtepu8_epi16(codes), mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
-    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8), r;
-    if (dt == LK_F8E4M3) {
-        const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                             0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80, 0x3b00, 0);
-        r = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-        r = _mm512_mask_permutexvar_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, sub);
-        r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
-    } else {
-        const __m512i sub = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                             0, 0, 0, 0, 0x3840, 0x3800, 0x3780, 0);
-        r = _mm512_add_epi16(_mm512_slli_epi16(mag, 5), _mm512_set1_epi16(112 << 7));
-        r = _mm512_mask_permutexvar_epi16(r, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(4)), mag, sub);
-        r = _mm512_mask_mov_epi16(r, _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(0x7c)), _mm512_set1_epi16(0x7fc0));
-        r = _mm512_mask_mov_epi16(r, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7c)), _mm512_set1_epi16(0x7f80));
-    }
-    return _mm512_or_si512(r, sign);
-}
+ * codes is widened to bf16 bits in registers (lkv_f8_to_bf16: two byte-table lookups and
+ * a zip; no dequantized copy) and feeds the same dot products; the descales multiply the
+ * f32 scores and outputs. */
+static inline lkv_bits f8_to_bf16(__m256i codes, lk_dtype dt) { return lkv_f8_to_bf16(codes, dt); }
 
 /* row16_load for a row of fp8 codes at p: 2W = 32 dims from d (m of them, a multiple of
  * 8; the rest 0), 32-dim tiles cs bytes apart (cs == 32: a contiguous ND row); d is a

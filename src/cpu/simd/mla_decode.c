@@ -398,40 +398,11 @@ static void prefetch_keys(const dec_ctx *c, int64_t b, int64_t j, int64_t n, int
     }
 }
 
-/* 32 bf16 lanes of the codes' special values: e4m3 [0, 8) the subnormal codes 0..7;
- * e5m2 [0, 4) the subnormal codes 0..3, [4, 8) the inf / NaN codes 0x7c..0x7f */
-static __m512i f8_table(lk_dtype dt) {
-    uint16_t t[32] = {0};
-    for (int i = 0; i < 8; i++) {
-        int code = dt == LK_F8E4M3 || i < 4 ? i : 0x78 + i;
-        t[i] = lk_f32_to_bf16(dt == LK_F8E4M3 ? lk_f8e4m3_to_f32((uint8_t)code) : lk_f8e5m2_to_f32((uint8_t)code));
-    }
-    return _mm512_loadu_si512(t);
-}
-
 /* dst[0, min(n, 32)) = the bf16 values of the fp8 codes at p (exact, the bits lkv_load +
- * lk_f32_to_bf16 give): normal codes rebiased (exponent and mantissa shifted into bf16's
- * fields), the special codes from tab (f8_table), then the sign */
-static inline void f8_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, lk_dtype dt, __m512i tab) {
+ * lk_f32_to_bf16 give: lkv_f8_to_bf16) */
+static inline void f8_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, lk_dtype dt) {
     __mmask32 m = n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1);
-    __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
-    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
-    __m512i em = _mm512_and_si512(x, _mm512_set1_epi16(0x7f)), v;
-    __mmask32 sp;
-    if (dt == LK_F8E4M3) { /* bias 7 -> 127: + 120 << 7; em < 8 subnormal, 0x7f NaN */
-        v = _mm512_add_epi16(_mm512_slli_epi16(em, 4), _mm512_set1_epi16(120 << 7));
-        v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(em, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
-        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(8));
-        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(em, tab));
-    } else { /* bias 15 -> 127: + 112 << 7; em < 4 subnormal, >= 0x7c inf / NaN (table 4..7) */
-        v = _mm512_add_epi16(_mm512_slli_epi16(em, 5), _mm512_set1_epi16(112 << 7));
-        __mmask32 hi = _mm512_cmpge_epu16_mask(em, _mm512_set1_epi16(0x7c));
-        sp = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(4)) | hi;
-        __m512i idx = _mm512_and_si512(em, _mm512_set1_epi16(3));
-        idx = _mm512_mask_add_epi16(idx, hi, idx, _mm512_set1_epi16(4));
-        v = _mm512_mask_mov_epi16(v, sp, _mm512_permutexvar_epi16(idx, tab));
-    }
-    _mm512_mask_storeu_epi16(dst, m, _mm512_or_si512(v, sign));
+    _mm512_mask_storeu_epi16(dst, m, lkv_f8_to_bf16(_mm256_maskz_loadu_epi8(m, p), dt));
 }
 
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
@@ -442,7 +413,6 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
     const int32_t *tab = a->table + b * a->max_pages;
     const lk_paged *part[2] = {&a->lat, &a->rope};
     int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
-    __m512i tab8 = lk_is_fp8(a->lat.dtype) ? f8_table(a->lat.dtype) : _mm512_setzero_si512();
     for (int64_t jj = 0; jj < nb; jj++) {
         int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
         for (int k = 0; k < 2; k++) {
@@ -452,7 +422,7 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
             if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
                 const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
                 int64_t tl = chunk_tile(pc), cs = chunk_stride(pc); /* tiles of 16 or 32: 32 dims contiguous */
-                for (int64_t d = 0; d < n[k]; d += 32) f8_to_bf16(dst + d, b8 + tile_off(d, tl, cs), n[k] - d, pc->dtype, tab8);
+                for (int64_t d = 0; d < n[k]; d += 32) f8_to_bf16(dst + d, b8 + tile_off(d, tl, cs), n[k] - d, pc->dtype);
                 continue;
             }
             const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
