@@ -212,7 +212,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int64_t i = 0; i < fz_numel(&w.v[a.alibi].t); i++)
                 if (!isfinite(fz_get(&w.v[a.alibi].t, i))) fz_fail_expected(&w, "alibi slope not finite");
     }
-    /* descales: none, [1], [Hk] or [B, Hk] each; a wrong shape, a wrong dtype, or a value
+    /* descales: none, [1], [Hk], [B] (a shape error unless B is 1 or Hk) or [B, Hk] each;
+     * a wrong shape, a wrong dtype, or a value
      * <= 0 / non-finite sometimes (validated even for tensors that are not fp8) */
     static const char *DN[3] = {"q_descale", "k_descale", "v_descale"};
     for (int i = 0; i < 3; i++) {
@@ -221,13 +222,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int64_t ds[2] = {dm == 2 ? 1 : dm == 3 ? Hk : B, Hk};
         int nd = dm == 5 ? 2 : 1;
         if (dm == 5 && fz_chance(&in, 6)) ds[1] = Hk + 1, fz_fail_expected(&w, "descale shape");
+        if (dm == 4 && B != 1 && B != Hk) fz_fail_expected(&w, "descale [B]: neither [1] nor [Hk]");
         lk_dtype dd = LK_F32;
         if (fz_chance(&in, 8)) dd = LK_BF16, fz_fail_expected(&w, "descale not f32");
         a.desc[i] = fz_view_new(&w, &in, DN[i], dd, nd, ds, FZ_IN);
         fz_fill(&w, a.desc[i], 0.25, 4);
+        if (fz_usable(&w, a.desc[i]) && dd == LK_F32) /* the fill's specials (NaN, inf, 0, -0) */
+            for (int64_t j = 0; j < fz_numel(&w.v[a.desc[i]].t); j++) {
+                float x = fz_get(&w.v[a.desc[i]].t, j);
+                if (!(x > 0.0f) || !isfinite(x)) fz_fail_expected(&w, "descale value not finite > 0");
+            }
         if (fz_chance(&in, 8) && fz_usable(&w, a.desc[i]) && fz_numel(&w.v[a.desc[i]].t) > 0) {
             static const float BADV[4] = {0.0f, -1.0f, NAN, INFINITY};
-            lk_store_f(w.v[a.desc[i]].t.data, LK_F32, fz_off(&w.v[a.desc[i]].t, 0), BADV[fz_u8(&in) % 4]);
+            lk_store_f(w.v[a.desc[i]].t.data, dd, fz_off(&w.v[a.desc[i]].t, 0), BADV[fz_u8(&in) % 4]);
             fz_fail_expected(&w, "descale value not finite > 0");
         }
     }
