@@ -39,13 +39,15 @@ static void fill_f8(fz_world *w, int vi, double lo, double hi) {
 }
 
 /* fz_view_new for q / k / v, which take fp8: the wrong-kind dtype draw of fz_view_new may
- * pick an fp8 dtype, which is of the right kind here (the expectation it set is undone) */
-static int qkv_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape) {
+ * pick an fp8 dtype (or the other fp8 dtype), which is of the right kind here (the
+ * expectation it set is undone), except where it turns a 16-bit NZ cache (nz) into an fp8
+ * one, whose physical shape then reads as 32-wide tiles */
+static int qkv_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int nz) {
     int mf = w->must_fail, cl = w->clean;
     const char *why = w->why_fail;
     int vi = fz_view_new(w, in, name, dt, nd, shape, FZ_IN);
     fz_view *v = &w->v[vi];
-    if (v->bad && is_f8(v->t.dtype) && !is_f8(dt) && !fz_view_invalid(&v->t) && v->t.data)
+    if (v->bad && is_f8(v->t.dtype) && (!nz || is_f8(dt)) && !fz_view_invalid(&v->t) && v->t.data)
         w->must_fail = mf, w->why_fail = why, w->clean = cl, v->bad = 0;
     return vi;
 }
@@ -102,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (Hq % Hk) fz_fail_expected(&w, "query heads not a multiple of KV heads");
     }
     int64_t qs[3] = {Tq, Hq, Dqk}, os[3] = {Tq, Hq, Dv}, ls[2] = {Tq, Hq};
-    a.q = qkv_view(&w, &in, "q", qt, 3, qs);
+    a.q = qkv_view(&w, &in, "q", qt, 3, qs, 0);
     if (fz_u8(&in) % 8 == 0 && Dv == Dqk && !is_f8(qt)) { /* out is q */
         a.out = fz_view_alias(&w, a.q, "out", FZ_OUT);
         w.v[a.out].inplace_of = -1;
@@ -130,8 +132,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (paged == 0) {
         Tk += fz_range(&in, 0, 2);
         int64_t ks[3] = {Tk, Hk, Dqk}, vs[3] = {Tk, Hk, Dv};
-        a.k = qkv_view(&w, &in, "k", kt, 3, ks);
-        a.v = qkv_view(&w, &in, "v", vt, 3, vs);
+        a.k = qkv_view(&w, &in, "k", kt, 3, ks, 0);
+        a.v = qkv_view(&w, &in, "v", vt, 3, vs, 0);
         a.cuk = fz_view_new(&w, &in, "cu_seqlens_k", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &nb1, FZ_IDX);
         fz_idx_fill(&w, &in, a.cuk, ck, nb1, Tk + 1);
         check_cu(&w, a.cuk, nb1, Tk);
@@ -146,12 +148,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         maxp += fz_range(&in, 0, 1);
         if (paged == 1) {
             int64_t ks[4] = {NB, bs, Hk, Dqk}, vs[4] = {NB, bs, Hk, Dv};
-            a.k = qkv_view(&w, &in, "k", kt, 4, ks);
-            a.v = qkv_view(&w, &in, "v", vt, 4, vs);
+            a.k = qkv_view(&w, &in, "k", kt, 4, ks, 0);
+            a.v = qkv_view(&w, &in, "v", vt, 4, vs, 0);
         } else {
             int64_t ks[4] = {NB, Hk * Dqk / tk, bs, tk}, vs[4] = {NB, Hk * Dv / tv, bs, tv};
-            a.k = qkv_view(&w, &in, "k", kt, 4, ks);
-            a.v = qkv_view(&w, &in, "v", vt, 4, vs);
+            a.k = qkv_view(&w, &in, "k", kt, 4, ks, 1);
+            a.v = qkv_view(&w, &in, "v", vt, 4, vs, 1);
         }
         a.p.kv_layout = paged == 2 ? LK_KV_NZ : LK_KV_ND;
         int64_t ts[2] = {B, maxp};
