@@ -556,13 +556,15 @@ static void test_fp8_codes(void) {
 }
 
 /* page sizes, ND / HND / NZ, NZ == ND bit for bit */
+/* paged ND / NZ / HND, GQA 2 and 4 (4 x 128 dims: the decode's g4 path on the AVX512_BF16
+ * build) */
 static void test_paged(void) {
     const int bss[] = {1, 7, 16, 128};
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         for (int decode = 0; decode <= 1; decode++) {
             acase c = base_case();
             c.B = 2, c.ql[0] = decode ? 1 : 19, c.ql[1] = decode ? 2 : 40, c.kl[0] = 150, c.kl[1] = 41;
-            c.causal = 1, c.paged = 1, c.bs = bss[i], c.Hq = 4, c.Hk = 2, c.Dqk = 128, c.Dv = 128;
+            c.causal = 1, c.paged = 1, c.bs = bss[i % 4], c.Hq = i < 4 ? 4 : 8, c.Hk = 2, c.Dqk = 128, c.Dv = 128;
             tu_seed(1000 + i);
             c.name = "paged ND";
             double *nd = run_case(&c);
@@ -574,8 +576,29 @@ static void test_paged(void) {
             double *hnd = run_case(&c);
             int64_t n = (c.ql[0] + c.ql[1]) * c.Hq * c.Dv;
             tu_check(memcmp(nd, nz, sizeof(double) * (size_t)n) == 0 && memcmp(nd, hnd, sizeof(double) * (size_t)n) == 0,
-                     "attn page size %d %s: NZ and HND outputs bit-identical to ND", bss[i], decode ? "decode" : "prefill");
+                     "attn page size %d %s Hq %lld: NZ and HND outputs bit-identical to ND", bss[i % 4],
+                     decode ? "decode" : "prefill", (long long)c.Hq);
             free(nd), free(nz), free(hnd);
+        }
+}
+
+/* decode with 4 query heads per KV head x 128 dims (the g4 path on the AVX512_BF16
+ * build: key-major scores, softmax over 16 heads per vector, padded head lanes when Hq
+ * is not a multiple of 16, V rows paired by unpacks): bf16, e4m3 and e5m2 K / V, several
+ * chunks, odd block tails, 1..4 queries, windows, strided views and padding rows */
+static void test_decode_g4(void) {
+    const lk_dtype kts[] = {LK_BF16, LK_F8E4M3, LK_F8E5M2};
+    const int64_t hq[] = {4, 8, 20, 32}, hk[] = {1, 2, 5, 8};
+    for (int t = 0; t < 3; t++)
+        for (int s = 0; s < 4; s++) {
+            acase c = base_case();
+            c.kt = kts[t], c.desc = t ? 1 + s : 0;
+            c.B = 3, c.ql[0] = 1, c.ql[1] = 4, c.ql[2] = 2, c.kl[0] = 1100, c.kl[1] = 1 + 4 * s, c.kl[2] = 37;
+            c.Hq = hq[s], c.Hk = hk[s], c.Dqk = 128, c.Dv = s == 2 ? 64 : 128, c.causal = 1, c.paged = 1;
+            c.bs = s % 2 ? 7 : 16, c.layout = s == 1 ? LK_KV_NZ : LK_KV_ND, c.pad = s == 3, c.pad_tokens = s == 3;
+            if (s == 0) c.wl = 300;
+            c.name = "decode g4";
+            free(run_case(&c));
         }
 }
 
@@ -981,6 +1004,7 @@ int main(void) {
     tu_init();
     test_grid();
     test_paged();
+    test_decode_g4();
     test_fp8_grid();
     test_fp8_paged();
     test_fp8_codes();

@@ -362,6 +362,25 @@ static void bf16_dot(void) {
             for (int j = 0; j < 32; j++)
                 bad_f8 += got[j] != lk_f32_to_bf16(t ? lk_f8e5m2_to_f32(codes[j]) : lk_f8e4m3_to_f32(codes[j]));
         }
+    int bad_x2 = 0;
+    for (int t = 0; t < 2; t++)
+        for (int c0 = 0; c0 < 256; c0 += 64) {
+            uint8_t codes[64];
+            uint16_t got[64];
+            for (int j = 0; j < 64; j++) codes[j] = (uint8_t)(c0 + ((j * 23) & 63));
+            lkv_bits w0, w1;
+            lkv_f8_to_bf16_x2(_mm512_loadu_si512(codes), t ? LK_F8E5M2 : LK_F8E4M3, &w0, &w1);
+            lkv_bits_storeu(got, w0), lkv_bits_storeu(got + 32, w1);
+            for (int v = 0; v < 2; v++)
+                for (int L = 0; L < 4; L++)
+                    for (int i = 0; i < 8; i++) {
+                        uint8_t code = codes[16 * L + 8 * v + i];
+                        bad_x2 += got[32 * v + 8 * L + i] !=
+                                  lk_f32_to_bf16(t ? lk_f8e5m2_to_f32(code) : lk_f8e4m3_to_f32(code));
+                    }
+        }
+    tu_check(bad_x2 == 0, "lkv_f8_to_bf16_x2 gives the exact bf16 values of 64 codes in the in-lane unpack "
+             "order, all 256 codes of both formats (%d bad)", bad_x2);
     tu_check(bad_f8 == 0, "lkv_f8_to_bf16 equals lk_f32_to_bf16 of the scalar fp8 converters on all 256 codes of "
              "e4m3fn and e5m2, in order (%d bad)", bad_f8);
     tu_check(ok_zip, "lkv_zip16 interleaves the 16-bit values of two vectors");

@@ -34,8 +34,12 @@
  * KV head are a multiple of 4, P is rounded to bf16 and P.V runs on bf16 pairs too
  * (pv16_rows: two keys' V rows zipped into pairs of one dim,
  * the block's sum kept in registers and added to O once), as the prefill's pv16 path;
- * else P stays f32. While a block is scored the next block's K and V rows are
- * prefetched into L2. Each unit
+ * else P stays f32. The common GQA shape (4 query heads per KV head x 128 dims, bf16 / fp8
+ * K and V, bf16 out, no softcap or ALiBi) has its own block loop (decode_row_g4): scores
+ * stored key-major and the online softmax run over 16 heads per vector (no horizontal
+ * max / sum / scalar exp per head and block), the rescale folded into P.V's add to O, V
+ * rows paired by in-lane unpacks (fp8: 64 codes widened at a time). While a block is
+ * scored the next block's K and V rows are prefetched into L2. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
@@ -695,12 +699,15 @@ typedef struct {
     int qk16;                  /* LKV_BF16DOT builds, q and k bf16: q . k on bf16 pairs (qbuf
                                   then holds q's bf16 rows, the scale applied to the score) */
     int pv16;                  /* and v, out bf16: P rounded to bf16, P.V on bf16 pairs */
+    int g4;                    /* pv16 with 4 query heads per KV head x 128 dims, no softcap or
+                                  ALiBi: key-major scores, softmax over heads (decode_row_g4) */
 } decode_ctx;
 
 #define DB 16     /* keys per decode block */
 /* per-thread score buffer: [Hq][DB] f32 scores, then [Hq][DB / 2] bf16-pair words of P
  * (pv16) and one vector of slack for the last head's 64-byte store */
-#define SBUF_FLOATS(Hq) ((Hq) * DB + (Hq) * (DB / 2) + 16)
+#define SBUF_FLOATS(Hq) (HQP(Hq) * (DB + DB / 2 + 3) + 16)
+#define HQP(Hq) (((Hq) + 15) / 16 * 16) /* heads rounded up to 16 (key-major rows of the g4 path) */
 
 /* software prefetch: while a block of DB keys is scored, the next block's K and V rows
  * are prefetched into L2, a whole block ahead (a hardware prefetcher stops at each 4 KiB
@@ -877,6 +884,204 @@ LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16,
         }
 }
 
+/* ---- GQA groups of 4 heads x 128 dims, bf16 / fp8 K and V, bf16 out, V dims a multiple
+ * of 64 (no softcap, no ALiBi): decode_row_g4.
+ * - scores stored key-major, S[j][h] (HQP(Hq) floats a row), each q . k one chain of four
+ *   bf16-pair dot products, the four heads' sums reduced side by side (lkv_hsum4);
+ * - the online softmax over 16 heads per vector with no horizontal step: block max,
+ *   alpha = exp(m_old - m_new) and l for 16 heads at once (the rules of lk_online_rescale /
+ *   _shift / _add; l summed key by key);
+ * - P rounded to bf16 pairs pw [DB/2][HQP] (word = keys 2p, 2p + 1 of one head), then
+ *   O = alpha O + P.V in one pass per 64 dims, the rescale folded into the block's add;
+ * - V rows paired by in-lane unpacks (fp8: the codes of two rows interleaved, then widened
+ *   64 at a time by lkv_f8_to_bf16_x2), so O's dims are kept in the unpacks' order within
+ *   each 64 (g4_dim) and put back in order at the end of the row; fp8 K is widened the
+ *   same way and the q rows permuted to match (g4_qdim). */
+
+/* the dim held at position pos (< 64) of a 64-dim block of O on the g4 path: position
+ * 16 i + 4 L + k of accumulator i, 128-bit lane L */
+static inline int g4_dim(int pos, int f8) {
+    int i = pos / 16, L = pos / 4 % 4, k = pos % 4;
+    return f8 ? 16 * L + 4 * i + k : 32 * (i / 2) + 8 * L + 4 * (i % 2) + k;
+}
+/* the q dim matching word i (< 32) of fp8 K vector c (< 4) from lkv_f8_to_bf16_x2 */
+static inline int g4_qdim(int c, int i) { return 64 * (c / 2) + 16 * (i / 8) + 8 * (c % 2) + i % 8; }
+
+/* 64 fp8 codes of the row at p from dim d0 (a multiple of 64), 32-dim tiles cs bytes apart
+ * (cs == 32: contiguous); zeros without a read when p is NULL */
+LK_ALWAYS_INLINE __m512i codes64(const char *p, int64_t d0, int64_t cs) {
+    if (!p) return _mm512_setzero_si512();
+    if (cs == 32) return _mm512_loadu_si512(p + d0);
+    return lkv_bits_join32(lkv_c32_loadu(p + (d0 >> 5) * cs), lkv_c32_loadu(p + ((d0 >> 5) + 1) * cs));
+}
+
+/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) for the block's nb keys (rows >= nb:
+ * -inf), the next block's K and V rows (kbase / vbase [nb, nk)) prefetched into L2. The 4
+ * heads' q rows stay in 16 registers over the block; each q . k is one chain of four
+ * bf16-pair dot products, the 4 heads' sums reduced side by side (lkv_hsum4) and stored
+ * as one 4-float row piece. */
+LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
+                                const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
+                                int64_t khs, int64_t vhs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, ves = lk_esize(a->vc.dtype), kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        const uint16_t *qh = q16 + kh * 4 * 128;
+        lkv_bits qv[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) qv[g][c] = lkv_bits_loadu(qh + g * 128 + c * 32);
+        const __m128 vs = _mm_set1_ps(qk_scale(a, b, kh));
+        float *out = S + 4 * kh;
+        for (int64_t jj = 0; jj < nb; jj++) {
+            const char *kp = kd + kbase[jj] + kh * khs;
+            if (DB + jj < nk) {
+                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
+                prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, a->Dv, ves);
+            }
+            lkv_bits k[4];
+            if (kt == LK_BF16) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) k[c] = row16_load(kp, 32 * c, 32, kcs);
+            } else { /* in lkv_f8_to_bf16_x2's order; q permuted alike (g4_qdim) */
+                lkv_f8_to_bf16_x2(codes64(kp, 0, kcs), kt, &k[0], &k[1]);
+                lkv_f8_to_bf16_x2(codes64(kp, 64, kcs), kt, &k[2], &k[3]);
+            }
+            lkv_f32 s[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++)
+                s[g] = lkv_dot2(lkv_dot2(lkv_dot2(lkv_dot2(lkv_zero(), qv[g][0], k[0]), qv[g][1], k[1]), qv[g][2], k[2]),
+                                qv[g][3], k[3]);
+            _mm_storeu_ps(out + jj * sr, _mm_mul_ps(vs, lkv_hsum4(s[0], s[1], s[2], s[3])));
+        }
+    }
+    for (int64_t jj = nb; jj < DB; jj++)
+        for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(S + jj * sr + h, lkv_set1(-INFINITY));
+}
+
+/* the online-softmax step of one block for 16 heads at a time: M, L [sr] the states'
+ * m and l, S [DB][sr] scores -> P = exp(s - shift) rounded to bf16 pairs pw [DB/2][sr],
+ * A [sr] alpha = exp(m_old - m_new) (1 where m is unchanged) */
+LK_ALWAYS_INLINE void softmax_g4(const float *S, int64_t sr, int64_t nb, float *M, float *L, float *A,
+                                 uint32_t *pw) {
+    static const uint16_t zip[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i iz = _mm512_loadu_si512(zip);
+    const int64_t np = (nb + 1) / 2;
+    for (int64_t h = 0; h < sr; h += LKV_W) {
+        lkv_f32 bmax = lkv_loadu(S + h);
+        for (int64_t jj = 1; jj < nb; jj++) bmax = lkv_max(bmax, lkv_loadu(S + jj * sr + h));
+        lkv_f32 m = lkv_loadu(M + h), mn = lkv_max(m, bmax);
+        mn = lkv_blend(mn, lkv_set1(NAN), lkv_unord(m, bmax)); /* lk_nanmax */
+        __mmask16 same = _mm512_cmp_ps_mask(mn, m, _CMP_EQ_OQ);
+        lkv_f32 alpha = lkv_blend(lkv_exp(lkv_sub(m, mn)), lkv_set1(1.0f), same);
+        lkv_f32 shift = lkv_zero_where(_mm512_cmp_ps_mask(mn, lkv_set1(-INFINITY), _CMP_EQ_OQ), mn);
+        lkv_f32 l = lkv_mul(lkv_loadu(L + h), alpha);
+        for (int64_t p = 0; p < np; p++) {
+            lkv_f32 p0 = lkv_exp(lkv_sub(lkv_loadu(S + 2 * p * sr + h), shift));
+            lkv_f32 p1 = lkv_exp(lkv_sub(lkv_loadu(S + (2 * p + 1) * sr + h), shift));
+            l = lkv_add(lkv_add(l, p0), p1);
+            lkv_bits_storeu(pw + p * sr + h, _mm512_permutexvar_epi16(iz, (__m512i)lkv_bf16_pack_rne(p0, p1)));
+        }
+        lkv_storeu(M + h, mn), lkv_storeu(L + h, l), lkv_storeu(A + h, alpha);
+    }
+}
+
+/* the V rows va, vb (vb NULL: zeros) paired for dims [d0, d0 + 64): w[i] lane 4 L + k =
+ * (va, vb) at dim d0 + g4_dim(16 i + 4 L + k) */
+LK_ALWAYS_INLINE void v_pairs_g4(const char *va, const char *vb, int64_t d0, int64_t cs, lk_dtype dt, lkv_bits *w) {
+    if (dt == LK_BF16) {
+        lkv_bits a0 = row16_load(va, d0, 32, cs), a1 = row16_load(va, d0 + 32, 32, cs);
+        lkv_bits b0 = row16_load(vb, d0, 32, cs), b1 = row16_load(vb, d0 + 32, 32, cs);
+        w[0] = _mm512_unpacklo_epi16(a0, b0), w[1] = _mm512_unpackhi_epi16(a0, b0);
+        w[2] = _mm512_unpacklo_epi16(a1, b1), w[3] = _mm512_unpackhi_epi16(a1, b1);
+    } else {
+        __m512i ca = codes64(va, d0, cs), cb = codes64(vb, d0, cs);
+        lkv_f8_to_bf16_x2(_mm512_unpacklo_epi8(ca, cb), dt, &w[0], &w[1]);
+        lkv_f8_to_bf16_x2(_mm512_unpackhi_epi8(ca, cb), dt, &w[2], &w[3]);
+    }
+}
+
+/* o_g = A[g] o_g + sum over the block's key pairs p of P_g[2p, 2p + 1] . V[2p, 2p + 1] for
+ * the 4 heads g of one KV head: o_g = o + g D in g4_dim order, P_g word p at pw[p sr + g],
+ * V rows v[2p], v[2p + 1] (NULL past the block: zeros), 16-dim chunks cs elements apart */
+LK_ALWAYS_INLINE void pv_g4(float *o, const uint32_t *pw, int64_t sr, const float *A, const char *const *v,
+                            int64_t npairs, int64_t cs, int64_t D, lk_dtype dt) {
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        lkv_f32 acc[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) acc[g][i] = lkv_zero();
+        for (int64_t p = 0; p < npairs; p++) {
+            lkv_bits w[4];
+            v_pairs_g4(v[2 * p], v[2 * p + 1], d0, cs, dt, w);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                lkv_bits pp = lkv_bits_set1(pw[p * sr + g]);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) acc[g][i] = lkv_dot2(acc[g][i], pp, w[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            lkv_f32 al = lkv_set1(A[g]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                float *oi = o + g * D + d0 + 16 * i;
+                lkv_storeu(oi, lkv_fma(lkv_loadu(oi), al, acc[g][i]));
+            }
+        }
+    }
+}
+
+/* the keys [lo, hi] of one query row of request b on the g4 path: states st [Hq], o [Hq][Dv]
+ * (zeros on entry), q16 [Hq][128] bf16 rows with room for as many after them */
+LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, lk_online_state *st, float *o,
+                                    uint16_t *q16, float *sc, lk_dtype kt, lk_dtype vt) {
+    const lk_attn_args *a = c->a;
+    const int64_t Hq = a->Hq, Hk = a->Hk, Dv = a->Dv, sr = HQP(Hq);
+    const int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
+    const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
+    float *S = sc, *M = S + DB * sr, *L = M + sr, *A = L + sr; // S [DB][sr], M, L, A [sr]
+    uint32_t *pw = (uint32_t *)(A + sr);                        // [DB / 2][sr]
+    if (kt != LK_BF16) { /* q in the order of the widened fp8 K vectors */
+        uint16_t *qp = q16 + Hq * 128;
+        for (int64_t h = 0; h < Hq; h++)
+            for (int cv = 0; cv < 4; cv++)
+                for (int i = 0; i < 32; i++) qp[h * 128 + cv * 32 + i] = q16[h * 128 + g4_qdim(cv, i)];
+        q16 = qp;
+    }
+    for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(M + h, lkv_set1(-INFINITY)), lkv_storeu(L + h, lkv_zero());
+    for (int64_t jb = lo; jb <= hi; jb += DB) {
+        int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
+        int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
+        for (int64_t jj = 0; jj < nk; jj++) {
+            kbase[jj] = lk_attn_key_off(a, &a->kc, b, jb + jj, 0, 0) * kes;
+            vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
+        }
+        if (kcs == TILE(kes)) scores_g4(a, q16, kbase, vbase, nb, nk, TILE(kes), vcs, khs, vhs, S, sr, b, kt);
+        else scores_g4(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, S, sr, b, kt);
+        softmax_g4(S, sr, nb, M, L, A, pw);
+        int64_t np = (nb + 1) / 2;
+        for (int64_t kh = 0; kh < Hk; kh++) {
+            const char *vp[DB];
+            for (int64_t jj = 0; jj < DB; jj++) vp[jj] = jj < nb ? (const char *)a->vc.data + vbase[jj] + kh * vhs : NULL;
+            if (vcs == TILE(ves)) pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, TILE(ves), Dv, vt);
+            else pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, vcs, Dv, vt);
+        }
+    }
+    for (int64_t h = 0; h < Hq; h++) {
+        st[h].m = M[h], st[h].l = L[h];
+        for (int64_t d0 = 0; d0 < Dv; d0 += 64) { /* O's dims back in order */
+            float t[64], *oh = o + h * Dv + d0;
+            memcpy(t, oh, sizeof t);
+            for (int pos = 0; pos < 64; pos++) oh[g4_dim(pos, vt != LK_BF16)] = t[pos];
+        }
+    }
+}
+
 /* o + i W (i < 4, dims < D) += acc[i] */
 LK_ALWAYS_INLINE void add_out4(float *o, int64_t D, lkv_f32 a0, lkv_f32 a1, lkv_f32 a2, lkv_f32 a3) {
     lkv_f32 acc[4] = {a0, a1, a2, a3};
@@ -1032,6 +1237,12 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
 #endif
             load_q_row(a, q0 + i, h, qk_scale(a, b, h / G), qs + h * Dqk);
         }
+#if defined(LKV_BF16DOT)
+        if (c->g4) {
+            decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
+            continue;
+        }
+#endif
         for (int64_t jb = lo; jb <= hi; jb += DB) {
             int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
             /* row offsets of head 0 of this block's keys and the next block's (prefetch):
@@ -1204,13 +1415,14 @@ static lk_status run_decode(const lk_attn_args *a) {
     int nt = lk_plan_units(n_units);
     decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
-                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0};
+                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0, 0};
 #if defined(LKV_BF16DOT)
     c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
     /* P.V on bf16 pairs pays where four query heads share each zipped V pair (GQA groups
      * of 4k); with one head per KV head its 4 accumulator chains are latency-bound and
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
+    c.g4 = c.pv16 && a->Hq == 4 * a->Hk && a->Dqk == 128 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
 #endif
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
     c.sbuf = malloc(sizeof(float) * (size_t)(nt * SBUF_FLOATS(a->Hq)));

@@ -410,6 +410,19 @@ static inline lkv_bits lkv_f8_to_bf16(__m256i codes, lk_dtype dt) {
     h = _mm512_ternarylogic_epi32(h, c, _mm512_set1_epi8((char)0x80), 0xf8); /* h | (c & 0x80) */
     return _mm512_permutex2var_epi8(l, _mm512_loadu_si512(lkv__f8bf_zip), h);
 }
+/* 64 fp8 codes -> their 64 bf16 values in two vectors, exact, in the order of the in-lane
+ * byte unpack (3 instructions per 32 values, for dot products whose other operand is
+ * arranged alike): in 128-bit lane L (0..3), *w0 holds the values of codes 16 L + i and
+ * *w1 those of codes 16 L + 8 + i, i = 0..7 */
+static inline void lkv_f8_to_bf16_x2(__m512i c, lk_dtype dt, lkv_bits *w0, lkv_bits *w1) {
+    const uint8_t *lo = dt == LK_F8E4M3 ? lkv__f8bf_e4m3_lo : lkv__f8bf_e5m2_lo;
+    const uint8_t *hi = dt == LK_F8E4M3 ? lkv__f8bf_e4m3_hi : lkv__f8bf_e5m2_hi;
+    __m512i l = _mm512_permutex2var_epi8(_mm512_loadu_si512(lo), c, _mm512_loadu_si512(lo + 64));
+    __m512i h = _mm512_permutex2var_epi8(_mm512_loadu_si512(hi), c, _mm512_loadu_si512(hi + 64));
+    h = _mm512_ternarylogic_epi32(h, c, _mm512_set1_epi8((char)0x80), 0xf8); /* h | (c & 0x80) */
+    *w0 = _mm512_unpacklo_epi8(l, h);
+    *w1 = _mm512_unpackhi_epi8(l, h);
+}
 #endif
 
 static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_F16)); }
