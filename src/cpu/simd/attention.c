@@ -920,11 +920,10 @@ LK_ALWAYS_INLINE __m512i codes64(const char *p, int64_t d0, int64_t cs) {
  * heads' q rows stay in 16 registers over the block; each q . k is one chain of four
  * bf16-pair dot products, the 4 heads' sums reduced side by side (lkv_hsum4) and stored
  * as one 4-float row piece. */
-LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
-                                const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
-                                int64_t khs, int64_t vhs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
-    const int64_t Hk = a->Hk, ves = lk_esize(a->vc.dtype), kes = lk_esize(kt);
-    const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
+LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
+                                int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const uint16_t *qh = q16 + kh * 4 * 128;
         lkv_bits qv[4][4];
@@ -936,10 +935,7 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
         float *out = S + 4 * kh;
         for (int64_t jj = 0; jj < nb; jj++) {
             const char *kp = kd + kbase[jj] + kh * khs;
-            if (DB + jj < nk) {
-                prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
-                prefetch_row_l2(vd + vbase[DB + jj] + kh * vhs, vcs, a->Dv, ves);
-            }
+            if (DB + jj < nk) prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
             lkv_bits k[4];
             if (kt == LK_BF16) {
 #pragma GCC unroll 4
@@ -1061,13 +1057,15 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
             kbase[jj] = lk_attn_key_off(a, &a->kc, b, jb + jj, 0, 0) * kes;
             vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
         }
-        if (kcs == TILE(kes)) scores_g4(a, q16, kbase, vbase, nb, nk, TILE(kes), vcs, khs, vhs, S, sr, b, kt);
-        else scores_g4(a, q16, kbase, vbase, nb, nk, kcs, vcs, khs, vhs, S, sr, b, kt);
+        if (kcs == TILE(kes)) scores_g4(a, q16, kbase, nb, nk, TILE(kes), khs, S, sr, b, kt);
+        else scores_g4(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
         softmax_g4(S, sr, nb, M, L, A, pw);
         int64_t np = (nb + 1) / 2;
         for (int64_t kh = 0; kh < Hk; kh++) {
             const char *vp[DB];
             for (int64_t jj = 0; jj < DB; jj++) vp[jj] = jj < nb ? (const char *)a->vc.data + vbase[jj] + kh * vhs : NULL;
+            for (int64_t jj = DB; jj < nk; jj++) /* the next block's V rows of this KV head into L2 */
+                prefetch_row_l2((const char *)a->vc.data + vbase[jj] + kh * vhs, vcs, Dv, ves);
             if (vcs == TILE(ves)) pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, TILE(ves), Dv, vt);
             else pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, vcs, Dv, vt);
         }
