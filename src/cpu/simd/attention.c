@@ -714,6 +714,22 @@ typedef struct {
  * page and each scattered cache page; per-row L1 prefetches a few rows ahead left the
  * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead) */
 
+/* out[jj] = the byte offset of head 0, dim 0 of key j0 + jj of request b in cache c, jj < n
+ * (lk_attn_key_off with one division per call: the page and slot walked key by key) */
+static void key_offsets(const lk_attn_args *a, const lk_paged *c, int64_t b, int64_t j0, int64_t n, int64_t *out) {
+    const int64_t es = lk_esize(c->dtype);
+    if (!a->table) {
+        for (int64_t jj = 0; jj < n; jj++) out[jj] = lk_paged_off(c, 0, a->k_start[b] + j0 + jj, 0, 0) * es;
+        return;
+    }
+    const int64_t bs = c->block_size;
+    int64_t pi = j0 / bs, slot = j0 % bs;
+    for (int64_t jj = 0; jj < n; jj++) {
+        out[jj] = lk_paged_off(c, a->table[b * a->table_stride + pi], slot, 0, 0) * es;
+        if (++slot == bs) slot = 0, pi++;
+    }
+}
+
 /* elements between consecutive heads of one key (ND: s2; NZ: a head is D/TILE chunks) */
 static inline int64_t head_step(const lk_paged *c) {
     return c->layout == LK_KV_NZ ? (c->D / TILE(lk_esize(c->dtype))) * c->s1 : c->s2;
@@ -1053,10 +1069,8 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
     for (int64_t jb = lo; jb <= hi; jb += DB) {
         int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
         int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
-        for (int64_t jj = 0; jj < nk; jj++) {
-            kbase[jj] = lk_attn_key_off(a, &a->kc, b, jb + jj, 0, 0) * kes;
-            vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
-        }
+        key_offsets(a, &a->kc, b, jb, nk, kbase);
+        key_offsets(a, &a->vc, b, jb, nk, vbase);
         if (kcs == TILE(kes)) scores_g4(a, q16, kbase, nb, nk, TILE(kes), khs, S, sr, b, kt);
         else scores_g4(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
         softmax_g4(S, sr, nb, M, L, A, pw);
@@ -1246,10 +1260,8 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
             /* row offsets of head 0 of this block's keys and the next block's (prefetch):
              * the page lookup and divisions once per key, not per (key, head) */
             int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
-            for (int64_t jj = 0; jj < nk; jj++) {
-                kbase[jj] = lk_attn_key_off(a, &a->kc, b, jb + jj, 0, 0) * kes;
-                vbase[jj] = lk_attn_key_off(a, &a->vc, b, jb + jj, 0, 0) * ves;
-            }
+            key_offsets(a, &a->kc, b, jb, nk, kbase);
+            key_offsets(a, &a->vc, b, jb, nk, vbase);
 #if defined(LKV_BF16DOT)
             if (c->qk16 && G == 4 && Dqk == 128 && !(a->softcap > 0) && (kt == LK_BF16 || lk_is_fp8(kt))) {
                 const uint16_t *q16 = (const uint16_t *)qs;
