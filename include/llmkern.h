@@ -73,7 +73,12 @@ typedef enum lk_dtype {
      * other argument rejects them with LK_ERR_DTYPE naming it). f32 -> fp8 rounds to nearest even and
      * saturates to the finite range (inf too); NaN stays NaN; fp8 -> f32 is exact. */
     LK_F8E4M3 = 5, /* OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 */
-    LK_F8E5M2 = 6  /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
+    LK_F8E5M2 = 6, /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
+    /* signed 8-bit integer (since 0.3): the quantized output of
+     * lk_rms_norm_dynamic_per_token_quant only (every other argument rejects it with
+     * LK_ERR_DTYPE naming it). f32 -> i8 rounds to nearest even, saturates to
+     * [-128, 127]; NaN gives 0. */
+    LK_I8 = 7
 } lk_dtype;
 
 #define LK_MAX_DIMS 8
@@ -601,7 +606,12 @@ LK_API lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, co
                                                         const lk_tensor *scale, float epsilon);
 /* RMSNorm (over round(input + residual), stored to residual, when residual is not NULL)
  * with dynamic per-token quantization: scales [rows] or [..., 1] written,
- * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]) */
+ * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]).
+ * out may also be LK_I8 (vLLM's int8 output): scale[r] = max(min(absmax(y[r]), scale_ub)
+ * / 127, FLT_EPSILON) (vLLM's int8 minimum; vLLM refuses scale_ub with int8, here it
+ * bounds the absmax as for fp8), out = i8(y * (1 / scale[r])) (the reciprocal then a
+ * product, as vLLM's int8 kernel; round to nearest even, saturated to [-128, 127], NaN
+ * -> 0). */
 LK_API lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input,
                                                      const lk_tensor *weight, const lk_tensor *scales,
                                                      float epsilon, const lk_tensor *scale_ub,

@@ -697,6 +697,19 @@ static void make_norm_token(oc_inst *in, oc_size sz) {
 static lk_status call_norm_token(const oc_inst *in) {
     return lk_rms_norm_dynamic_per_token_quant(T(in, 0), T(in, 1), T(in, 3), T(in, 4), in->eps, T(in, 5), T(in, 2));
 }
+static void make_norm_token_fp8(oc_inst *in, oc_size sz) {
+    make_norm_token(in, sz);
+    in->arg[0].i8 = 1; /* the out takes LK_I8 too */
+}
+/* the int8 out (vLLM's torch.int8 out of rms_norm_dynamic_per_token_quant) */
+static void make_norm_token_i8(oc_inst *in, oc_size sz) {
+    make_norm_token_fp8(in, sz);
+    oc_arg *o = &in->arg[0];
+    int64_t shape[2] = {o->t.shape[0], o->t.shape[1]};
+    tu_free(&o->buf);
+    o->buf = tu_alloc(LK_I8, 2, shape, 1);
+    o->t = o->buf.t;
+}
 
 static void make_merge_fp8(oc_inst *in, oc_size sz) {
     make_merge2(in, sz);
@@ -772,7 +785,8 @@ const oc_op OC_OPS[] = {
     {"lk_dynamic_per_token_scaled_fp8_quant", make_quant_token, call_quant_token},
     {"lk_rms_norm_static_fp8_quant", make_norm_static, call_norm_static},
     {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
-    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token, call_norm_token},
+    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},
+    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_i8, call_norm_token},
     {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);

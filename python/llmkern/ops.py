@@ -219,10 +219,13 @@ def dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub=None):
 
 def _fp8_like(x, shape, dtype=None):
     """A new fp8 output of `shape` beside x (torch: float8_e4m3fn unless dtype; NumPy:
-    ml_dtypes' float8_e4m3fn / float8_e5m2 when installed, else uint8 taken as e4m3)."""
+    ml_dtypes' float8_e4m3fn / float8_e5m2 when installed, else uint8 taken as e4m3).
+    dtype int8 (torch.int8 / np.int8): an int8 output."""
     if L.is_torch(x):
         import torch
         return torch.empty(shape, dtype=dtype or torch.float8_e4m3fn)
+    if dtype is not None and np.dtype(dtype) == np.int8:
+        return np.empty(shape, dtype=np.int8)
     try:
         import ml_dtypes
         return np.empty(shape, dtype=dtype or ml_dtypes.float8_e4m3fn)
@@ -289,27 +292,30 @@ def fused_add_rms_norm_static_fp8_quant(out, input, residual, weight, scale, eps
 
 
 def _quant_dtype(x, quant_dtype):
-    """The output dtype for quant_dtype (torch.float8_e4m3fn / float8_e5m2, ml_dtypes'
-    or their names); int8 is not supported."""
+    """The output dtype for quant_dtype (torch.float8_e4m3fn / float8_e5m2 / int8,
+    ml_dtypes' float8 types, np.int8, or their names)."""
     name = str(quant_dtype).replace("torch.", "")
     if not name.startswith("float8"):
         try:
             name = np.dtype(quant_dtype).name
         except TypeError:
             pass
-    if name not in ("float8_e4m3fn", "float8_e5m2"):
-        raise NotImplementedError("quant_dtype: %r, only float8_e4m3fn and float8_e5m2 are supported"
+    if name not in ("float8_e4m3fn", "float8_e5m2", "int8"):
+        raise NotImplementedError("quant_dtype: %r, only float8_e4m3fn, float8_e5m2 and int8 are supported"
                                   % (quant_dtype,))
     if L.is_torch(x):
         import torch
         return getattr(torch, name)
+    if name == "int8":
+        return np.int8
     import ml_dtypes
     return getattr(ml_dtypes, name)
 
 
 def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub=None, residual=None):
-    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result fp8 and
-    scale [rows, 1] (or [rows]) f32 written in place."""
+    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result (fp8, or
+    int8: i8(y * (1 / scale)) with scale = max(absmax / 127, FLT_EPSILON)) and scale
+    [rows, 1] (or [rows]) f32 written in place."""
     if scale_ub is not None:
         scale_ub = _scale_in(scale_ub, "scale_ub")
     s = L.rms_norm_dynamic_per_token_quant(_fp8_out(result, "result"), _view(input, "input"), _view(weight, "weight"),
@@ -321,7 +327,8 @@ def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon,
 
 def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_ub=None, residual=None):
     """vLLM's rms_norm_dynamic_per_token_quant: returns (out, scales [rows, 1]); with
-    residual, residual = input + residual (in place) and the norm is over it."""
+    residual, residual = input + residual (in place) and the norm is over it. quant_dtype
+    float8_e4m3fn / float8_e5m2, or int8 (torch.int8, np.int8)."""
     out = _fp8_like(input, tuple(input.shape), _quant_dtype(input, quant_dtype))
     n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
     scales = _f32_like(input, (n, 1))
