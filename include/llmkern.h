@@ -347,6 +347,20 @@ LK_API lk_status lk_gather_cache_fp8(const lk_tensor *out, const lk_tensor *cach
                                      const lk_tensor *block_table, const lk_tensor *seq_lens,
                                      lk_kv_layout layout, const lk_tensor *scale);
 
+/* lk_gather_cache_fp8 with vLLM's optional seq_starts (gather_and_maybe_dequant_cache /
+ * cp_gather_cache's `seq_starts`): seq_starts [B] i32 or NULL (all 0); token j of request
+ * b is read at position p = seq_starts[b] + j of its block table: page
+ * block_table[b, p / block_size], slot p % block_size (vLLM's chunked-context gather,
+ * any start, not only multiples of block_size). Only the pages of positions
+ * [seq_starts[b], seq_starts[b] + seq_lens[b]) are looked at. Errors (nothing written):
+ * seq_starts[b] < 0, or seq_starts[b] + seq_lens[b] > max_pages * block_size
+ * (LK_ERR_INDEX, seq_starts); its dtype (LK_ERR_DTYPE) or shape (LK_ERR_SHAPE);
+ * everything else as lk_gather_cache_fp8. */
+LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *cache,
+                                        const lk_tensor *block_table, const lk_tensor *seq_lens,
+                                        const lk_tensor *seq_starts, lk_kv_layout layout,
+                                        const lk_tensor *scale);
+
 /* vLLM's convert_fp8: dst and src of one shape (any rank <= LK_MAX_DIMS, any strides),
  * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;
  * src f32/f16/bf16 -> dst fp8 = fp8(x / scale). scale finite and > 0 (LK_ERR_VALUE);

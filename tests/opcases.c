@@ -603,6 +603,20 @@ static void make_gather8_nz(oc_inst *in, oc_size sz) { make_gather8(in, sz, LK_K
 static lk_status call_gather8(const oc_inst *in) {
     return lk_gather_cache_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), (lk_kv_layout)in->flag, T(in, 4));
 }
+/* lk_gather_cache_starts: the fp8 gather with seq_starts (each request's last token at
+ * most in the block table's last slot) */
+static void make_gather_starts(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    make_gather8(in, sz, lay);
+    int64_t B = in->arg[2].t.shape[0], st_l[4] = {52, 101, 7, 12}, st_s[2] = {6, 9};
+    tu_buf *ss = add(in, "seq_starts", LK_I32, 1, &B, 0, 1);
+    for (int64_t b = 0; b < B; b++) tu_set(ss, b, (double)(sz == OC_LARGE ? st_l[b] : st_s[b]));
+    in->arg[5].optional = 1; /* NULL: no offsets */
+}
+static void make_gather_starts_nd(oc_inst *in, oc_size sz) { make_gather_starts(in, sz, LK_KV_ND); }
+static void make_gather_starts_nz(oc_inst *in, oc_size sz) { make_gather_starts(in, sz, LK_KV_NZ); }
+static lk_status call_gather_starts(const oc_inst *in) {
+    return lk_gather_cache_starts(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 5), (lk_kv_layout)in->flag, T(in, 4));
+}
 
 /* convert_fp8: dst, src (quantize bf16 -> e4m3, or dequantize e5m2 -> f32) */
 static void make_convert8(oc_inst *in, oc_size sz, int dequant) {
@@ -776,6 +790,8 @@ const oc_op OC_OPS[] = {
     {"lk_concat_and_cache_mla_fp8", make_concat8_nz, call_concat8}, /* NZ one buffer */
     {"lk_gather_cache_fp8", make_gather8_nd, call_gather8},
     {"lk_gather_cache_fp8", make_gather8_nz, call_gather8},
+    {"lk_gather_cache_starts", make_gather_starts_nd, call_gather_starts},
+    {"lk_gather_cache_starts", make_gather_starts_nz, call_gather_starts},
     {"lk_convert_fp8", make_convert8_q, call_convert8},
     {"lk_convert_fp8", make_convert8_dq, call_convert8},
     {"lk_swap_blocks", make_swap8, call_swap},

@@ -474,33 +474,37 @@ def _to_numpy(x, name="cu_seq_lens"):
 def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None,
                  layout="ND"):
     """vLLM's gather_cache: request b's first cu_seq_lens[b+1] - cu_seq_lens[b] tokens,
-    read through block_table[b], go to dst[cu_seq_lens[b]:cu_seq_lens[b+1]]."""
+    read through block_table[b], go to dst[cu_seq_lens[b]:cu_seq_lens[b+1]]. seq_starts
+    [batch_size] int32 (optional): token j of request b is read at position
+    seq_starts[b] + j of its block table (vLLM's chunked-context gather)."""
     cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout)
 
 
 def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale):
-    if seq_starts is not None:
-        raise NotImplementedError("seq_starts: gathering from an offset into each request is "
-                                  "not supported by lk_gather_cache")
     cu = _to_numpy(cu_seq_lens)[:batch_size + 1]
     seq_lens = np.ascontiguousarray(np.diff(cu), dtype=np.int32)
     first, last = (int(cu[0]), int(cu[-1])) if len(cu) else (0, 0)
     out = dst[first:last]
+    # seq_starts [B] int32 (vLLM's dtype; others are rejected by C naming it)
+    ssv = None if seq_starts is None else _view(seq_starts[:batch_size], "seq_starts")
     if kv_cache_dtype in _FP8_KV:
         dt = _FP8_KV[kv_cache_dtype]
         keep, sv = _scale_arg(scale, "scale", required=False)
         ov = L.fp8_out_view(out, "dst", dt) if L.is_fp8_buffer(out) else _out(out, "dst")
-        s = L.gather_cache_fp8(ov, L.fp8_view(src_cache, "src_cache", dt),
-                               _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens"),
-                               _layout(layout), sv)
+        cv = L.fp8_view(src_cache, "src_cache", dt)
     elif kv_cache_dtype == "auto":
         _check_scale(scale, "scale")
-        s = L.gather_cache(_out(out, "dst"), _view(src_cache, "src_cache"),
-                           _view(block_table[:batch_size], "block_table"),
-                           _view(seq_lens, "seq_lens"), _layout(layout))
+        sv, ov, cv = None, _out(out, "dst"), _view(src_cache, "src_cache")
     else:
         raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
                                   % (kv_cache_dtype,))
+    bt, sl = _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens")
+    if ssv is not None:
+        s = L.gather_cache_starts(ov, cv, bt, sl, ssv, _layout(layout), sv)
+    elif kv_cache_dtype in _FP8_KV:
+        s = L.gather_cache_fp8(ov, cv, bt, sl, _layout(layout), sv)
+    else:
+        s = L.gather_cache(ov, cv, bt, sl, _layout(layout))
     if s:
         _raise(s)
 
