@@ -369,30 +369,28 @@ def _layout(layout):
 _FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
 
 
-def _scalar_scale(scale, name):
-    """A per-tensor scale (a Python number or a one-element array / tensor) as a float
-    (the operators whose C parameter is one f32: MLA prefill and decode)."""
+def _scale_arg(scale, name, required=True, scalar=False):
+    """A scale argument, for both kinds of operators:
+    scalar=False (the C parameter is an lk_tensor): (keep-alive object, packed f32 view); a
+    Python number becomes a 0-d f32 array, arrays / tensors ([], [1], per head [H]) go to C
+    as they are, which checks their dtype (f32), shape and values (finite, > 0);
+    scalar=True (the C parameter is one f32: MLA prefill and decode): the value as a float,
+    from a number or a one-element array / tensor.
+    None: an error when required, else NULL ((None, None); scalar: 1.0)."""
     if scale is None:
-        raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        if required:
+            raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        return 1.0 if scalar else (None, None)
     if isinstance(scale, (int, float)):
-        return float(scale)
+        if scalar:
+            return float(scale)
+        scale = np.array(scale, np.float32)
+    if not scalar:
+        return scale, _view(scale, name)
     shape = tuple(getattr(scale, "shape", ()))
     if int(np.prod(shape)) != 1:
         raise ValueError("%s: shape %s, expected one element (a per-tensor scale)" % (name, shape))
     return float(scale.reshape(-1)[0])
-
-
-def _scale_arg(scale, name, required=True):
-    """A scale as (keep-alive object, packed f32 view): a Python number becomes a 0-d f32
-    array; arrays / tensors ([], [1], per head [H]) go to C as they are, which checks
-    their dtype (f32), shape and values (finite, > 0). None: NULL (1) unless required."""
-    if scale is None:
-        if required:
-            raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
-        return None, None
-    if isinstance(scale, (int, float)):
-        scale = np.array(scale, np.float32)
-    return scale, _view(scale, name)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -1045,7 +1043,7 @@ def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache
     else:
         raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
                                   % (kv_cache_dtype,))
-    ks = 1.0 if k_scale is None else _scalar_scale(k_scale, "k_scale")
+    ks = _scale_arg(k_scale, "k_scale", required=False, scalar=True)
     params = L.mla_params(softmax_scale, strat, lay, 1 if dedup else 0, ks)
     s = L.mla_prefix_prefill(_out(out, "out"), _view(q, "q"), _view(k, "k"), _view(v, "v"),
                              _view(cu_seqlens_q, "cu_seqlens_q"), _view(prefix_lens, "prefix_lens"),
@@ -1104,11 +1102,6 @@ def _mla_cache_view(x, name, fp8_dt):
     return L.pack(x.data_ptr(), fp8_dt, x.shape, x.stride(), name)
 
 
-def _descale(x, name):
-    """FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor."""
-    return 1.0 if x is None else _scalar_scale(x, name)
-
-
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits, softmax_scale=None, causal=False, descale_q=None, descale_k=None,
                            is_fp8_kvcache=False, *, out=None, softmax_lse=None, kv_layout="ND", k_pe_cache=None,
@@ -1139,8 +1132,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
     if fp8_dt is None and is_fp8_kvcache:
         fp8_dt = L.F8E4M3
-    k_scale = _descale(descale_k, "descale_k")
-    q_scale = _descale(descale_q, "descale_q")
+    # FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor
+    k_scale = _scale_arg(descale_k, "descale_k", required=False, scalar=True)
+    q_scale = _scale_arg(descale_q, "descale_q", required=False, scalar=True)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     if len(q.shape) != 4:

@@ -365,3 +365,35 @@ def test_swap_and_copy_blocks_uint8(rng):
     w[0], w[5] = w[4], w[1]
     lk.copy_blocks_mla(mla, m)
     assert np.array_equal(mla[0].view(np.uint8), w)
+
+
+# ---------------------------------------------------------------- the scale helper
+
+
+def test_scale_arg_both_kinds():
+    """ops._scale_arg serves the lk_tensor scales (cache writes, gathers) and the scalar
+    f32 ones (MLA prefill k_scale, FlashMLA descale_q / descale_k) with one set of rules
+    and messages."""
+    from llmkern import ops
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        ops._scale_arg(None, "k_scale")
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        ops._scale_arg(None, "k_scale", scalar=True)
+    assert ops._scale_arg(None, "scale", required=False) == (None, None)
+    assert ops._scale_arg(None, "descale_k", required=False, scalar=True) == 1.0
+    keep, v = ops._scale_arg(2.0, "scale")
+    assert keep.dtype == np.float32 and keep.shape == () and keep == 2.0 and isinstance(v, bytes)
+    arr = np.array([0.25], np.float32)
+    keep, v = ops._scale_arg(arr, "scale")
+    assert keep is arr
+    assert ops._scale_arg(3, "k_scale", scalar=True) == 3.0
+    assert ops._scale_arg(arr, "k_scale", scalar=True) == 0.25
+    assert ops._scale_arg(np.array(0.5, np.float32), "k_scale", scalar=True) == 0.5
+    with pytest.raises(ValueError, match=r"descale_k: shape \(2,\), expected one element \(a per-tensor scale\)"):
+        ops._scale_arg(np.ones(2, np.float32), "descale_k", scalar=True)
+    # through the public calls: the same messages
+    k = np.ones((2, 1, 32), np.float32)
+    cache = np.zeros((1, 4, 1, 32), np.uint8)
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        lk.reshape_and_cache_flash(k, k, cache, cache.copy(), np.array([0, 1]), "fp8", None, 1.0)
+    assert not cache.any()
