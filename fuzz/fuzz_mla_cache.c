@@ -227,7 +227,7 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
         starts_ok = !w->v[a->starts].bad;
     } else
         for (int64_t b = 0; b < B; b++) st[b] = 0;
-    int64_t tv[3 * 11];
+    int64_t tv[3 * 21]; /* B <= 3, maxp <= (9 + 10) / 1 + 1 (seq_starts up to 9) */
     for (int64_t i = 0; i < B * maxp; i++) tv[i] = NB ? (int64_t)(fz_next(&w->rng) % (uint64_t)NB) : -1;
     fz_idx_fill(w, in, a->table, tv, B * maxp, NB);
     fz_idx_fill(w, in, a->lens, len, B, maxp * bs + 1);
@@ -244,7 +244,7 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
                 continue;
             }
             sum += l;
-            for (int64_t j = l ? s0 / bs : 0; bs > 0 && j < (s0 + l + bs - 1) / bs; j++) {
+            for (int64_t j = l ? s0 / bs : 0; bs > 0 && l > 0 && j < (s0 + l + bs - 1) / bs; j++) {
                 int64_t pg = fz_idx_get(w, a->table, b * maxp + j);
                 if (pg < 0 || pg >= NB) fz_fail_expected(w, "block_table entry outside the cache");
             }
