@@ -4,7 +4,7 @@
  * lk_dynamic_per_token_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
  * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant and
  * lk_merge_attn_states_scaled. Input: op, rank, shape, dtypes (input, residual, weight,
- * e4m3 / e5m2 out), layouts, [rows] or [..., 1] scales, scale / scale_ub / output_scale
+ * e4m3 / e5m2 out; the per-token norm's i8 out, and an i8 out the others reject), layouts, [rows] or [..., 1] scales, scale / scale_ub / output_scale
  * values (0, < 0, NaN, inf rejected), eps, weightless norms, out aliasing the input, a
  * residual aliasing the input, shape mismatches, NULL pointers. Every written view
  * (fp8 out, scales, residual, out_lse) is compared with the ref bitwise (the kernels'
@@ -83,6 +83,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.op = (int)(fz_u8(&in) % NOPS);
     w.op = OPN[a.op];
     lk_dtype ot = fz_u8(&in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+    int i8_bad = 0; /* an i8 out where the op takes none (judged once the view exists) */
+    if (a.op == OP_NORM_TOKEN && fz_chance(&in, 86)) ot = LK_I8; /* the int8 out (1 in 3) */
+    else if (a.op != OP_MERGE && a.op != OP_NORM_TOKEN && fz_chance(&in, 8)) ot = LK_I8, i8_bad = 1;
     if (a.op == OP_MERGE) {
         int64_t T = fz_dim(&in, 5), H = fz_dim(&in, 4), D = fz_dim(&in, 40), sh[3] = {T, H, D}, lsh[2] = {T, H};
         a.out = fp8_out_new(&w, &in, "out", ot, 3, sh);
@@ -120,10 +123,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         a.out = fz_view_alias(&w, a.x, "out", FZ_OUT);
         w.v[a.out].inplace_of = -1;
         fz_fail_expected(&w, "out aliases input (not fp8)");
-    } else
+    } else {
         a.out = fp8_out_new(&w, &in, "out", ot, nd, os);
+        /* still i8 (the rare retype may have made it fp8, which the op takes) */
+        if (i8_bad && w.v[a.out].t.dtype == LK_I8) fz_fail_expected(&w, "i8 out (only the per-token norm takes it)");
+    }
     fz_fill(&w, a.x, -4, 4);
-    if (norm) fz_tol(&w, a.out, 0.0); /* exact, NaN sign free */
+    if (norm && ot != LK_I8) fz_tol(&w, a.out, 0.0); /* exact, NaN sign free (an i8 out: bitwise) */
     if (a.op == OP_FUSED || (a.op == OP_NORM_TOKEN && fz_u8(&in) & 1)) {
         if (alias == 1 && fz_usable(&w, a.x)) {
             a.res = fz_view_alias(&w, a.x, "residual", FZ_OUT);

@@ -10,7 +10,9 @@
  * A third of the inputs call the _fp8 entries instead: caches of any float dtype incl.
  * e4m3 / e5m2 (NZ tiles 32 wide for them), a scale tensor ([1], [], a wrong length,
  * NULL; bad values among them), fp8 out of a cache of the same dtype (or another:
- * rejected). Results are compared bit for bit.
+ * rejected); half of those call lk_gather_cache_starts: seq_starts i32 (i64 rejected) or
+ * NULL, offsets across pages, negative ones and ones past the block table with the
+ * request's length (rejected). Results are compared bit for bit.
  */
 #include "fuzz_common.h"
 
@@ -19,6 +21,7 @@ typedef struct {
     int fp8, scale;                     /* the _fp8 entries and their scale (-1: NULL) */
     int kv_c, k_pe, c0, c1, sm;         /* concat */
     int out, cache, table, lens;        /* gather */
+    int use_starts, starts;             /* lk_gather_cache_starts and its seq_starts (-1: NULL) */
 } mla_attrs;
 
 static lk_status call(const fz_world *w, const void *ap) {
@@ -26,6 +29,9 @@ static lk_status call(const fz_world *w, const void *ap) {
     if (a->fp8 && !a->gather)
         return lk_concat_and_cache_mla_fp8(fz_t(w, a->kv_c), fz_t(w, a->k_pe), fz_t(w, a->c0), fz_t(w, a->c1),
                                            fz_t(w, a->sm), (lk_kv_layout)a->layout, fz_t(w, a->scale));
+    if (a->fp8 && a->use_starts == 1)
+        return lk_gather_cache_starts(fz_t(w, a->out), fz_t(w, a->cache), fz_t(w, a->table), fz_t(w, a->lens),
+                                      fz_t(w, a->starts), (lk_kv_layout)a->layout, fz_t(w, a->scale));
     if (a->fp8)
         return lk_gather_cache_fp8(fz_t(w, a->out), fz_t(w, a->cache), fz_t(w, a->table), fz_t(w, a->lens),
                                    (lk_kv_layout)a->layout, fz_t(w, a->scale));
@@ -168,7 +174,8 @@ static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
 }
 
 static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
-    w->op = g_fp8 ? "lk_gather_cache_fp8" : "lk_gather_cache";
+    a->use_starts = g_fp8 && (fz_u8(in) & 1); /* half of the _fp8 inputs: lk_gather_cache_starts */
+    w->op = a->use_starts ? "lk_gather_cache_starts" : g_fp8 ? "lk_gather_cache_fp8" : "lk_gather_cache";
     int nz = a->layout == LK_KV_NZ;
     int64_t B = fz_range(in, 0, 3), bs = 1 + (int64_t)(fz_u8(in) % 4), NB = 1 + (int64_t)(fz_u8(in) % 6);
     if (fz_chance(in, 8)) { /* an empty cache, [0, 0, ..] (block_size 0) too */
@@ -178,11 +185,12 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
     int64_t H = 1 + (int64_t)(fz_u8(in) % 3), D;
     if (nz) D = H == 3 ? 16 : 16 / H * (1 + (int64_t)(fz_u8(in) % 2));
     else D = fz_dim(in, 20);
-    int64_t C = H * D, len[3], S = 0, maxp = 0;
+    int64_t C = H * D, len[3], st[3] = {0, 0, 0}, S = 0, maxp = 0;
     for (int64_t b = 0; b < B; b++) {
         len[b] = fz_range(in, 0, 10);
+        if (a->use_starts) st[b] = fz_range(in, 0, 9); /* any offset, across pages */
         S += len[b];
-        if (bs > 0 && (len[b] + bs - 1) / bs > maxp) maxp = (len[b] + bs - 1) / bs;
+        if (bs > 0 && (st[b] + len[b] + bs - 1) / bs > maxp) maxp = (st[b] + len[b] + bs - 1) / bs;
     }
     maxp += fz_range(in, 0, 1);
     if (fz_chance(in, 6)) S += 1; /* judged below from the stored seq_lens */
@@ -210,20 +218,33 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
     if (fz_chance(in, 4)) ldt = LK_I64, fz_fail_expected(w, "seq_lens not i32");
     a->table = fz_view_new(w, in, "block_table", tdt, 2, ts, FZ_IDX);
     a->lens = fz_view_new(w, in, "seq_lens", ldt, 1, &B, FZ_IDX);
-    int64_t tv[3 * 11];
+    int starts_ok = 1;
+    if (a->use_starts && fz_u8(in) % 8) { /* seq_starts (else NULL: no offsets) */
+        lk_dtype sdt = LK_I32;
+        if (fz_chance(in, 4)) sdt = LK_I64, fz_fail_expected(w, "seq_starts not i32");
+        a->starts = fz_view_new(w, in, "seq_starts", sdt, 1, &B, FZ_IDX);
+        fz_idx_fill(w, in, a->starts, st, B, maxp * bs + 1);
+        starts_ok = !w->v[a->starts].bad;
+    } else
+        for (int64_t b = 0; b < B; b++) st[b] = 0;
+    int64_t tv[3 * 21]; /* B <= 3, maxp <= (9 + 10) / 1 + 1 (seq_starts up to 9) */
     for (int64_t i = 0; i < B * maxp; i++) tv[i] = NB ? (int64_t)(fz_next(&w->rng) % (uint64_t)NB) : -1;
     fz_idx_fill(w, in, a->table, tv, B * maxp, NB);
     fz_idx_fill(w, in, a->lens, len, B, maxp * bs + 1);
-    if (!w->v[a->lens].bad && !w->v[a->table].bad) { /* from the stored values (views may broadcast) */
+    if (!w->v[a->lens].bad && !w->v[a->table].bad && starts_ok) { /* from the stored values (views may broadcast) */
         int64_t sum = 0;
         for (int64_t b = 0; b < B; b++) {
-            int64_t l = fz_idx_get(w, a->lens, b);
+            int64_t l = fz_idx_get(w, a->lens, b), s0 = a->starts >= 0 ? fz_idx_get(w, a->starts, b) : 0;
             if (l < 0 || l > maxp * bs) {
                 fz_fail_expected(w, "seq_lens out of range");
                 continue;
             }
+            if (s0 < 0 || s0 > maxp * bs - l) {
+                fz_fail_expected(w, "seq_starts out of range (with the request's length)");
+                continue;
+            }
             sum += l;
-            for (int64_t j = 0; bs > 0 && j < (l + bs - 1) / bs; j++) {
+            for (int64_t j = l ? s0 / bs : 0; bs > 0 && l > 0 && j < (s0 + l + bs - 1) / bs; j++) {
                 int64_t pg = fz_idx_get(w, a->table, b * maxp + j);
                 if (pg < 0 || pg >= NB) fz_fail_expected(w, "block_table entry outside the cache");
             }

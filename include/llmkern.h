@@ -73,7 +73,12 @@ typedef enum lk_dtype {
      * other argument rejects them with LK_ERR_DTYPE naming it). f32 -> fp8 rounds to nearest even and
      * saturates to the finite range (inf too); NaN stays NaN; fp8 -> f32 is exact. */
     LK_F8E4M3 = 5, /* OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 */
-    LK_F8E5M2 = 6  /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
+    LK_F8E5M2 = 6, /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
+    /* signed 8-bit integer (since 0.3): the quantized output of
+     * lk_rms_norm_dynamic_per_token_quant only (every other argument rejects it with
+     * LK_ERR_DTYPE naming it). f32 -> i8 rounds to nearest even, saturates to
+     * [-128, 127]; NaN gives 0. */
+    LK_I8 = 7
 } lk_dtype;
 
 #define LK_MAX_DIMS 8
@@ -342,6 +347,20 @@ LK_API lk_status lk_gather_cache_fp8(const lk_tensor *out, const lk_tensor *cach
                                      const lk_tensor *block_table, const lk_tensor *seq_lens,
                                      lk_kv_layout layout, const lk_tensor *scale);
 
+/* lk_gather_cache_fp8 with vLLM's optional seq_starts (gather_and_maybe_dequant_cache /
+ * cp_gather_cache's `seq_starts`): seq_starts [B] i32 or NULL (all 0); token j of request
+ * b is read at position p = seq_starts[b] + j of its block table: page
+ * block_table[b, p / block_size], slot p % block_size (vLLM's chunked-context gather,
+ * any start, not only multiples of block_size). Only the pages of positions
+ * [seq_starts[b], seq_starts[b] + seq_lens[b]) are looked at. Errors (nothing written):
+ * seq_starts[b] < 0, or seq_starts[b] + seq_lens[b] > max_pages * block_size
+ * (LK_ERR_INDEX, seq_starts); its dtype (LK_ERR_DTYPE) or shape (LK_ERR_SHAPE);
+ * everything else as lk_gather_cache_fp8. */
+LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *cache,
+                                        const lk_tensor *block_table, const lk_tensor *seq_lens,
+                                        const lk_tensor *seq_starts, lk_kv_layout layout,
+                                        const lk_tensor *scale);
+
 /* vLLM's convert_fp8: dst and src of one shape (any rank <= LK_MAX_DIMS, any strides),
  * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;
  * src f32/f16/bf16 -> dst fp8 = fp8(x / scale). scale finite and > 0 (LK_ERR_VALUE);
@@ -601,7 +620,12 @@ LK_API lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, co
                                                         const lk_tensor *scale, float epsilon);
 /* RMSNorm (over round(input + residual), stored to residual, when residual is not NULL)
  * with dynamic per-token quantization: scales [rows] or [..., 1] written,
- * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]) */
+ * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]).
+ * out may also be LK_I8 (vLLM's int8 output): scale[r] = max(min(absmax(y[r]), scale_ub)
+ * / 127, FLT_EPSILON) (vLLM's int8 minimum; vLLM refuses scale_ub with int8, here it
+ * bounds the absmax as for fp8), out = i8(y * (1 / scale[r])) (the reciprocal then a
+ * product, as vLLM's int8 kernel; round to nearest even, saturated to [-128, 127], NaN
+ * -> 0). */
 LK_API lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input,
                                                      const lk_tensor *weight, const lk_tensor *scales,
                                                      float epsilon, const lk_tensor *scale_ub,

@@ -603,6 +603,20 @@ static void make_gather8_nz(oc_inst *in, oc_size sz) { make_gather8(in, sz, LK_K
 static lk_status call_gather8(const oc_inst *in) {
     return lk_gather_cache_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), (lk_kv_layout)in->flag, T(in, 4));
 }
+/* lk_gather_cache_starts: the fp8 gather with seq_starts (each request's last token at
+ * most in the block table's last slot) */
+static void make_gather_starts(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    make_gather8(in, sz, lay);
+    int64_t B = in->arg[2].t.shape[0], st_l[4] = {52, 101, 7, 12}, st_s[2] = {6, 9};
+    tu_buf *ss = add(in, "seq_starts", LK_I32, 1, &B, 0, 1);
+    for (int64_t b = 0; b < B; b++) tu_set(ss, b, (double)(sz == OC_LARGE ? st_l[b] : st_s[b]));
+    in->arg[5].optional = 1; /* NULL: no offsets */
+}
+static void make_gather_starts_nd(oc_inst *in, oc_size sz) { make_gather_starts(in, sz, LK_KV_ND); }
+static void make_gather_starts_nz(oc_inst *in, oc_size sz) { make_gather_starts(in, sz, LK_KV_NZ); }
+static lk_status call_gather_starts(const oc_inst *in) {
+    return lk_gather_cache_starts(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 5), (lk_kv_layout)in->flag, T(in, 4));
+}
 
 /* convert_fp8: dst, src (quantize bf16 -> e4m3, or dequantize e5m2 -> f32) */
 static void make_convert8(oc_inst *in, oc_size sz, int dequant) {
@@ -697,6 +711,19 @@ static void make_norm_token(oc_inst *in, oc_size sz) {
 static lk_status call_norm_token(const oc_inst *in) {
     return lk_rms_norm_dynamic_per_token_quant(T(in, 0), T(in, 1), T(in, 3), T(in, 4), in->eps, T(in, 5), T(in, 2));
 }
+static void make_norm_token_fp8(oc_inst *in, oc_size sz) {
+    make_norm_token(in, sz);
+    in->arg[0].i8 = 1; /* the out takes LK_I8 too */
+}
+/* the int8 out (vLLM's torch.int8 out of rms_norm_dynamic_per_token_quant) */
+static void make_norm_token_i8(oc_inst *in, oc_size sz) {
+    make_norm_token_fp8(in, sz);
+    oc_arg *o = &in->arg[0];
+    int64_t shape[2] = {o->t.shape[0], o->t.shape[1]};
+    tu_free(&o->buf);
+    o->buf = tu_alloc(LK_I8, 2, shape, 1);
+    o->t = o->buf.t;
+}
 
 static void make_merge_fp8(oc_inst *in, oc_size sz) {
     make_merge2(in, sz);
@@ -763,6 +790,8 @@ const oc_op OC_OPS[] = {
     {"lk_concat_and_cache_mla_fp8", make_concat8_nz, call_concat8}, /* NZ one buffer */
     {"lk_gather_cache_fp8", make_gather8_nd, call_gather8},
     {"lk_gather_cache_fp8", make_gather8_nz, call_gather8},
+    {"lk_gather_cache_starts", make_gather_starts_nd, call_gather_starts},
+    {"lk_gather_cache_starts", make_gather_starts_nz, call_gather_starts},
     {"lk_convert_fp8", make_convert8_q, call_convert8},
     {"lk_convert_fp8", make_convert8_dq, call_convert8},
     {"lk_swap_blocks", make_swap8, call_swap},
@@ -772,7 +801,8 @@ const oc_op OC_OPS[] = {
     {"lk_dynamic_per_token_scaled_fp8_quant", make_quant_token, call_quant_token},
     {"lk_rms_norm_static_fp8_quant", make_norm_static, call_norm_static},
     {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
-    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token, call_norm_token},
+    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},
+    {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_i8, call_norm_token},
     {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);

@@ -28,6 +28,7 @@ typedef struct {
     int is_null;      /* pass NULL instead of &t */
     int shared;       /* a clone shares buf with its source (read-only sharing) */
     int fp8;          /* takes LK_F8E4M3 / LK_F8E5M2 too (test_limits' fp8 rows skip it) */
+    int i8;           /* takes LK_I8 too (test_limits' i8 row skips it) */
 } oc_arg;
 
 typedef struct oc_op oc_op;

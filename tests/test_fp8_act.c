@@ -11,24 +11,37 @@
  * +-max beyond the max; dynamic scales against the float64 formula. Grid: input dtypes
  * f32 / f16 / bf16 x out e4m3 / e5m2, D = 1, 3, 7, 16, 33, 130, 4097, rows 1..5,
  * contiguous and strided (padding garbage) views, a non-unit last stride (the reference
- * fallback), [rows] and [rows, 1] scales, scale_ub, residual dtypes, weightless norms.
+ * fallback), [rows] and [rows, 1] scales, scale_ub, residual dtypes, weightless norms;
+ * the int8 out of the per-token norm on the same grid (within half an integer step of
+ * the float64 value / scale, scales max(absmax / 127, FLT_EPSILON)) and its converter.
  * Also: NaN / inf / saturation, empty inputs, thread-count independence (1-4 threads,
  * bitwise) and the bad-input catalogue (status, message naming the argument, every
  * buffer intact).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/half.h"
+#include "cpu/fp8_quant.h"
 #include "testutil.h"
 
 static lk_isa isas[TU_MAX_ISAS];
 static int ni;
 
 static const lk_dtype FP8[2] = {LK_F8E4M3, LK_F8E5M2};
-static double fmax8(lk_dtype dt) { return dt == LK_F8E4M3 ? 448.0 : 57344.0; }
-static float min_scale(lk_dtype dt) { return 1.0f / ((float)fmax8(dt) * 512.0f); }
+/* LK_I8 (the int8 out of rms_norm_dynamic_per_token_quant): 127 and FLT_EPSILON, vLLM's */
+static double fmax8(lk_dtype dt) { return dt == LK_F8E4M3 ? 448.0 : dt == LK_I8 ? 127.0 : 57344.0; }
+static float min_scale(lk_dtype dt) { return dt == LK_I8 ? FLT_EPSILON : 1.0f / ((float)fmax8(dt) * 512.0f); }
+
+/* i8 q vs y = float64 value / scale: within half a step (plus rel |y|) of y clamped to
+ * [-128, 127]; NaN -> 0 */
+static int i8_close(double y, double q, double rel) {
+    if (isnan(y)) return q == 0;
+    double c = y > 127 ? 127 : y < -128 ? -128 : y;
+    return q == rint(q) && q >= -128 && q <= 127 && fabs(q - c) <= 0.5 + fabs(y) * rel + 1e-9;
+}
 
 /* q (dequantized / scale: the fp8 value) vs y = float64 value / scale: within half an fp8
  * step of y (2^(e - 3) e4m3, 2^(e - 2) e5m2, subnormal steps 2^-9 / 2^-16) plus rel |y|,
@@ -285,7 +298,9 @@ static void norm_case(int kind, lk_dtype xt, lk_dtype rt, lk_dtype wt, lk_dtype 
                 if (want < min_scale(ot)) want = min_scale(ot);
                 f64 &= fabs(scale - want) <= want * (rel + 1e-7);
             }
-            for (int64_t i = 0; i < D; i++) f64 &= fp8_close(ot, v[i] / scale, (float)tu_get(&out, r * D + i), rel);
+            for (int64_t i = 0; i < D; i++)
+                f64 &= ot == LK_I8 ? i8_close(v[i] / scale, tu_get(&out, r * D + i), rel)
+                                   : fp8_close(ot, v[i] / scale, (float)tu_get(&out, r * D + i), rel);
             free(v);
         }
     }
@@ -315,6 +330,28 @@ static void test_norm_grid(void) {
         norm_case(N_TOKEN, LK_BF16, LK_BF16, LK_BF16, FP8[oi], 4, 64, 0, 0, 0.5f);
         norm_case(N_TOKEN_RES, LK_F16, LK_F32, LK_F32, FP8[oi], 3, 72, 1, 0, 0.25f);
     }
+    /* the int8 out of the per-token form (vLLM's torch.int8 out) */
+    for (int k = N_TOKEN; k <= N_TOKEN_RES; k++)
+        for (int xi = 0; xi < 3; xi++)
+            for (int di = 0; di < 7; di++)
+                for (int layout = 0; layout < 3; layout++) {
+                    int64_t D = DS[di], R = D > 1000 ? 2 : 1 + (di + layout) % 5;
+                    lk_dtype xt = TU_FLOAT_DTYPES[xi], rt = TU_FLOAT_DTYPES[(xi + di) % 3];
+                    lk_dtype wt = TU_FLOAT_DTYPES[(xi + layout) % 3];
+                    norm_case(k, xt, rt, wt, LK_I8, R, D, layout, di == 2, 0);
+                }
+    norm_case(N_TOKEN, LK_BF16, LK_BF16, LK_BF16, LK_I8, 4, 64, 0, 0, 0.5f);
+    norm_case(N_TOKEN_RES, LK_F16, LK_F32, LK_F32, LK_I8, 3, 72, 1, 0, 0.25f);
+}
+
+/* the f32 -> int8 converter of the int8 out: nearest, ties to even, saturated, NaN 0 */
+static void test_i8_convert(void) {
+    static const float V[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 0.49999997f, 126.5f, 127.49f, 127.5f, 1e9f,
+                              -127.5f, -128.5f, -1e9f, INFINITY, -INFINITY, NAN, -0.0f, 3.7f, -3.7f};
+    static const int W[] = {0, 2, 2, 0, -2, -2, 0, 126, 127, 127, 127, -128, -128, -128, 127, -128, 0, 0, 4, -4};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) ok &= lk_q_i8(V[i]) == W[i];
+    tu_check(ok, "f32 -> i8: ties to even (0.5 -> 0, 1.5 -> 2, 2.5 -> 2), saturation to [-128, 127] (inf too), NaN -> 0");
 }
 
 /* ---------------------------------------------------------------- merge with an fp8 out */
@@ -384,7 +421,8 @@ static void test_threads(void) {
     tu_buf sc = tu_alloc(LK_F32, 1, &R, 0);
     tu_fill_uniform(&x, -3, 3), tu_fill_uniform(&res, -3, 3), tu_fill_uniform(&w, -1, 1);
     saved r0 = save(&res);
-    for (int op = 0; op < 4; op++) {
+    tu_buf o8 = tu_alloc(LK_I8, 2, (int64_t[]){R, D}, 0);
+    for (int op = 0; op < 5; op++) {
         saved first[3] = {{0}};
         int ok = 1;
         for (int th = 1; th <= 4; th++) {
@@ -395,17 +433,19 @@ static void test_threads(void) {
             lk_status s = op == 0 ? lk_dynamic_scaled_fp8_quant(&out.t, &x.t, &one)
                         : op == 1 ? lk_dynamic_per_token_scaled_fp8_quant(&out.t, &x.t, &sc.t, NULL)
                         : op == 2 ? lk_rms_norm_dynamic_per_token_quant(&out.t, &x.t, &w.t, &sc.t, 1e-6f, NULL, &res.t)
+                        : op == 3 ? lk_rms_norm_dynamic_per_token_quant(&o8.t, &x.t, &w.t, &sc.t, 1e-6f, NULL, &res.t)
                                   : lk_fused_add_rms_norm_static_fp8_quant(&out.t, &x.t, &res.t, &w.t, &one, 1e-6f);
+            tu_buf *o = op == 3 ? &o8 : &out;
             ok &= s == LK_OK;
-            if (th == 1) first[0] = save(&out), first[1] = save(&sc), first[2] = save(&res);
-            else ok &= same(&out, &first[0]) && same(&sc, &first[1]) && same(&res, &first[2]);
+            if (th == 1) first[0] = save(o), first[1] = save(&sc), first[2] = save(&res);
+            else ok &= same(o, &first[0]) && same(&sc, &first[1]) && same(&res, &first[2]);
         }
         lk_set_num_threads(0);
         tu_check(ok, "fp8 activation op %d: 1-4 threads bitwise identical (out, scales, residual)", op);
         for (int k = 0; k < 3; k++) free(first[k].bytes);
     }
     free(r0.bytes);
-    tu_free(&x), tu_free(&res), tu_free(&out), tu_free(&w), tu_free(&sc);
+    tu_free(&x), tu_free(&res), tu_free(&out), tu_free(&w), tu_free(&sc), tu_free(&o8);
 }
 
 static void test_empty(void) {
@@ -426,7 +466,12 @@ static void test_empty(void) {
     sc[0] = sc[1] = -5;
     ok &= lk_rms_norm_dynamic_per_token_quant(&o2, &x2, NULL, &s2, 1e-6f, NULL, NULL) == LK_OK && sc[0] == sc[1] &&
           sc[0] == 1.0f / (57344.0f * 512.0f);
-    tu_check(ok, "per-token quant of rows with D = 0: every row's scale is min_scale, nothing else written");
+    sc[0] = sc[1] = -5;
+    lk_tensor o28 = lk_tensor_make(q, LK_I8, 2, (int64_t[]){2, 0});
+    ok &= lk_rms_norm_dynamic_per_token_quant(&o28, &x2, NULL, &s2, 1e-6f, NULL, NULL) == LK_OK && sc[0] == sc[1] &&
+          sc[0] == FLT_EPSILON && q[0] == 9;
+    tu_check(ok, "per-token quant of rows with D = 0: every row's scale is min_scale (i8: FLT_EPSILON), nothing else "
+             "written");
 }
 
 /* every buffer intact and the status / message as expected */
@@ -469,6 +514,21 @@ static void test_errors(void) {
     for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
     expect(lk_static_scaled_fp8_quant(&bfo.t, &x.t, &sc.t), LK_ERR_DTYPE, "out", all, nb, "bf16 out");
     expect(lk_static_scaled_fp8_quant(&out.t, &x.t, &sc16.t), LK_ERR_DTYPE, "scale", all, nb, "f16 scale");
+    lk_tensor o8 = out.t; /* the int8 out: the per-token norm's only */
+    o8.dtype = LK_I8;
+    expect(lk_static_scaled_fp8_quant(&o8, &x.t, &sc.t), LK_ERR_DTYPE, "out", all, nb, "i8 out (static quant)");
+    expect(lk_dynamic_per_token_scaled_fp8_quant(&o8, &x.t, &scs.t, NULL), LK_ERR_DTYPE, "out", all, nb,
+           "i8 out (per-token quant)");
+    expect(lk_rms_norm_static_fp8_quant(&o8, &x.t, &w.t, &sc.t, 1e-6f), LK_ERR_DTYPE, "out", all, nb,
+           "i8 out (static norm quant)");
+    expect(lk_fused_add_rms_norm_static_fp8_quant(&o8, &x.t, &res.t, &w.t, &sc.t, 1e-6f), LK_ERR_DTYPE, "out", all,
+           nb, "i8 out (fused static norm quant)");
+    lk_tensor x8 = x.t;
+    x8.dtype = LK_I8;
+    expect(lk_rms_norm_dynamic_per_token_quant(&o8, &x8, &w.t, &scs.t, 1e-6f, NULL, NULL), LK_ERR_DTYPE, "input", all,
+           nb, "i8 input");
+    expect(lk_rms_norm_dynamic_per_token_quant(&o8, &x.t, &w.t, &bad3.t, 1e-6f, NULL, NULL), LK_ERR_SHAPE, "scales",
+           all, nb, "i8 out, scales [R + 1]");
     expect(lk_static_scaled_fp8_quant(&out.t, &out.t, &sc.t), LK_ERR_DTYPE, "input", all, nb, "fp8 input");
     expect(lk_dynamic_scaled_fp8_quant(&out.t, &x.t, &scs.t), LK_ERR_SHAPE, "scale", all, nb, "[R, 1] per-tensor scale");
     expect(lk_dynamic_per_token_scaled_fp8_quant(&out.t, &x.t, &bad3.t, NULL), LK_ERR_SHAPE, "scales", all, nb,
@@ -521,6 +581,7 @@ int main(void) {
     test_quant_grid();
     test_quant_specials();
     test_norm_grid();
+    test_i8_convert();
     test_merge_grid();
     test_threads();
     test_empty();

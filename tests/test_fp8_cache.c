@@ -427,15 +427,21 @@ static void fill_codes(tu_buf *b) {
     }
 }
 
-static void gather_run(lk_dtype ct, lk_dtype ot, int64_t bs, int H, int scale_kind, int pad) {
+/* with_starts: lk_gather_cache_starts with seq_starts {bs + 1, 3, bs - 1} (token j of
+ * request b at position seq_starts[b] + j of its block table; the entries of pages
+ * before a request's first position are -1: never looked at) */
+static void gather_run(lk_dtype ct, lk_dtype ot, int64_t bs, int H, int scale_kind, int pad, int with_starts) {
     lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);
-    int64_t D = 96 / H, C = 96, B = 3, lens[3] = {bs + 3, 0, 2 * bs - 1}, maxp = 4, NB = 8, S = 0;
+    int64_t D = 96 / H, C = 96, B = 3, lens[3] = {bs + 3, 0, 2 * bs - 1}, maxp = with_starts ? 8 : 4, NB = 8, S = 0;
+    int64_t starts[3] = {0, 0, 0};
+    if (with_starts) starts[0] = bs + 1, starts[1] = 3, starts[2] = bs - 1;
     for (int b = 0; b < B; b++) S += lens[b];
     tu_buf bt = tu_alloc(LK_I32, 2, (int64_t[]){B, maxp}, 1);
-    for (int64_t i = 0; i < B * maxp; i++) tu_set(&bt, i, (double)tu_randint(0, NB - 1));
-    tu_buf sl = tu_alloc(LK_I32, 1, &B, 0);
-    for (int b = 0; b < B; b++) tu_set(&sl, b, (double)lens[b]);
+    for (int64_t i = 0; i < B * maxp; i++)
+        tu_set(&bt, i, i % maxp < starts[i / maxp] / bs ? -1.0 : (double)tu_randint(0, NB - 1));
+    tu_buf sl = tu_alloc(LK_I32, 1, &B, 0), ss = tu_alloc(LK_I32, 1, &B, 1);
+    for (int b = 0; b < B; b++) tu_set(&sl, b, (double)lens[b]), tu_set(&ss, b, (double)starts[b]);
     float sv = scale_kind == 2 ? 0.0625f : 3.7f;
     tu_buf st = scale_tensor(1, &sv);
     float s = scale_kind ? sv : 1.0f;
@@ -457,10 +463,10 @@ static void gather_run(lk_dtype ct, lk_dtype ot, int64_t bs, int H, int scale_ki
         int close = 1;
         for (int64_t b = 0, t = 0; b < B; b++)
             for (int64_t j = 0; j < lens[b]; j++, t++) {
-                int64_t page = (int64_t)tu_get(&bt, b * maxp + j / bs);
+                int64_t pos = starts[b] + j, page = (int64_t)tu_get(&bt, b * maxp + pos / bs);
                 for (int64_t e = 0; e < C; e++) {
                     size_t at = bidx(&out, tu_offset(&out.t, t * C + e));
-                    const unsigned char *q = c.base + bidx(&c, poff(&c.t, nz, D, page, j % bs, e / D, e % D));
+                    const unsigned char *q = c.base + bidx(&c, poff(&c.t, nz, D, page, pos % bs, e / D, e % D));
                     if (ot == ct) memcpy(w + at, q, 1);
                     else {
                         float qv = lk_load_f(q, ct, 0);
@@ -481,12 +487,14 @@ static void gather_run(lk_dtype ct, lk_dtype ot, int64_t bs, int H, int scale_ki
         for (int ii = 0; ii < nisa; ii++) {
             lk_set_isa(isas[ii]);
             memcpy(out.base, i0, out.bytes);
-            lk_status r = lk_gather_cache_fp8(&out.t, &c.t, &bt.t, &sl.t, nz ? LK_KV_NZ : LK_KV_ND,
-                                              scale_kind ? &st.t : NULL);
+            lk_kv_layout lay = nz ? LK_KV_NZ : LK_KV_ND;
+            const lk_tensor *stp = scale_kind ? &st.t : NULL;
+            lk_status r = with_starts ? lk_gather_cache_starts(&out.t, &c.t, &bt.t, &sl.t, &ss.t, lay, stp)
+                                      : lk_gather_cache_fp8(&out.t, &c.t, &bt.t, &sl.t, lay, stp);
             tu_check(r == LK_OK && !memcmp(out.base, w, out.bytes) && tu_intact(&c),
-                     "fp8 gather isa=%s %s %s -> %s bs=%lld H=%d scale=%d pad=%d: whole out as expected (%s)",
-                     lk_isa_name(isas[ii]), nz ? "NZ" : "ND", lk_dtype_name(ct), lk_dtype_name(ot), (long long)bs, H,
-                     scale_kind, pad, lk_last_error());
+                     "fp8 gather%s isa=%s %s %s -> %s bs=%lld H=%d scale=%d pad=%d: whole out as expected (%s)",
+                     with_starts ? " (seq_starts)" : "", lk_isa_name(isas[ii]), nz ? "NZ" : "ND", lk_dtype_name(ct),
+                     lk_dtype_name(ot), (long long)bs, H, scale_kind, pad, lk_last_error());
         }
         lk_set_isa(isas[nisa - 1]);
         outs[nz] = malloc((size_t)(S * C) * oes + 1);
@@ -499,7 +507,83 @@ static void gather_run(lk_dtype ct, lk_dtype ot, int64_t bs, int H, int scale_ki
              "fp8 gather %s -> %s bs=%lld: NZ equals ND bit for bit", lk_dtype_name(ct), lk_dtype_name(ot),
              (long long)bs);
     free(outs[0]), free(outs[1]);
-    tu_free(&nd), tu_free(&bt), tu_free(&sl), tu_free(&st);
+    tu_free(&nd), tu_free(&bt), tu_free(&sl), tu_free(&st), tu_free(&ss);
+}
+
+/* seq_starts through a 16-bit cache: equal to lk_gather_cache over the block table
+ * shifted by whole pages (starts multiples of bs); NULL seq_starts equal to no starts;
+ * and the errors: nothing written */
+static void test_gather_starts(void) {
+    int64_t bs = 4, B = 2, maxp = 6, NB = 9, C = 24, lens[2] = {9, 5}, pst[2] = {2, 1}, S = 14;
+    tu_buf c = cache_alloc(LK_BF16, 0, NB, bs, 1, C, 1, 1);
+    tu_fill_uniform(&c, -3, 3);
+    tu_buf bt = tu_alloc(LK_I32, 2, (int64_t[]){B, maxp}, 0), bt2 = tu_alloc(LK_I32, 2, (int64_t[]){B, maxp}, 0);
+    for (int64_t i = 0; i < B * maxp; i++) tu_set(&bt, i, (double)tu_randint(0, NB - 1)), tu_set(&bt2, i, -1);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t p = pst[b]; p < maxp; p++) tu_set(&bt2, b * maxp + p - pst[b], tu_get(&bt, b * maxp + p));
+    tu_buf sl = tu_alloc(LK_I32, 1, &B, 0), ss = tu_alloc(LK_I32, 1, &B, 0);
+    for (int b = 0; b < B; b++) tu_set(&sl, b, (double)lens[b]), tu_set(&ss, b, (double)(pst[b] * bs));
+    tu_buf o1 = tu_alloc(LK_F32, 2, (int64_t[]){S, C}, 1), o2 = tu_alloc(LK_F32, 2, (int64_t[]){S, C}, 1);
+    lk_status r1 = lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ss.t, LK_KV_ND, NULL);
+    lk_status r2 = lk_gather_cache(&o2.t, &c.t, &bt2.t, &sl.t, LK_KV_ND);
+    tu_check(r1 == LK_OK && r2 == LK_OK && tu_same_bits(&o1, &o2),
+             "gather seq_starts (bf16 cache, starts of whole pages) = gather over the shifted block table (%s)",
+             lk_last_error());
+    r1 = lk_gather_cache_starts(&o1.t, &c.t, &bt2.t, &sl.t, NULL, LK_KV_ND, NULL);
+    tu_check(r1 == LK_OK && tu_same_bits(&o1, &o2), "gather_cache_starts with NULL seq_starts = lk_gather_cache (%s)",
+             lk_last_error());
+    /* errors */
+    tu_buf *all[] = {&o1, &c, &bt, &sl, &ss};
+    for (int k = 0; k < 5; k++) tu_snapshot(all[k]);
+    struct {
+        int64_t b, v;
+        lk_status want;
+        const char *name, *what;
+    } E[] = {{0, -1, LK_ERR_INDEX, "seq_starts", "a negative start"},
+             {0, maxp * bs - lens[0] + 1, LK_ERR_INDEX, "seq_starts", "start + len one past the block table"},
+             {1, maxp * bs, LK_ERR_INDEX, "seq_starts", "start at the block table's end"},
+             {1, 2147483647, LK_ERR_INDEX, "seq_starts", "start INT32_MAX"}};
+    for (size_t k = 0; k < sizeof E / sizeof E[0]; k++) {
+        for (int b = 0; b < B; b++) tu_set(&ss, b, 0);
+        ((int32_t *)ss.t.data)[E[k].b * ss.t.stride[0]] = (int32_t)E[k].v;
+        tu_snapshot(&ss);
+        lk_status r = lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ss.t, LK_KV_ND, NULL);
+        int intact = 1;
+        for (int j = 0; j < 5; j++) intact &= tu_intact(all[j]);
+        tu_check(r == E[k].want && names(E[k].name) && intact, "gather seq_starts: %s -> %s naming %s, nothing written (%s)",
+                 E[k].what, lk_status_str(r), E[k].name, lk_last_error());
+    }
+    /* the last valid start: the request's last token in the table's last slot */
+    for (int b = 0; b < B; b++) tu_set(&ss, b, (double)(maxp * bs - lens[b]));
+    tu_check(lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ss.t, LK_KV_ND, NULL) == LK_OK,
+             "gather seq_starts: start + len = max_pages * block_size is valid (%s)", lk_last_error());
+    /* a block id of a page read through the start out of range */
+    for (int b = 0; b < B; b++) tu_set(&ss, b, 0);
+    tu_set(&ss, 1, (double)bs);
+    tu_set(&bt, 1 * maxp + 2, (double)NB);
+    for (int k = 0; k < 5; k++) tu_snapshot(all[k]);
+    lk_status r = lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ss.t, LK_KV_ND, NULL);
+    tu_check(r == LK_ERR_INDEX && names("block_table") && tu_intact(&o1),
+             "gather seq_starts: a block id of a page read after the shift out of range -> block_table (%s)",
+             lk_last_error());
+    tu_set(&bt, 1 * maxp + 0, (double)NB); /* a page before the start: not looked at */
+    tu_set(&bt, 1 * maxp + 2, 0);
+    tu_check(lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ss.t, LK_KV_ND, NULL) == LK_OK,
+             "gather seq_starts: block_table entries of pages before the start are not looked at (%s)", lk_last_error());
+    tu_buf s64 = tu_alloc(LK_I64, 1, &B, 0), s3 = tu_alloc(LK_I32, 1, (int64_t[]){B + 1}, 0);
+    tu_snapshot(&o1);
+    tu_check(lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &s64.t, LK_KV_ND, NULL) == LK_ERR_DTYPE &&
+                 names("seq_starts") && tu_intact(&o1),
+             "gather seq_starts: i64 rejected naming it (%s)", lk_last_error());
+    tu_check(lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &s3.t, LK_KV_ND, NULL) == LK_ERR_SHAPE &&
+                 names("seq_starts") && tu_intact(&o1),
+             "gather seq_starts: [B + 1] rejected naming it (%s)", lk_last_error());
+    lk_tensor ov = lk_tensor_make(o1.t.data, LK_I32, 1, &B); /* seq_starts over the out */
+    tu_check(lk_gather_cache_starts(&o1.t, &c.t, &bt.t, &sl.t, &ov, LK_KV_ND, NULL) == LK_ERR_ALIAS &&
+                 names("seq_starts") && tu_intact(&o1),
+             "gather seq_starts: overlapping out rejected naming it (%s)", lk_last_error());
+    tu_free(&c), tu_free(&bt), tu_free(&bt2), tu_free(&sl), tu_free(&ss), tu_free(&o1), tu_free(&o2), tu_free(&s64),
+        tu_free(&s3);
 }
 
 static void test_gather(void) {
@@ -510,8 +594,11 @@ static void test_gather(void) {
                 if (tu_emulated() && (pi != 2 || sk != 2)) continue;
                 lk_dtype ct = (pi + o) & 1 ? LK_F8E5M2 : LK_F8E4M3;
                 tu_seed(500 + (uint64_t)(pi * 16 + o * 3 + sk));
-                gather_run(ct, o == 3 ? ct : OT[o], PAGES[pi], o & 1 ? 2 : 1, sk, (o + sk) & 1);
+                gather_run(ct, o == 3 ? ct : OT[o], PAGES[pi], o & 1 ? 2 : 1, sk, (o + sk) & 1, 0);
+                if (sk == (pi + o) % 3) /* seq_starts: one scale kind per (page size, out) */
+                    gather_run(ct, o == 3 ? ct : OT[o], PAGES[pi], o & 1 ? 2 : 1, sk, (o + sk) & 1, 1);
             }
+    test_gather_starts();
     /* errors: fp8 out of another cache dtype, bad scale */
     int64_t B = 1, S = 2, bs = 4;
     tu_buf c = cache_alloc(LK_BF16, 0, 2, bs, 1, 32, 0, 1), c8 = cache_alloc(LK_F8E4M3, 0, 2, bs, 1, 32, 0, 1);

@@ -10,6 +10,8 @@
  *   fp8      the argument retyped LK_F8E4M3, and LK_F8E5M2 (same shape and element
  *            strides, so a smaller span in the same allocation): no operator takes
  *            fp8 yet, each rejects it naming the argument               LK_ERR_DTYPE
+ *   i8       the argument retyped LK_I8 (every argument but the int8 out of
+ *            lk_rms_norm_dynamic_per_token_quant rejects it)           LK_ERR_DTYPE
  *   offsets  a stride whose byte offsets overflow int64 (INT64_MAX / 2 on a dim of
  *            size >= 2), a stride of INT64_MIN (its magnitude overflows), an element
  *            count beyond int64 (dims multiplied out)                  LK_ERR_OVERFLOW
@@ -43,7 +45,7 @@ typedef struct {
     int needs_dim2;   /* needs a dim of size >= 2 */
 } mutation;
 
-enum { M_RANK_HI, M_RANK_NEG, M_NEG_DIM, M_DTYPE, M_F8E4M3, M_F8E5M2, M_STRIDE_OVF, M_STRIDE_MIN, M_NUMEL_OVF, M_NULL_DATA, M_NULL_PTR, M_OUT_ZERO, M_COUNT };
+enum { M_RANK_HI, M_RANK_NEG, M_NEG_DIM, M_DTYPE, M_F8E4M3, M_F8E5M2, M_I8, M_STRIDE_OVF, M_STRIDE_MIN, M_NUMEL_OVF, M_NULL_DATA, M_NULL_PTR, M_OUT_ZERO, M_COUNT };
 
 static const mutation MUT[M_COUNT] = {
     {"ndim = LK_MAX_DIMS + 1", LK_ERR_RANK, 0, 0},
@@ -52,6 +54,7 @@ static const mutation MUT[M_COUNT] = {
     {"unknown dtype", LK_ERR_DTYPE, 0, 0},
     {"dtype f8e4m3", LK_ERR_DTYPE, 0, 0},
     {"dtype f8e5m2", LK_ERR_DTYPE, 0, 0},
+    {"dtype i8", LK_ERR_DTYPE, 0, 0},
     {"stride with overflowing byte offsets", LK_ERR_OVERFLOW, 0, 1},
     {"stride INT64_MIN", LK_ERR_OVERFLOW, 0, 0},
     {"element count beyond int64", LK_ERR_OVERFLOW, 0, 1},
@@ -74,6 +77,7 @@ static int mutate(oc_inst *in, int k, int m) {
     int d = dim2(t);
     if (MUT[m].written_only && !a->written) return 0;
     if ((m == M_F8E4M3 || m == M_F8E5M2) && a->fp8) return 0; /* takes fp8 */
+    if (m == M_I8 && a->i8) return 0;                          /* takes i8 */
     if (MUT[m].needs_dim2 && d < 0) return 0;
     switch (m) {
     case M_RANK_HI: t->ndim = LK_MAX_DIMS + 1; break;
@@ -82,6 +86,7 @@ static int mutate(oc_inst *in, int k, int m) {
     case M_DTYPE: t->dtype = (lk_dtype)99; break;
     case M_F8E4M3: t->dtype = LK_F8E4M3; break;
     case M_F8E5M2: t->dtype = LK_F8E5M2; break;
+    case M_I8: t->dtype = LK_I8; break;
     case M_STRIDE_OVF: t->stride[d] = INT64_MAX / 2; break;
     case M_STRIDE_MIN: t->stride[0] = INT64_MIN; break;
     case M_NUMEL_OVF:

@@ -5,6 +5,7 @@
  * bit copies. Each case names the rule it checks; shapes are small but wide enough
  * (D = 40) for the SIMD paths' full vectors and tails.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -400,6 +401,20 @@ static void test_fp8_act(void) {
         ok &= (q[1][7] & 0x7f) == 0x7f;
         tu_check(ok, "%s rms_norm_static_fp8_quant: a NaN makes the row NaN; an inf: inv 0, the inf NaN, others "
                  "signed zeros", isa);
+        /* int8 out of the per-token form: a NaN row (every y NaN, absmax 0) and an inf row
+         * (inv 0, the inf NaN) get scale FLT_EPSILON and all-zero codes; rows of +-1 give
+         * +-127 (absmax / 127, then y * (1 / scale) rounds to 127) */
+        int8_t q8[2][D];
+        lk_tensor tq8 = lk_tensor_make(q8, LK_I8, 2, (int64_t[]){2, D});
+        memset(q8, 0x55, sizeof q8);
+        lk_rms_norm_dynamic_per_token_quant(&tq8, &tx, NULL, &tss, 1e-6f, NULL, NULL);
+        ok = scs[0] == FLT_EPSILON && scs[1] == FLT_EPSILON;
+        for (int i = 0; i < D; i++) ok &= q8[0][i] == 0 && q8[1][i] == 0;
+        for (int i = 0; i < D; i++) x[0][i] = i % 2 ? -1.0f : 1.0f, x[1][i] = i % 3 ? 1.0f : -1.0f;
+        lk_rms_norm_dynamic_per_token_quant(&tq8, &tx, NULL, &tss, 1e-6f, NULL, NULL);
+        for (int i = 0; i < D; i++) ok &= q8[0][i] == (i % 2 ? -127 : 127) && q8[1][i] == (i % 3 ? 127 : -127);
+        tu_check(ok, "%s rms_norm_dynamic_per_token_quant (i8 out): NaN / inf rows -> scale FLT_EPSILON, codes 0; "
+                 "+-1 rows -> +-127", isa);
         /* merge with an fp8 out: NaN LSE -> NaN codes, all empty -> zeros, scale applied */
         enum { H = 3 };
         float a[1][H][D], b[1][H][D], la[1][H] = {{NAN, -INFINITY, 0.0f}}, lb[1][H] = {{0.0f, INFINITY, 0.0f}};

@@ -138,6 +138,7 @@ double tu_get(const tu_buf *b, int64_t i) {
     switch (b->t.dtype) {
     case LK_I32: return ((const int32_t *)b->t.data)[off];
     case LK_I64: return (double)((const int64_t *)b->t.data)[off];
+    case LK_I8: return ((const int8_t *)b->t.data)[off];
     default: return lk_load_f(b->t.data, b->t.dtype, off);
     }
 }
@@ -147,6 +148,7 @@ void tu_set(tu_buf *b, int64_t i, double v) {
     switch (b->t.dtype) {
     case LK_I32: ((int32_t *)b->t.data)[off] = (int32_t)v; break;
     case LK_I64: ((int64_t *)b->t.data)[off] = (int64_t)v; break;
+    case LK_I8: ((int8_t *)b->t.data)[off] = (int8_t)v; break;
     default: lk_store_f(b->t.data, b->t.dtype, off, (float)v);
     }
 }

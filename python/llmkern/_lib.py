@@ -45,8 +45,8 @@ lib, lib_path = _load()
 
 # ---------------------------------------------------------------- enums (llmkern.h)
 
-F32, F16, BF16, I32, I64, F8E4M3, F8E5M2 = 0, 1, 2, 3, 4, 5, 6
-_ITEMSIZE = (4, 2, 2, 4, 8, 1, 1)
+F32, F16, BF16, I32, I64, F8E4M3, F8E5M2, I8 = 0, 1, 2, 3, 4, 5, 6, 7
+_ITEMSIZE = (4, 2, 2, 4, 8, 1, 1, 1)
 MAX_DIMS = 8
 ISAS = {"ref": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "neon": 4}
 LAYOUTS = {"ND": 0, "NZ": 1}
@@ -166,6 +166,7 @@ copy_blocks = cfunc("lk_copy_blocks", [_i, ctypes.c_char_p, _T])
 reshape_and_cache_flash_fp8 = cfunc("lk_reshape_and_cache_flash_fp8", [_T, _T, _T, _T, _T, _T, _T, _i])
 concat_and_cache_mla_fp8 = cfunc("lk_concat_and_cache_mla_fp8", [_T, _T, _T, _T, _T, _i, _T])
 gather_cache_fp8 = cfunc("lk_gather_cache_fp8", [_T, _T, _T, _T, _i, _T])
+gather_cache_starts = cfunc("lk_gather_cache_starts", [_T, _T, _T, _T, _T, _i, _T])
 convert_fp8 = cfunc("lk_convert_fp8", [_T, _T, _f])
 flash_attn_varlen = cfunc("lk_flash_attn_varlen", [_T] * 9 + [ctypes.c_char_p])
 mla_prefix_prefill = cfunc("lk_mla_prefix_prefill", [_T] * 10 + [ctypes.c_char_p])
@@ -191,7 +192,7 @@ version = cfunc("lk_version", [], ctypes.c_char_p)
 # ---------------------------------------------------------------- tensor views
 
 _NP_DTYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16,
-              np.dtype(np.int32): I32, np.dtype(np.int64): I64}
+              np.dtype(np.int32): I32, np.dtype(np.int64): I64, np.dtype(np.int8): I8}
 
 
 def _np_dtype_slow(dt, name):
@@ -278,7 +279,7 @@ def _register(x, name):
         if torch is not None and isinstance(x, torch.Tensor):
             if not _TORCH_DTYPES:
                 _TORCH_DTYPES.update({torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16,
-                                      torch.int32: I32, torch.int64: I64})
+                                      torch.int32: I32, torch.int64: I64, torch.int8: I8})
                 for nm, dt in (("float8_e4m3fn", F8E4M3), ("float8_e5m2", F8E5M2)):
                     if hasattr(torch, nm):
                         _TORCH_DTYPES[getattr(torch, nm)] = dt

@@ -219,10 +219,13 @@ def dynamic_per_token_scaled_fp8_quant(out, input, scales, scale_ub=None):
 
 def _fp8_like(x, shape, dtype=None):
     """A new fp8 output of `shape` beside x (torch: float8_e4m3fn unless dtype; NumPy:
-    ml_dtypes' float8_e4m3fn / float8_e5m2 when installed, else uint8 taken as e4m3)."""
+    ml_dtypes' float8_e4m3fn / float8_e5m2 when installed, else uint8 taken as e4m3).
+    dtype int8 (torch.int8 / np.int8): an int8 output."""
     if L.is_torch(x):
         import torch
         return torch.empty(shape, dtype=dtype or torch.float8_e4m3fn)
+    if dtype is not None and np.dtype(dtype) == np.int8:
+        return np.empty(shape, dtype=np.int8)
     try:
         import ml_dtypes
         return np.empty(shape, dtype=dtype or ml_dtypes.float8_e4m3fn)
@@ -289,27 +292,30 @@ def fused_add_rms_norm_static_fp8_quant(out, input, residual, weight, scale, eps
 
 
 def _quant_dtype(x, quant_dtype):
-    """The output dtype for quant_dtype (torch.float8_e4m3fn / float8_e5m2, ml_dtypes'
-    or their names); int8 is not supported."""
+    """The output dtype for quant_dtype (torch.float8_e4m3fn / float8_e5m2 / int8,
+    ml_dtypes' float8 types, np.int8, or their names)."""
     name = str(quant_dtype).replace("torch.", "")
     if not name.startswith("float8"):
         try:
             name = np.dtype(quant_dtype).name
         except TypeError:
             pass
-    if name not in ("float8_e4m3fn", "float8_e5m2"):
-        raise NotImplementedError("quant_dtype: %r, only float8_e4m3fn and float8_e5m2 are supported"
+    if name not in ("float8_e4m3fn", "float8_e5m2", "int8"):
+        raise NotImplementedError("quant_dtype: %r, only float8_e4m3fn, float8_e5m2 and int8 are supported"
                                   % (quant_dtype,))
     if L.is_torch(x):
         import torch
         return getattr(torch, name)
+    if name == "int8":
+        return np.int8
     import ml_dtypes
     return getattr(ml_dtypes, name)
 
 
 def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub=None, residual=None):
-    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result fp8 and
-    scale [rows, 1] (or [rows]) f32 written in place."""
+    """The raw custom op (torch.ops._C.rms_norm_dynamic_per_token_quant): result (fp8, or
+    int8: i8(y * (1 / scale)) with scale = max(absmax / 127, FLT_EPSILON)) and scale
+    [rows, 1] (or [rows]) f32 written in place."""
     if scale_ub is not None:
         scale_ub = _scale_in(scale_ub, "scale_ub")
     s = L.rms_norm_dynamic_per_token_quant(_fp8_out(result, "result"), _view(input, "input"), _view(weight, "weight"),
@@ -321,7 +327,8 @@ def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon,
 
 def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_ub=None, residual=None):
     """vLLM's rms_norm_dynamic_per_token_quant: returns (out, scales [rows, 1]); with
-    residual, residual = input + residual (in place) and the norm is over it."""
+    residual, residual = input + residual (in place) and the norm is over it. quant_dtype
+    float8_e4m3fn / float8_e5m2, or int8 (torch.int8, np.int8)."""
     out = _fp8_like(input, tuple(input.shape), _quant_dtype(input, quant_dtype))
     n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
     scales = _f32_like(input, (n, 1))
@@ -362,30 +369,28 @@ def _layout(layout):
 _FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
 
 
-def _scalar_scale(scale, name):
-    """A per-tensor scale (a Python number or a one-element array / tensor) as a float
-    (the operators whose C parameter is one f32: MLA prefill and decode)."""
+def _scale_arg(scale, name, required=True, scalar=False):
+    """A scale argument, for both kinds of operators:
+    scalar=False (the C parameter is an lk_tensor): (keep-alive object, packed f32 view); a
+    Python number becomes a 0-d f32 array, arrays / tensors ([], [1], per head [H]) go to C
+    as they are, which checks their dtype (f32), shape and values (finite, > 0);
+    scalar=True (the C parameter is one f32: MLA prefill and decode): the value as a float,
+    from a number or a one-element array / tensor.
+    None: an error when required, else NULL ((None, None); scalar: 1.0)."""
     if scale is None:
-        raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        if required:
+            raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
+        return 1.0 if scalar else (None, None)
     if isinstance(scale, (int, float)):
-        return float(scale)
+        if scalar:
+            return float(scale)
+        scale = np.array(scale, np.float32)
+    if not scalar:
+        return scale, _view(scale, name)
     shape = tuple(getattr(scale, "shape", ()))
     if int(np.prod(shape)) != 1:
         raise ValueError("%s: shape %s, expected one element (a per-tensor scale)" % (name, shape))
     return float(scale.reshape(-1)[0])
-
-
-def _scale_arg(scale, name, required=True):
-    """A scale as (keep-alive object, packed f32 view): a Python number becomes a 0-d f32
-    array; arrays / tensors ([], [1], per head [H]) go to C as they are, which checks
-    their dtype (f32), shape and values (finite, > 0). None: NULL (1) unless required."""
-    if scale is None:
-        if required:
-            raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
-        return None, None
-    if isinstance(scale, (int, float)):
-        scale = np.array(scale, np.float32)
-    return scale, _view(scale, name)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -467,33 +472,37 @@ def _to_numpy(x, name="cu_seq_lens"):
 def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None,
                  layout="ND"):
     """vLLM's gather_cache: request b's first cu_seq_lens[b+1] - cu_seq_lens[b] tokens,
-    read through block_table[b], go to dst[cu_seq_lens[b]:cu_seq_lens[b+1]]."""
+    read through block_table[b], go to dst[cu_seq_lens[b]:cu_seq_lens[b+1]]. seq_starts
+    [batch_size] int32 (optional): token j of request b is read at position
+    seq_starts[b] + j of its block table (vLLM's chunked-context gather)."""
     cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout)
 
 
 def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale):
-    if seq_starts is not None:
-        raise NotImplementedError("seq_starts: gathering from an offset into each request is "
-                                  "not supported by lk_gather_cache")
     cu = _to_numpy(cu_seq_lens)[:batch_size + 1]
     seq_lens = np.ascontiguousarray(np.diff(cu), dtype=np.int32)
     first, last = (int(cu[0]), int(cu[-1])) if len(cu) else (0, 0)
     out = dst[first:last]
+    # seq_starts [B] int32 (vLLM's dtype; others are rejected by C naming it)
+    ssv = None if seq_starts is None else _view(seq_starts[:batch_size], "seq_starts")
     if kv_cache_dtype in _FP8_KV:
         dt = _FP8_KV[kv_cache_dtype]
         keep, sv = _scale_arg(scale, "scale", required=False)
         ov = L.fp8_out_view(out, "dst", dt) if L.is_fp8_buffer(out) else _out(out, "dst")
-        s = L.gather_cache_fp8(ov, L.fp8_view(src_cache, "src_cache", dt),
-                               _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens"),
-                               _layout(layout), sv)
+        cv = L.fp8_view(src_cache, "src_cache", dt)
     elif kv_cache_dtype == "auto":
         _check_scale(scale, "scale")
-        s = L.gather_cache(_out(out, "dst"), _view(src_cache, "src_cache"),
-                           _view(block_table[:batch_size], "block_table"),
-                           _view(seq_lens, "seq_lens"), _layout(layout))
+        sv, ov, cv = None, _out(out, "dst"), _view(src_cache, "src_cache")
     else:
         raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
                                   % (kv_cache_dtype,))
+    bt, sl = _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens")
+    if ssv is not None:
+        s = L.gather_cache_starts(ov, cv, bt, sl, ssv, _layout(layout), sv)
+    elif kv_cache_dtype in _FP8_KV:
+        s = L.gather_cache_fp8(ov, cv, bt, sl, _layout(layout), sv)
+    else:
+        s = L.gather_cache(ov, cv, bt, sl, _layout(layout))
     if s:
         _raise(s)
 
@@ -1034,7 +1043,7 @@ def mla_prefix_prefill(q, k, v, cu_seqlens_q, prefix_lens, block_table, kv_cache
     else:
         raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
                                   % (kv_cache_dtype,))
-    ks = 1.0 if k_scale is None else _scalar_scale(k_scale, "k_scale")
+    ks = _scale_arg(k_scale, "k_scale", required=False, scalar=True)
     params = L.mla_params(softmax_scale, strat, lay, 1 if dedup else 0, ks)
     s = L.mla_prefix_prefill(_out(out, "out"), _view(q, "q"), _view(k, "k"), _view(v, "v"),
                              _view(cu_seqlens_q, "cu_seqlens_q"), _view(prefix_lens, "prefix_lens"),
@@ -1093,11 +1102,6 @@ def _mla_cache_view(x, name, fp8_dt):
     return L.pack(x.data_ptr(), fp8_dt, x.shape, x.stride(), name)
 
 
-def _descale(x, name):
-    """FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor."""
-    return 1.0 if x is None else _scalar_scale(x, name)
-
-
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits, softmax_scale=None, causal=False, descale_q=None, descale_k=None,
                            is_fp8_kvcache=False, *, out=None, softmax_lse=None, kv_layout="ND", k_pe_cache=None,
@@ -1128,8 +1132,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
     if fp8_dt is None and is_fp8_kvcache:
         fp8_dt = L.F8E4M3
-    k_scale = _descale(descale_k, "descale_k")
-    q_scale = _descale(descale_q, "descale_q")
+    # FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor
+    k_scale = _scale_arg(descale_k, "descale_k", required=False, scalar=True)
+    q_scale = _scale_arg(descale_q, "descale_q", required=False, scalar=True)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     if len(q.shape) != 4:

@@ -114,7 +114,7 @@ int64_t lk_rows(const lk_tensor *t, int inner);
 
 /* Element size of a dtype already validated (inlined: used inside hot loops). */
 static inline int64_t lk_esize(lk_dtype dt) {
-    return dt == LK_I64 ? 8 : (dt == LK_F32 || dt == LK_I32) ? 4 : (dt == LK_F8E4M3 || dt == LK_F8E5M2) ? 1 : 2;
+    return dt == LK_I64 ? 8 : (dt == LK_F32 || dt == LK_I32) ? 4 : (dt == LK_F8E4M3 || dt == LK_F8E5M2 || dt == LK_I8) ? 1 : 2;
 }
 
 /* Byte address of element offset off of t. */

@@ -20,6 +20,7 @@ const char *lk_dtype_name(lk_dtype dt) {
     case LK_I64: return "i64";
     case LK_F8E4M3: return "f8e4m3";
     case LK_F8E5M2: return "f8e5m2";
+    case LK_I8: return "i8";
     }
     return "unknown";
 }
@@ -33,6 +34,7 @@ size_t lk_dtype_size(lk_dtype dt) {
     case LK_I64: return 8;
     case LK_F8E4M3: return 1;
     case LK_F8E5M2: return 1;
+    case LK_I8: return 1;
     }
     return 0;
 }

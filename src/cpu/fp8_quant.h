@@ -10,10 +10,16 @@
  *                             squares (element i in lane i % 16, each lane an FMA chain in
  *                             element order): pairwise halving 8, 4, 2, 1
  *   lk_q_absmax_fold(m, v)    absmax step ignoring NaN (vLLM's fmaxf)
+ * and the int8 output of rms_norm_dynamic_per_token_quant (LK_I8, vLLM's int8 rules):
+ *   lk_q_max(LK_I8) = 127, lk_q_scale's min_scale = FLT_EPSILON for LK_I8,
+ *   lk_q_i8(v)                round to nearest even, saturate to [-128, 127], NaN -> 0
+ *   lk_q_quant(p, dt, i, y, s, rs) element i = fp8(y / s), or i8(y * rs) with rs = 1 / s
+ *                             (vLLM multiplies int8 values by the reciprocal)
  */
 #ifndef LK_FP8_QUANT_H
 #define LK_FP8_QUANT_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -26,12 +32,26 @@ static inline void lk_q_store(void *p, lk_dtype dt, int64_t i, float v) {
     ((uint8_t *)p)[i] = dt == LK_F8E4M3 ? lk_f32_to_f8e4m3(v) : lk_f32_to_f8e5m2(v);
 }
 
-static inline float lk_q_max(lk_dtype dt) { return dt == LK_F8E4M3 ? 448.0f : 57344.0f; }
+static inline float lk_q_max(lk_dtype dt) { return dt == LK_F8E4M3 ? 448.0f : dt == LK_I8 ? 127.0f : 57344.0f; }
 
 static inline float lk_q_scale(float absmax, float ub, lk_dtype dt) {
     float m = absmax < ub ? absmax : ub; /* absmax is never NaN; ub is +inf without one */
-    float s = m / lk_q_max(dt), lo = 1.0f / (lk_q_max(dt) * 512.0f);
+    float s = m / lk_q_max(dt), lo = dt == LK_I8 ? FLT_EPSILON : 1.0f / (lk_q_max(dt) * 512.0f);
     return s > lo ? s : lo;
+}
+
+/* f32 -> int8: nearest, ties to even (rintf in the default rounding mode, which the
+ * library never changes), saturated; NaN -> 0 (CUDA's cvt.rni.sat.s8.f32) */
+static inline int8_t lk_q_i8(float v) {
+    if (!(v == v)) return 0;
+    if (v >= 127.0f) return 127;
+    if (v <= -128.0f) return -128;
+    return (int8_t)rintf(v);
+}
+
+static inline void lk_q_quant(void *p, lk_dtype dt, int64_t i, float y, float s, float rs) {
+    if (dt == LK_I8) ((int8_t *)p)[i] = lk_q_i8(y * rs);
+    else lk_q_store(p, dt, i, y / s);
 }
 
 static inline float lk_q_absmax_fold(float m, float v) {
@@ -50,8 +70,9 @@ static inline float lk_q_inv_rms(float ss, int64_t D, float eps) { return 1.0f /
 
 /* ---- validation shared by the front-ends (src/ops/fp8_quant.c) ---- */
 
-/* out: fp8 dtype, 1..LK_MAX_DIMS dims, no self overlap */
+/* out: fp8 dtype (or LK_I8 when i8), 1..LK_MAX_DIMS dims, no self overlap */
 lk_status lk_q_check_out(const lk_tensor *out, const char *name);
+lk_status lk_q_check_out_i8(const lk_tensor *out, const char *name, int i8);
 /* an input scale: f32, one element ([1] or []), finite and > 0; its value to *v */
 lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v);
 /* a written per-tensor scale: f32, one element */

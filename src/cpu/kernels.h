@@ -193,14 +193,23 @@ typedef struct {
     float scale;            /* fp8 caches: stored = fp8(x / scale); else unused (1) */
 } lk_mla_cache_args;
 
-/* gather_cache: out[t] = the entry of token j of request b (t = sum(seq_lens[:b]) + j) */
+/* gather_cache: out[t] = the entry of token j of request b (t = sum(seq_lens[:b]) + j),
+ * read at position p = start_b + j of the request's block table (page p / block_size,
+ * slot p % block_size) */
 typedef struct {
     lk_tensor out;         /* [sum(seq_lens), H, D] (a 2-D [S, C] out is passed as [S, H, D]) */
     lk_paged cache;        /* entries H x D */
     lk_tensor block_table; /* [B, max_pages] i32, validated for every page read */
-    lk_tensor seq_lens;    /* [B] i32, validated in [0, max_pages * block_size] */
+    lk_tensor seq_lens;    /* [B] i32, validated: start_b + seq_lens[b] <= max_pages * block_size */
     float scale;           /* fp8 cache, float out: out = f32(q) * scale; else unused (1) */
+    const int32_t *starts; /* [B] (element stride starts_stride) start_b >= 0; NULL: all 0 */
+    int64_t starts_stride;
 } lk_gather_cache_args;
+
+/* start_b of request b */
+static inline int64_t lk_gather_start(const lk_gather_cache_args *a, int64_t b) {
+    return a->starts ? a->starts[b * a->starts_stride] : 0;
+}
 
 /* ---- fp8 caches (src/ops/kv_cache.c, src/ops/convert_fp8.c) ---- */
 

@@ -155,21 +155,23 @@ static void gather_range(void *ctx, int64_t t0, int64_t t1) {
     int64_t bt0 = a->block_table.stride[0], bt1 = a->block_table.stride[1];
     int64_t sl0 = a->seq_lens.stride[0], bs = pc->block_size;
     lk_copy_group g = c->proto;
-    /* request b and token j of output row t0 */
+    /* request b and token j of output row t0; st: the request's start position */
     int64_t b = 0, j = t0, len = sld[0];
     while (j >= len) {
         j -= len;
         len = sld[++b * sl0];
     }
+    int64_t st = lk_gather_start(a, b);
     for (int64_t t = t0; t < t1; t += g.ntok, j += g.ntok) {
         while (j == len) { /* next non-empty request */
             j = 0;
             len = sld[++b * sl0];
+            st = lk_gather_start(a, b);
         }
-        /* tokens j .. j + ntok - 1: consecutive slots of one page */
-        int64_t s = j % bs;
+        /* tokens j .. j + ntok - 1: consecutive slots of one page, from position st + j */
+        int64_t s = (st + j) % bs;
         g.ntok = min64(min64(LK_COPY_GROUP, len - j), min64(bs - s, t1 - t));
-        int64_t page = btd[b * bt0 + (j / bs) * bt1];
+        int64_t page = btd[b * bt0 + ((st + j) / bs) * bt1];
         g.part[0].cache = (char *)pc->data + lk_paged_off(pc, page, s, 0, 0) * c->ces;
         g.part[0].row = (char *)out->data + t * out->stride[0] * c->oes;
         c->copy(&g);

@@ -15,14 +15,16 @@
 
 #include "../cpu/fp8_quant.h"
 
-lk_status lk_q_check_out(const lk_tensor *out, const char *name) {
+lk_status lk_q_check_out_i8(const lk_tensor *out, const char *name, int i8) {
     lk_status s = lk_check_view(out, name, 1, LK_MAX_DIMS);
     if (s) return s;
-    if (!lk_is_fp8(out->dtype))
-        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (the quantized output is f8e4m3 or f8e5m2)",
-                       name, lk_dtype_name(out->dtype));
+    if (!lk_is_fp8(out->dtype) && !(i8 && out->dtype == LK_I8))
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (the quantized output is f8e4m3 or f8e5m2%s)",
+                       name, lk_dtype_name(out->dtype), i8 ? ", or i8" : "");
     return lk_check_no_self_overlap(out, name);
 }
+
+lk_status lk_q_check_out(const lk_tensor *out, const char *name) { return lk_q_check_out_i8(out, name, 0); }
 
 static lk_status scale_view(const lk_tensor *t, const char *name) {
     lk_status s = lk_check_view(t, name, 0, LK_MAX_DIMS);

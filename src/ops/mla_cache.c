@@ -21,7 +21,10 @@
  * The _fp8 entry points (since 0.3) also take fp8 caches (src/core/paged.h:
  * lk_paged_init8, NZ tiles 32 wide) and a per-tensor scale: concat stores
  * fp8(x / scale), gather reads f32(q) * scale; a gather into an fp8 out copies bits out
- * of a cache of the same dtype.
+ * of a cache of the same dtype. lk_gather_cache_starts adds vLLM's seq_starts: token j
+ * of request b is at position p = seq_starts[b] + j (page block_table[b, p / block_size],
+ * slot p % block_size); seq_starts < 0 or past the block table with the request's length
+ * -> LK_ERR_INDEX.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -195,7 +198,8 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
     return LK_OK;
 }
 
-static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout, int fp8) {
+static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout, int fp8,
+                              const lk_tensor *starts) {
     lk_status s;
     int64_t H = 0, D = 0;
     lk_tensor out_user = a->out;
@@ -215,21 +219,40 @@ static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_la
     if ((s = lk_check_disjoint(&out_user, "out", &cache, "cache"))) return s;
     if ((s = lk_check_disjoint(&out_user, "out", bt, "block_table"))) return s;
     if ((s = lk_check_disjoint(&out_user, "out", sl, "seq_lens"))) return s;
+    a->starts = NULL, a->starts_stride = 0;
+    if (starts) { /* seq_starts [B] i32 */
+        if ((s = lk_check_view(starts, "seq_starts", 1, 1))) return s;
+        if (starts->dtype != LK_I32)
+            return lk_fail(LK_ERR_DTYPE, "seq_starts: dtype %s not supported (i32)", lk_dtype_name(starts->dtype));
+        if (starts->shape[0] != bt->shape[0])
+            return lk_fail(LK_ERR_SHAPE, "seq_starts: shape %s: must be [B] with B = block_table's first dim (%lld)",
+                           lk_shape_str(starts), (long long)bt->shape[0]);
+        if ((s = lk_check_disjoint(&out_user, "out", starts, "seq_starts"))) return s;
+        a->starts = starts->data, a->starts_stride = starts->stride[0];
+    }
     int64_t B = bt->shape[0], max_pages = bt->shape[1], bs = a->cache.block_size, cap, total = 0;
     if (__builtin_mul_overflow(max_pages, bs, &cap)) cap = INT64_MAX;
     const int32_t *btd = bt->data, *sld = sl->data;
     for (int64_t b = 0; b < B; b++) {
-        int64_t len = sld[b * sl->stride[0]];
+        int64_t len = sld[b * sl->stride[0]], st = lk_gather_start(a, b);
         if (len < 0)
             return lk_fail(LK_ERR_INDEX, "seq_lens: seq_lens[%lld] = %lld is negative", (long long)b,
                            (long long)len);
         if (len > cap)
             return lk_fail(LK_ERR_SHAPE, "seq_lens: seq_lens[%lld] = %lld exceeds block_table's %lld pages x block_size %lld",
                            (long long)b, (long long)len, (long long)max_pages, (long long)bs);
+        if (st < 0)
+            return lk_fail(LK_ERR_INDEX, "seq_starts: seq_starts[%lld] = %lld is negative", (long long)b,
+                           (long long)st);
+        if (st > cap - len) /* both in [0, cap]: no overflow */
+            return lk_fail(LK_ERR_INDEX, "seq_starts: seq_starts[%lld] = %lld with seq_lens[%lld] = %lld reads "
+                           "beyond block_table's %lld pages x block_size %lld", (long long)b, (long long)st,
+                           (long long)b, (long long)len, (long long)max_pages, (long long)bs);
         if (__builtin_add_overflow(total, len, &total))
             return lk_fail(LK_ERR_OVERFLOW, "seq_lens: sum(seq_lens) overflows int64");
-        int64_t pages = len ? (len - 1) / bs + 1 : 0;
-        for (int64_t p = 0; p < pages; p++) {
+        /* the pages of positions st .. st + len - 1 */
+        int64_t p0 = len ? st / bs : 0, pages = len ? (st + len - 1) / bs + 1 : 0;
+        for (int64_t p = p0; p < pages; p++) {
             int64_t blk = btd[b * bt->stride[0] + p * bt->stride[1]];
             if (blk < 0 || blk >= a->cache.num_blocks)
                 return lk_fail(LK_ERR_INDEX, "block_table: block_table[%lld, %lld] = %lld is outside [0, %lld)",
@@ -243,7 +266,8 @@ static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_la
 }
 
 static lk_status gather(const char *op, const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
-                        const lk_tensor *seq_lens, lk_kv_layout layout, int fp8, const lk_tensor *scale) {
+                        const lk_tensor *seq_lens, lk_kv_layout layout, int fp8, const lk_tensor *scale,
+                        const lk_tensor *seq_starts) {
     lk_clear_error();
     lk_set_op(op);
     if (!out || !cache || !block_table || !seq_lens)
@@ -253,7 +277,7 @@ static lk_status gather(const char *op, const lk_tensor *out, const lk_tensor *c
     a.out = *out;
     a.block_table = *block_table;
     a.seq_lens = *seq_lens;
-    lk_status s = check_gather(&a, *cache, layout, fp8);
+    lk_status s = check_gather(&a, *cache, layout, fp8, seq_starts);
     if (s) return s;
     lk_scale sc = {0};
     if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
@@ -265,10 +289,16 @@ static lk_status gather(const char *op, const lk_tensor *out, const lk_tensor *c
 
 lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
                           const lk_tensor *seq_lens, lk_kv_layout layout) {
-    return gather("lk_gather_cache", out, cache, block_table, seq_lens, layout, 0, NULL);
+    return gather("lk_gather_cache", out, cache, block_table, seq_lens, layout, 0, NULL, NULL);
 }
 
 lk_status lk_gather_cache_fp8(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
                               const lk_tensor *seq_lens, lk_kv_layout layout, const lk_tensor *scale) {
-    return gather("lk_gather_cache_fp8", out, cache, block_table, seq_lens, layout, 1, scale);
+    return gather("lk_gather_cache_fp8", out, cache, block_table, seq_lens, layout, 1, scale, NULL);
+}
+
+lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,
+                                 const lk_tensor *seq_lens, const lk_tensor *seq_starts, lk_kv_layout layout,
+                                 const lk_tensor *scale) {
+    return gather("lk_gather_cache_starts", out, cache, block_table, seq_lens, layout, 1, scale, seq_starts);
 }

@@ -88,12 +88,14 @@ lk_status lk_fused_add_rms_norm(const lk_tensor *x, const lk_tensor *residual, c
 
 /* ---------------------------------------------------------------- fp8-quantizing forms
  * out [..., D] fp8 = fp8(rms_norm(input or round(input + residual)) / scale); argument
- * names as vLLM's (input, weight, residual, scale / scales, scale_ub, epsilon). */
+ * names as vLLM's (input, weight, residual, scale / scales, scale_ub, epsilon). The
+ * dynamic per-token form also writes an i8 out: i8(y * (1 / scale)), scale from 127. */
 
-static lk_status check_norm_quant(lk_rms_norm_quant_args *a, const lk_tensor *w, const lk_tensor *residual) {
+/* i8: out may be LK_I8 (the dynamic per-token form) */
+static lk_status check_norm_quant(lk_rms_norm_quant_args *a, const lk_tensor *w, const lk_tensor *residual, int i8) {
     lk_status s;
     if ((s = lk_check_float(&a->x, "input", 1, LK_MAX_DIMS))) return s;
-    if ((s = lk_q_check_out(&a->out, "out"))) return s;
+    if ((s = lk_q_check_out_i8(&a->out, "out", i8))) return s;
     if ((s = lk_check_same_shape(&a->out, "out", &a->x, "input"))) return s;
     int64_t D = a->x.shape[a->x.ndim - 1];
     if (w) {
@@ -127,7 +129,7 @@ lk_status lk_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *in
     if (!out || !input || !scale)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
-    lk_status s = check_norm_quant(&a, weight, NULL);
+    lk_status s = check_norm_quant(&a, weight, NULL, 0);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
     if (s) return s;
     if (lk_numel(input) == 0) return LK_OK;
@@ -143,7 +145,7 @@ lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
                        !out ? "out" : !input ? "input" : !residual ? "residual" : "scale");
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
-    lk_status s = check_norm_quant(&a, weight, residual);
+    lk_status s = check_norm_quant(&a, weight, residual, 0);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
     if (s) return s;
     if (lk_numel(input) == 0) return LK_OK;
@@ -159,7 +161,7 @@ lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_ten
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_TOKEN, .ub = INFINITY};
     lk_status s;
-    if ((s = check_norm_quant(&a, weight, residual))) return s;
+    if ((s = check_norm_quant(&a, weight, residual, 1))) return s;
     if ((s = lk_q_scales_out(scales, "scales", &a.x, &a.scales))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;

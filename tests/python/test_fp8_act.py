@@ -1,7 +1,7 @@
 """fp8 activations with vLLM's signatures: scaled_fp8_quant (static, dynamic per tensor,
 dynamic per token with scale_ub, num_token_padding, output given), the raw custom ops
 (static_ / dynamic_ / dynamic_per_token_scaled_fp8_quant), rms_norm_static_fp8_quant,
-fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_quant and
+fused_add_rms_norm_static_fp8_quant, rms_norm_dynamic_per_token_quant (fp8 and int8 outs) and
 merge_attn_states(..., output_scale). NumPy (ml_dtypes float8 arrays, uint8 buffers) and
 torch (float8_e4m3fn / float8_e5m2) against ml_dtypes' / torch's own conversion of
 f32(y) / f32(scale) (bitwise within the finite range) and float64; bad scales."""
@@ -115,7 +115,67 @@ def test_rms_norm_quant_numpy(rng, dt):
     want = np.maximum(np.abs(y).max(-1) / FMAX[dt], 1 / (FMAX[dt] * 512))
     np.testing.assert_allclose(sc[:, 0], want, rtol=1e-5)
     with pytest.raises(NotImplementedError):
-        lk.rms_norm_dynamic_per_token_quant(x, w, eps, np.int8)
+        lk.rms_norm_dynamic_per_token_quant(x, w, eps, np.int16)
+
+
+def i8_ref(y32, sc):
+    """vLLM's int8 codes of f32 y under per-row f32 scales: y * (1 / scale) in f32, round
+    half to even, saturated to [-128, 127]."""
+    rs = (np.float32(1) / sc.astype(np.float32)).astype(np.float32)
+    return np.clip(np.rint((y32 * rs).astype(np.float32)), -128, 127).astype(np.int8)
+
+
+@pytest.mark.parametrize("xdt", [np.float32, np.float16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_dynamic_per_token_int8_numpy(rng, xdt, residual):
+    T, D, eps = 6, 100, 1e-6
+    x = (rng.standard_normal((T, D)) * 2).astype(xdt)
+    w = (1 + 0.2 * rng.standard_normal(D)).astype(xdt)
+    res = rng.standard_normal((T, D)).astype(xdt) if residual else None
+    res0 = None if res is None else res.copy()
+    q, sc = lk.rms_norm_dynamic_per_token_quant(x, w, eps, np.int8, residual=res)
+    assert q.dtype == np.int8 and q.shape == (T, D) and sc.shape == (T, 1)
+    v = x.astype(np.float64) if res is None else (x.astype(np.float32) + res0.astype(np.float32)).astype(xdt)
+    if res is not None:
+        np.testing.assert_array_equal(res, v)  # residual = round(input + residual)
+    y = ref_norm(np.asarray(v, np.float64), w, eps)
+    want = np.maximum(np.abs(y).max(-1) / 127.0, np.finfo(np.float32).eps)
+    np.testing.assert_allclose(sc[:, 0], want, rtol=1e-5)
+    # within half a step (plus f32 slack) of the float64 value / scale; |q| reaches 127
+    yq = y / sc.astype(np.float64)
+    assert np.all(np.abs(q.astype(np.float64) - yq) <= 0.5 + 1e-4 * np.abs(yq))
+    assert np.all(np.abs(q).max(-1) == 127)
+    # the raw op into a given int8 buffer ([rows] scales), the same bits
+    out, sc1 = np.full((T, D), 99, np.int8), np.zeros(T, np.float32)
+    if res is not None:
+        res[...] = res0
+    lk.ops.rms_norm_dynamic_per_token_quant_into(out, x, w, sc1, eps, residual=res)
+    np.testing.assert_array_equal(out, q)
+    np.testing.assert_array_equal(sc1, sc[:, 0])
+
+
+def test_rms_norm_int8_rounding_numpy():
+    # weightless rows: y = x * inv with inv ~ 1; the codes equal vLLM's f32 formula
+    # y * (1 / scale) rounded half to even, from the returned scales
+    x = np.tile(np.array([1.0, -1.0, 0.5, 0.25, -0.125, 0.75, 1e-3, -0.999], np.float32), (3, 5))
+    x[1] *= 3
+    x[2, 0] = 0
+    q, sc = lk.rms_norm_dynamic_per_token_quant(x, None, 1e-6, "int8")
+    y = ref_norm(x.astype(np.float64), np.ones(x.shape[1]), 1e-6).astype(np.float32)
+    assert np.all(np.abs(q.astype(np.int32) - i8_ref(y, sc).astype(np.int32)) <= 1)
+    assert q[0, 0] == 127 and q[0, 1] == -127
+
+
+def test_rms_norm_int8_errors(rng):
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    out, sc = np.zeros((3, 16), np.int8), np.zeros((3, 1), np.float32)
+    with pytest.raises(lk.LlmkernError) as e:  # only the per-token norm takes an int8 out
+        lk.static_scaled_fp8_quant(out, x, 0.5)
+    assert e.value.status == "LK_ERR_DTYPE" and "out" in str(e.value)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.ops.rms_norm_dynamic_per_token_quant_into(out, x, None, np.zeros((4, 1), np.float32), 1e-6)
+    assert e.value.status == "LK_ERR_SHAPE" and "scale" in str(e.value)
+    assert not out.any()
 
 
 def test_torch(rng):
@@ -140,6 +200,12 @@ def test_torch(rng):
     assert torch.equal(res, x + res0)
     q, sc = lk.rms_norm_dynamic_per_token_quant(x, w, 1e-6, torch.float8_e4m3fn)
     assert q.dtype == torch.float8_e4m3fn and sc.shape == (4, 1)
+    q8, sc8 = lk.rms_norm_dynamic_per_token_quant(x, w, 1e-6, torch.int8)
+    assert q8.dtype == torch.int8 and sc8.shape == (4, 1)
+    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(sc8, torch.clamp(y.abs().amax(-1, keepdim=True) / 127, min=2.0 ** -23), rtol=1e-5,
+                               atol=0)
+    assert (q8.int() - torch.round(y / sc8).clamp(-128, 127).int()).abs().max() <= 1
 
 
 @pytest.mark.parametrize("tokens_with_context", [None, 3])

@@ -250,6 +250,43 @@ def test_gather_and_maybe_dequant_cache(rng, kv, odt, form):
     assert (dst[cu[-1]:] == 7).all()
 
 
+@pytest.mark.parametrize("layout", ["ND", "NZ"])
+def test_gather_and_maybe_dequant_cache_seq_starts(rng, layout):
+    NB, bs, C = 7, 4, 64
+    cache = rng.integers(0, 256, (NB, bs, C), dtype=np.uint8)
+    cache[(cache & 0x7F) == 0x7F] = 0  # no NaN codes (compared with ==)
+    src = cache.reshape(NB, bs, C // 32, 32).transpose(0, 2, 1, 3).copy() if layout == "NZ" else cache
+    lens, starts = [6, 0, 3], np.array([5, 2, 9], np.int32)  # offsets inside pages
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    bt = np.array([[-1, 3, 1], [6, 6, 6], [-1, -1, 2]], np.int32)  # pages before a start: not read
+    scale = np.array([0.5], np.float32)
+    for form in ("batch_size", "token_to_seq"):
+        dst = np.full((cu[-1] + 1, C), 9, np.float32)
+        if form == "batch_size":
+            lk.gather_and_maybe_dequant_cache(src, dst, bt, cu, 3, "fp8", scale, starts, layout=layout)
+        else:
+            tts = np.repeat(np.arange(3), lens).astype(np.int32)
+            lk.gather_and_maybe_dequant_cache(src, dst, bt, cu, tts, int(cu[-1]), "fp8", scale, starts,
+                                              layout=layout)
+        q = cache.view(np_fp8("fp8")).astype(np.float32)
+        for b in range(3):
+            for j in range(lens[b]):
+                p = starts[b] + j
+                assert np.array_equal(dst[cu[b] + j], q[bt[b, p // bs], p % bs] * scale[0])
+        assert (dst[cu[-1]:] == 9).all()
+    # a start whose request runs past its block table (3 pages x 4): rejected, nothing written
+    dst = np.full((cu[-1], C), 9, np.float32)
+    with pytest.raises(lk.LlmkernError) as e:
+        lk.gather_and_maybe_dequant_cache(src, dst, bt, cu, 3, "fp8", scale, np.array([7, 0, 9], np.int32),
+                                          layout=layout)
+    assert e.value.status == "LK_ERR_INDEX" and "seq_starts" in str(e.value)
+    assert (dst == 9).all()
+    with pytest.raises(lk.LlmkernError, match="seq_starts"):
+        lk.gather_and_maybe_dequant_cache(src, dst, bt, cu, 3, "fp8", scale, np.array([-1, 0, 0], np.int32),
+                                          layout=layout)
+    assert (dst == 9).all()
+
+
 def test_cp_gather_cache_uint8_and_torch():
     torch = torch_or_skip()
     NB, bs, C = 4, 8, 64
@@ -261,6 +298,13 @@ def test_cp_gather_cache_uint8_and_torch():
     for b, (lo, hi) in enumerate(((0, 10), (10, 13))):
         for j in range(hi - lo):
             assert torch.equal(dst[lo + j], cache[bt[b, j // bs], j % bs])
+    starts = torch.tensor([3, 13], dtype=torch.int32)  # torch seq_starts, byte copy
+    dst2 = torch.zeros(13, C, dtype=torch.uint8)
+    lk.cp_gather_cache(cache, dst2, bt, cu, 2, starts)
+    for b, (lo, hi) in enumerate(((0, 10), (10, 13))):
+        for j in range(hi - lo):
+            p = int(starts[b]) + j
+            assert torch.equal(dst2[lo + j], cache[bt[b, p // bs], p % bs])
     out = torch.zeros(13, C, dtype=torch.bfloat16)
     lk.gather_and_maybe_dequant_cache(cache, out, bt, cu, 2, "fp8", torch.tensor([2.0]))
     want = (cache[bt[0, 0], 3].view(torch.float8_e4m3fn).float() * 2.0).to(torch.bfloat16)
@@ -321,3 +365,35 @@ def test_swap_and_copy_blocks_uint8(rng):
     w[0], w[5] = w[4], w[1]
     lk.copy_blocks_mla(mla, m)
     assert np.array_equal(mla[0].view(np.uint8), w)
+
+
+# ---------------------------------------------------------------- the scale helper
+
+
+def test_scale_arg_both_kinds():
+    """ops._scale_arg serves the lk_tensor scales (cache writes, gathers) and the scalar
+    f32 ones (MLA prefill k_scale, FlashMLA descale_q / descale_k) with one set of rules
+    and messages."""
+    from llmkern import ops
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        ops._scale_arg(None, "k_scale")
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        ops._scale_arg(None, "k_scale", scalar=True)
+    assert ops._scale_arg(None, "scale", required=False) == (None, None)
+    assert ops._scale_arg(None, "descale_k", required=False, scalar=True) == 1.0
+    keep, v = ops._scale_arg(2.0, "scale")
+    assert keep.dtype == np.float32 and keep.shape == () and keep == 2.0 and isinstance(v, bytes)
+    arr = np.array([0.25], np.float32)
+    keep, v = ops._scale_arg(arr, "scale")
+    assert keep is arr
+    assert ops._scale_arg(3, "k_scale", scalar=True) == 3.0
+    assert ops._scale_arg(arr, "k_scale", scalar=True) == 0.25
+    assert ops._scale_arg(np.array(0.5, np.float32), "k_scale", scalar=True) == 0.5
+    with pytest.raises(ValueError, match=r"descale_k: shape \(2,\), expected one element \(a per-tensor scale\)"):
+        ops._scale_arg(np.ones(2, np.float32), "descale_k", scalar=True)
+    # through the public calls: the same messages
+    k = np.ones((2, 1, 32), np.float32)
+    cache = np.zeros((1, 4, 1, 32), np.uint8)
+    with pytest.raises(ValueError, match="k_scale: required with an fp8 kv_cache_dtype"):
+        lk.reshape_and_cache_flash(k, k, cache, cache.copy(), np.array([0, 1]), "fp8", None, 1.0)
+    assert not cache.any()

@@ -231,8 +231,22 @@ def test_gather_cache(rng, layout, dt):
                            for b, n in enumerate(seq_lens)])
     assert np.array_equal(dst[:cu[-1]], want)
     assert np.all(dst[cu[-1]:] == -1.0)
-    with pytest.raises(NotImplementedError, match="seq_starts"):
-        lk.gather_cache(cache, dst, block_table, cu, 3, seq_starts=np.zeros(3, np.int32), layout=layout)
+    # seq_starts: token j of request b at position seq_starts[b] + j of its block table
+    starts = np.array([3, 9, 6], np.int32)
+    lens2 = np.array([5, 2, 4])
+    cu2 = np.concatenate([[0], np.cumsum(lens2)]).astype(np.int32)
+    dst2 = np.full((int(cu2[-1]), C), -1.0, dt)
+    lk.gather_cache(cache, dst2, block_table, cu2, 3, seq_starts=starts, layout=layout)
+    want = np.concatenate([nd[block_table[b, (starts[b] + np.arange(n)) // BS], (starts[b] + np.arange(n)) % BS]
+                           for b, n in enumerate(lens2)])
+    assert np.array_equal(dst2, want)
+    dst2[...] = -1.0
+    with pytest.raises(lk.LlmkernError) as e:  # start + len beyond the block table's 3 pages
+        lk.gather_cache(cache, dst2, block_table, cu2, 3, seq_starts=np.array([3, 11, 6], np.int32), layout=layout)
+    assert e.value.status == "LK_ERR_INDEX" and "seq_starts" in str(e.value)
+    assert np.all(dst2 == -1.0)  # nothing written
+    with pytest.raises(lk.LlmkernError, match="seq_starts"):  # vLLM's int32 only
+        lk.gather_cache(cache, dst2, block_table, cu2, 3, seq_starts=starts.astype(np.int64), layout=layout)
 
 
 def test_gather_cache_offset_cu_and_batch_size(rng):

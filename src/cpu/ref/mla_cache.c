@@ -6,7 +6,8 @@
  *       kv_c_cache(page, s, 0, d)         = round(kv_c[t, d]),  d < Dl
  *       k_pe_cache(page, s, 0, pe_c0 + d) = round(k_pe[t, d]),  d < Dr
  *   gather_cache: for request b, token j < seq_lens[b], t = sum(seq_lens[:b]) + j:
- *       out[t, h, d] = round(cache(block_table[b, j / block_size], j % block_size, h, d))
+ *       out[t, h, d] = round(cache(block_table[b, p / block_size], p % block_size, h, d))
+ *     with p = start_b + j (seq_starts; 0 without)
  *
  * Every cache element is addressed through lk_paged_off, so ND and NZ (and any strides)
  * take the same loops. round() is the one conversion to the destination dtype; same
@@ -60,9 +61,10 @@ lk_status lk_ref_gather_cache(const lk_gather_cache_args *a) {
     const int32_t *btd = bt->data, *sld = sl->data;
     int64_t B = bt->shape[0], bs = pc->block_size, t = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t len = sld[b * sl->stride[0]];
+        int64_t len = sld[b * sl->stride[0]], st = lk_gather_start(a, b);
         for (int64_t j = 0; j < len; j++, t++) {
-            int64_t page = btd[b * bt->stride[0] + (j / bs) * bt->stride[1]], s = j % bs;
+            int64_t p = st + j; /* position in the request's block table */
+            int64_t page = btd[b * bt->stride[0] + (p / bs) * bt->stride[1]], s = p % bs;
             for (int64_t h = 0; h < pc->H; h++)
                 for (int64_t d = 0; d < pc->D; d++)
                     copy_elem(out->data, out->dtype,

@@ -50,7 +50,8 @@ lk_status lk_ref_rms_norm(const lk_rms_norm_args *a) {
  *               fmaf chains, halving reduction), the order every ISA uses
  *   y[r, i]   = (v[r, i] * (1 / sqrt(ss / D + eps))) * w[i]                      (f32)
  *   scale     = static, or max(min(absmax(y[r]), ub) / fp8_max, min_scale) -> scales[r]
- *   out[r, i] = fp8(y[r, i] / scale)
+ *   out[r, i] = fp8(y[r, i] / scale), or (i8 out, per token: fp8_max 127, min_scale
+ *               FLT_EPSILON) i8(y[r, i] * (1 / scale))
  * Shapes: x, residual, out [..., D] (any strides); w [D] (stride 0: no weight);
  * scales [..., 1]. No threads.
  */
@@ -91,9 +92,10 @@ lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a) {
             ((float *)a->scales.data)[si.off] = s;
             lk_rowit_next(&si);
         }
+        float rs = 1.0f / s; /* i8 out: y * rs (vLLM's int8 form) */
         for (int64_t i = 0; i < D; i++) {
             float y = lk_load_f(vr, vt, i * vs) * inv * lk_load_f(w->data, w->dtype, i * ws);
-            lk_q_store(orow, out->dtype, i * os, y / s);
+            lk_q_quant(orow, out->dtype, i * os, y, s, rs);
         }
     }
     return LK_OK;

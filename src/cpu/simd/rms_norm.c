@@ -348,7 +348,8 @@ static lk_status fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
  *   v = x, or round(x + residual) stored to residual; ss = sum v^2 in the fixed order of
  *   src/cpu/fp8_quant.h (element i in lane i % 16: 16 / W vectors of FMA chains, stored and
  *   halved 8, 4, 2, 1 in scalar); y = (v * inv) * g; out = fp8(y / scale), the scale
- *   static or per row from absmax(y) (a second pass over the row recomputes y).
+ *   static or per row from absmax(y) (a second pass over the row recomputes y); an i8
+ *   out (per row) = i8(y * (1 / scale)), the products in vectors, the rounding scalar.
  * The reference computes each of these steps with the same f32 operations in the same
  * order, so the bits agree on every ISA and thread count. Fast path: last-dim stride 1
  * on x, out and residual (w any: copied to f32 once); else the reference. Work split:
@@ -406,8 +407,27 @@ static float quant_absmax(const char *v, lk_dtype vt, const float *g, float inv,
     return lkv_hmax(m);
 }
 
+/* i8 out: y * (1 / s) in vectors, each lane then rounded by the scalar converter the
+ * reference uses (lk_q_i8) */
+static void quant_store_i8(int8_t *o, const char *v, lk_dtype vt, const float *g, float inv, float s, int64_t D) {
+    int64_t es = lk_esize(vt), i = 0;
+    lkv_f32 vinv = lkv_set1(inv), vrs = lkv_set1(1.0f / s);
+    float t[LKV_W];
+    for (; i < D; i += LKV_W) {
+        int64_t n = D - i < LKV_W ? D - i : LKV_W;
+        lkv_f32 x = n == LKV_W ? lkv_load(v + i * es, vt) : lkv_load_part(v + i * es, vt, n);
+        lkv_f32 gv = n == LKV_W ? lkv_loadu(g + i) : lkv_load_part(g + i, LK_F32, n);
+        lkv_storeu(t, lkv_mul(lkv_mul(lkv_mul(x, vinv), gv), vrs));
+        for (int64_t k = 0; k < n; k++) o[i + k] = lk_q_i8(t[k]);
+    }
+}
+
 static void quant_store(char *o, lk_dtype ot, const char *v, lk_dtype vt, const float *g, float inv, float s,
                         int64_t D) {
+    if (ot == LK_I8) {
+        quant_store_i8((int8_t *)o, v, vt, g, inv, s, D);
+        return;
+    }
     int64_t es = lk_esize(vt), i = 0;
     lkv_f32 vinv = lkv_set1(inv), vs = lkv_set1(s);
     for (; i + LKV_W <= D; i += LKV_W) {
