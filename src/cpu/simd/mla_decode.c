@@ -522,7 +522,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
     } else {
         load_q16(c, b, Qb);
     }
-    for (int64_t jj = 0; jj < KB; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
+    for (int64_t jj = 0; jj < KB && L16 > c->E; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
     /* small R over a bf16 ND one-buffer cache: the entries are read in place (rows of E
      * contiguous values), not copied; keys past the block's end read the zero row */
     const lk_paged *lat = &a->lat;
