@@ -392,7 +392,9 @@ static void load_q_row_bf16(const lk_attn_args *a, int64_t t, int64_t h, uint16_
         return;
     }
     const uint16_t *p = (const uint16_t *)q->data + t * q->stride[0] + h * q->stride[1];
-    for (int64_t d = 0; d < a->Dqk; d++) dst[d] = p[d * q->stride[2]];
+    if (q->stride[2] == 1) memcpy(dst, p, sizeof(uint16_t) * (size_t)a->Dqk);
+    else
+        for (int64_t d = 0; d < a->Dqk; d++) dst[d] = p[d * q->stride[2]];
 }
 
 /* 1 if a V value of the tile's keys (Vb panels) is inf or NaN */
@@ -1059,10 +1061,17 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
     float *S = sc, *M = S + DB * sr, *L = M + sr, *A = L + sr; // S [DB][sr], M, L, A [sr]
     uint32_t *pw = (uint32_t *)(A + sr);                        // [DB / 2][sr]
     if (kt != LK_BF16) { /* q in the order of the widened fp8 K vectors */
-        uint16_t *qp = q16 + Hq * 128;
+        uint16_t *qp = q16 + Hq * 128, ix[2][32];
+        for (int cv = 0; cv < 2; cv++) /* word i of vector cv (+ 2) = dim g4_qdim of the 64 dims from 0 (64) */
+            for (int i = 0; i < 32; i++) ix[cv][i] = (uint16_t)g4_qdim(cv, i);
+        const __m512i i0 = _mm512_loadu_si512(ix[0]), i1 = _mm512_loadu_si512(ix[1]);
         for (int64_t h = 0; h < Hq; h++)
-            for (int cv = 0; cv < 4; cv++)
-                for (int i = 0; i < 32; i++) qp[h * 128 + cv * 32 + i] = q16[h * 128 + g4_qdim(cv, i)];
+            for (int half = 0; half < 2; half++) {
+                const uint16_t *src = q16 + h * 128 + 64 * half;
+                __m512i lo = _mm512_loadu_si512(src), hi = _mm512_loadu_si512(src + 32);
+                _mm512_storeu_si512(qp + h * 128 + 64 * half, _mm512_permutex2var_epi16(lo, i0, hi));
+                _mm512_storeu_si512(qp + h * 128 + 64 * half + 32, _mm512_permutex2var_epi16(lo, i1, hi));
+            }
         q16 = qp;
     }
     for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(M + h, lkv_set1(-INFINITY)), lkv_storeu(L + h, lkv_zero());
