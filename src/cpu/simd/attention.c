@@ -719,16 +719,18 @@ typedef struct {
 /* out[jj] = the byte offset of head 0, dim 0 of key j0 + jj of request b in cache c, jj < n
  * (lk_attn_key_off with one division per call: the page and slot walked key by key) */
 static void key_offsets(const lk_attn_args *a, const lk_paged *c, int64_t b, int64_t j0, int64_t n, int64_t *out) {
-    const int64_t es = lk_esize(c->dtype);
+    /* head 0, dim 0 of slot s of page p: p s0 + s ss (lk_paged_off with h = d = 0) */
+    const int64_t es = lk_esize(c->dtype), ss = c->layout == LK_KV_ND ? c->s1 : c->s2;
     if (!a->table) {
-        for (int64_t jj = 0; jj < n; jj++) out[jj] = lk_paged_off(c, 0, a->k_start[b] + j0 + jj, 0, 0) * es;
+        for (int64_t jj = 0; jj < n; jj++) out[jj] = (a->k_start[b] + j0 + jj) * ss * es;
         return;
     }
     const int64_t bs = c->block_size;
-    int64_t pi = j0 / bs, slot = j0 % bs;
+    const int32_t *tab = a->table + b * a->table_stride;
+    int64_t pi = j0 / bs, slot = j0 % bs, base = n > 0 ? tab[pi] * c->s0 : 0;
     for (int64_t jj = 0; jj < n; jj++) {
-        out[jj] = lk_paged_off(c, a->table[b * a->table_stride + pi], slot, 0, 0) * es;
-        if (++slot == bs) slot = 0, pi++;
+        out[jj] = (base + slot * ss) * es;
+        if (++slot == bs && jj + 1 < n) slot = 0, base = tab[++pi] * c->s0;
     }
 }
 
