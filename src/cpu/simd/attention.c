@@ -38,8 +38,10 @@
  * K and V, bf16 out, no softcap or ALiBi) has its own block loop (decode_row_g4): scores
  * stored key-major and the online softmax run over 16 heads per vector (no horizontal
  * max / sum / scalar exp per head and block), the rescale folded into P.V's add to O, V
- * rows paired by in-lane unpacks (fp8: 64 codes widened at a time). While a block is
- * scored the next block's K and V rows are prefetched into L2. Each unit
+ * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
+ * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
+ * the prefetches spread over the block). Elsewhere, while a block is scored the next
+ * block's K and V rows are prefetched into L2. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
@@ -1023,14 +1025,17 @@ LK_ALWAYS_INLINE void v_pairs_g4(const char *va, const char *vb, int64_t d0, int
  * the 4 heads g of one KV head: o_g = o + g D in g4_dim order, P_g word p at pw[p sr + g],
  * V rows v[2p], v[2p + 1] (NULL past the block: zeros), 16-dim chunks cs elements apart */
 LK_ALWAYS_INLINE void pv_g4(float *o, const uint32_t *pw, int64_t sr, const float *A, const char *const *v,
-                            int64_t npairs, int64_t cs, int64_t D, lk_dtype dt) {
+                            int64_t npairs, int64_t cs, int64_t D, lk_dtype dt, const char *const *vn, int64_t nn) {
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
+
         lkv_f32 acc[4][4];
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++)
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) acc[g][i] = lkv_zero();
         for (int64_t p = 0; p < npairs; p++) {
+            if (d0 == 0) /* the next block's V rows vn [nn] into L2, two per key pair */
+                for (int64_t q = 2 * p; q < 2 * p + 2 && q < nn; q++) prefetch_row_l2(vn[q], cs, D, lk_esize(dt));
             lkv_bits w[4];
             v_pairs_g4(v[2 * p], v[2 * p + 1], d0, cs, dt, w);
 #pragma GCC unroll 4
@@ -1089,10 +1094,10 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
         for (int64_t kh = 0; kh < Hk; kh++) {
             const char *vp[DB];
             for (int64_t jj = 0; jj < DB; jj++) vp[jj] = jj < nb ? (const char *)a->vc.data + vbase[jj] + kh * vhs : NULL;
-            for (int64_t jj = DB; jj < nk; jj++) /* the next block's V rows of this KV head into L2 */
-                prefetch_row_l2((const char *)a->vc.data + vbase[jj] + kh * vhs, vcs, Dv, ves);
-            if (vcs == TILE(ves)) pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, TILE(ves), Dv, vt);
-            else pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, vcs, Dv, vt);
+            const char *vn[DB]; /* the next block's V rows of this KV head, prefetched into L2 */
+            for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = (const char *)a->vc.data + vbase[jj] + kh * vhs;
+            if (vcs == TILE(ves)) pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, TILE(ves), Dv, vt, vn, nk - DB);
+            else pv_g4(o + 4 * kh * Dv, pw + 4 * kh, sr, A + 4 * kh, vp, np, vcs, Dv, vt, vn, nk - DB);
         }
     }
     for (int64_t h = 0; h < Hq; h++) {
