@@ -153,7 +153,7 @@ static void fz_dump(const fz_world *w) {
             for (int64_t k = 0; k < fz_numel(t); k++) {
                 if (fz_is_index(t->dtype))
                     fprintf(stderr, " %lld", (long long)lk_load_index(t->data, t->dtype, fz_off(t, k)));
-                else if (fz_is_float(t->dtype))
+                else if (fz_is_float(t->dtype) || t->dtype == LK_F8E4M3 || t->dtype == LK_F8E5M2)
                     fprintf(stderr, " %g", (double)lk_load_f(t->data, t->dtype, fz_off(t, k)));
             }
         }
