@@ -837,10 +837,6 @@ LK_ALWAYS_INLINE void dot16_rows(const uint16_t *q, int64_t qs, const char *p, i
     }
 }
 
-/* sc[h][jj] = the scores of the block's nb keys (row offsets kbase, in bytes) for every
- * head on bf16 pairs, heads in fours (softcap applied); the next block's K and V rows
- * (kbase / vbase [nb, nk)) prefetched into L2 on the way. kcs / vcs: chunk strides
- * (constant 16 for ND rows after inlining) */
 /* scores16_block for the common shape of 4 query heads per KV head x 128 dims without
  * softcap: KV heads outer, the 4 heads' q rows held in 16 registers over the block's
  * keys (not reloaded per key); per score the same sums in the same order as dot16_rows,
@@ -883,6 +879,10 @@ LK_ALWAYS_INLINE void scores16_g4d128(const lk_attn_args *a, const uint16_t *q16
     }
 }
 
+/* sc[h][jj] = the scores of the block's nb keys (row offsets kbase, in bytes) for every
+ * head on bf16 pairs, heads in fours (softcap applied); the next block's K and V rows
+ * (kbase / vbase [nb, nk)) prefetched into L2 on the way. kcs / vcs: chunk strides
+ * (constant 16 for ND rows after inlining) */
 LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase,
                                      const int64_t *vbase, int64_t nb, int64_t nk, int64_t kcs, int64_t vcs,
                                      int64_t khs, int64_t vhs, float *sc, int64_t b, lk_dtype kt) {
@@ -937,8 +937,9 @@ LK_ALWAYS_INLINE __m512i codes64(const char *p, int64_t d0, int64_t cs) {
     return lkv_bits_join32(lkv_c32_loadu(p + (d0 >> 5) * cs), lkv_c32_loadu(p + ((d0 >> 5) + 1) * cs));
 }
 
-/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) for the block's nb keys (rows >= nb:
- * -inf), the next block's K and V rows (kbase / vbase [nb, nk)) prefetched into L2. The 4
+/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) (scores16_g4d128's loop, key-major and
+ * with fp8 K widened 64 codes at a time) for the block's nb keys (rows >= nb: -inf), the
+ * next block's K rows (kbase [nb, nk)) prefetched into L2 (its V rows: in pv_g4). The 4
  * heads' q rows stay in 16 registers over the block; each q . k is one chain of four
  * bf16-pair dot products, the 4 heads' sums reduced side by side (lkv_hsum4) and stored
  * as one 4-float row piece. */
