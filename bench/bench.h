@@ -65,6 +65,7 @@ typedef struct {
     double read_gbs;     /* DRAM read-only bandwidth */
     double fma_gflops;   /* f32 FMA peak of the first listed ISA (all threads; 0 on ref) */
     double bf16_gflops;  /* bf16 dot-product peak, VDPBF16PS (all threads; 0 without AVX512_BF16) */
+    double amx_gflops;   /* bf16 tile-product peak, TDPBF16PS (all threads; 0 unless amx is listed) */
     int nisa;            /* the ISAs every row runs on (--isa; default: the one in use) */
     lk_isa isa[BENCH_MAX_ISA];
     double isa_fma[BENCH_MAX_ISA]; /* f32 FMA peak per listed ISA (0 on ref) */
@@ -107,6 +108,9 @@ bench_kind bench_flops_kind(lk_dtype dt);
 /* the start-up peak a FLOPS row of `kind` is set against on variant i: the f32 FMA
  * peak of its ISA; BENCH_FLOPS_BF16 on an AVX-512 variant: the bf16 dot-product peak */
 double bench_peak(bench_kind kind, int i);
+/* the bf16 tile-product peak where variant var runs on the amx ISA, else 0 (mla_decode's
+ * bf16 rows there: both products on AMX tiles) */
+double bench_tile_peak(int var);
 /* that peak of `isa` again, now (a quarter-length probe): for long runs on a shared
  * machine whose speed drifts, to set a row against the speed it ran at */
 double bench_peak_now(bench_kind kind, lk_isa isa);

@@ -337,9 +337,46 @@ __attribute__((target("xsave"))) static int cpu_has_avx512bf16(void) {
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
 }
+
+/* bf16 tile-product peak: 4 independent TDPBF16PS accumulators (16 x 16 f32 each, 16 x 32
+ * bf16 operands: 16384 flops per product) per thread; the tiles configured and released
+ * here (the thread's tile state). Run only where the library's amx ISA is usable, so the
+ * OS has granted the tile state. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_cfg;
+__attribute__((target("amx-tile,amx-bf16"))) static double tile_bf16(long iters) {
+    static const uint16_t ops[2][512]; /* zeros: the sums stay 0 */
+    tile_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ops[0], 64);
+    _tile_loadd(5, ops[1], 64);
+    _tile_loadd(6, ops[0], 64);
+    _tile_loadd(7, ops[1], 64);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float c[256];
+    _tile_stored(0, c, 64);
+    _tile_release();
+    return (double)c[0];
+}
 #else
 static double dot_bf16(long iters) { return (double)iters; }
 static int cpu_has_avx512bf16(void) { return 0; }
+static double tile_bf16(long iters) { return (double)iters; }
 #endif
 
 /* median GFLOP/s of `reps` (<= 5) samples of `iters` iterations of fn on every thread,
@@ -374,6 +411,9 @@ static void measure_fma(void) {
     for (int i = 0; i < BENCH.nisa; i++) BENCH.isa_fma[i] = fma_median(BENCH.isa[i], 20000000, 5);
     BENCH.fma_gflops = BENCH.isa_fma[0];
     BENCH.bf16_gflops = bf16_median(20000000, 5);
+    BENCH.amx_gflops = 0;
+    for (int i = 0; i < BENCH.nisa; i++)
+        if (BENCH.isa[i] == LK_ISA_AMX) BENCH.amx_gflops = chains_median(tile_bf16, 4 * 16384, 200000, 5);
 }
 
 /*
@@ -384,8 +424,10 @@ static void measure_fma(void) {
 bench_kind bench_flops_kind(lk_dtype dt) { return dt == LK_BF16 && BENCH.bf16_gflops > 0 ? BENCH_FLOPS_BF16 : BENCH_FLOPS; }
 
 static int bf16_peak_on(bench_kind kind, lk_isa isa) {
-    return kind == BENCH_FLOPS_BF16 && isa == LK_ISA_AVX512BF16 && BENCH.bf16_gflops > 0;
+    return kind == BENCH_FLOPS_BF16 && (isa == LK_ISA_AVX512BF16 || isa == LK_ISA_AMX) && BENCH.bf16_gflops > 0;
 }
+
+double bench_tile_peak(int var) { return BENCH.isa[BENCH.var[var].isa] == LK_ISA_AMX ? BENCH.amx_gflops : 0; }
 
 double bench_peak(bench_kind kind, int var) {
     int i = BENCH.var[var].isa;
@@ -422,8 +464,10 @@ void bench_measure_machine(void) {
         size_t a = strlen(vars);
         snprintf(vars + a, sizeof vars - a, "%s%s", i ? "," : "", BENCH.var[i].name);
     }
-    char bf16[64] = "- (no AVX512_BF16)";
+    char bf16[96] = "- (no AVX512_BF16)";
     if (BENCH.bf16_gflops > 0) snprintf(bf16, sizeof bf16, "%.1f GFLOP/s", BENCH.bf16_gflops);
+    if (BENCH.amx_gflops > 0)
+        snprintf(bf16 + strlen(bf16), sizeof bf16 - strlen(bf16), " | amx bf16 tile peak %.1f GFLOP/s", BENCH.amx_gflops);
     printf("machine: %d threads, isa %s | copy bandwidth %.1f GB/s (read+write) | read bandwidth "
            "%.1f GB/s | f32 FMA peak %s GFLOP/s | bf16 dot peak %s\n",
            BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks, bf16);

@@ -63,7 +63,7 @@ static int parse_isas(const char *list) {
     lk_isa best = lk_isa_best();
     BENCH.nisa = 0;
     if (!strcmp(list, "all")) { /* every SIMD ISA this CPU and build run, else ref */
-        for (int a = LK_ISA_AVX2; a <= LK_ISA_NEON; a++)
+        for (int a = LK_ISA_AVX2; a <= LK_ISA_AMX; a++)
             if (lk_set_isa((lk_isa)a) == LK_OK) BENCH.isa[BENCH.nisa++] = (lk_isa)a;
         if (!BENCH.nisa) BENCH.isa[BENCH.nisa++] = LK_ISA_REF;
         lk_set_isa(best);
@@ -74,9 +74,9 @@ static int parse_isas(const char *list) {
         char name[16];
         snprintf(name, sizeof name, "%.*s", (int)(n < 15 ? n : 15), p);
         int a = LK_ISA_REF, seen = 0;
-        while (a <= LK_ISA_NEON && strcmp(name, lk_isa_name((lk_isa)a))) a++;
-        if (a > LK_ISA_NEON) {
-            fprintf(stderr, "bench: --isa: unknown ISA '%.*s' (ref, avx2, avx512, avx512bf16, neon or all)\n", (int)n, p);
+        while (a <= LK_ISA_AMX && strcmp(name, lk_isa_name((lk_isa)a))) a++;
+        if (a > LK_ISA_AMX) {
+            fprintf(stderr, "bench: --isa: unknown ISA '%.*s' (ref, avx2, avx512, avx512bf16, amx, neon or all)\n", (int)n, p);
             return 2;
         }
         for (int i = 0; i < BENCH.nisa; i++) seen |= BENCH.isa[i] == (lk_isa)a;
@@ -183,7 +183,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--reps N] [--full] [--json FILE] [--only NAME] "
-                    "[--isa all|ref,avx2,avx512,avx512bf16] [--lib A.so[,B.so...]] [--lib-names A,B] [--plot FILE.png]\n",
+                    "[--isa all|ref,avx2,avx512,avx512bf16,amx] [--lib A.so[,B.so...]] [--lib-names A,B] [--plot FILE.png]\n",
                     argv[0]);
             return 2;
         }

@@ -128,7 +128,8 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     snprintf(shape, sizeof shape, "B=%lld %lldx%lld %lldh p%d%s", (long long)B, (long long)s_q, (long long)K, (long long)H,
              PAGE, fp8 ? " fp8" : "");
     for (int i = 0; i < BENCH.nvar; i++) {
-        double peak = bench_peak(kind, i), tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
+        double peak = bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i);
+        double tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
         double bound = tf > tb ? tf : tb;
         /* the same against the f32 FMA peak alone (the bound of the f32 path) */
         double p32 = bench_peak(BENCH_FLOPS, i), tf32 = p32 > 0 ? flops / (p32 * 1e9) : 0;
@@ -141,7 +142,7 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     if (BENCH.nvar == 1) printf("%-18s %-26s max err %.2e\n", "", "", err);
     fflush(stdout);
     double ceil[BENCH_MAX_VAR];
-    for (int i = 0; i < BENCH.nvar; i++) ceil[i] = bench_peak(kind, i);
+    for (int i = 0; i < BENCH.nvar; i++) ceil[i] = bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i);
     char extra[512];
     int n = snprintf(extra, sizeof extra, ", \"gbs\": [");
     for (int i = 0; i < BENCH.nvar; i++)
@@ -162,7 +163,7 @@ void bench_mla_decode(void) {
     printf("columns: median ms, GFLOP/s, GB/s (cache read once) | bound: flops (time at the %s peak) or bytes (at the "
            "read bandwidth, %.1f GB/s), its ms, time / bound, time / the bound at the f32 FMA peak | flash_attn_varlen "
            "composition ms, its time / ours\n",
-           bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "bf16 dot (avx512bf16) or f32 FMA" : "f32 FMA",
+           bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "amx bf16 tile (amx), bf16 dot (avx512bf16) or f32 FMA" : "f32 FMA",
            BENCH.read_gbs);
     bench_section_name("mla_decode");
     static const int64_t Bs[3] = {1, 8, 64}, Ks[2] = {4096, 32768}, Hs[2] = {16, 128};

@@ -104,12 +104,14 @@ typedef enum lk_isa {
     LK_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C                              */
     LK_ISA_AVX512 = 2, /* AVX-512 F/BW/DQ/VL                              */
     LK_ISA_AVX512BF16 = 3, /* AVX-512 + AVX512_BF16: bf16 attention on dot products */
-    LK_ISA_NEON = 4    /* aarch64 Advanced SIMD (4 x f32)                */
+    LK_ISA_NEON = 4,   /* aarch64 Advanced SIMD (4 x f32)                */
+    LK_ISA_AMX = 5     /* avx512bf16 + AMX-TILE / AMX-BF16: mla_decode on bf16 tile products;
+                          the other ops as on avx512bf16 (x86; after avx512bf16 in order) */
 } lk_isa;
 
 /* Best ISA the CPU and OS support. */
 LK_API lk_isa lk_isa_best(void);
-/* ISA in use: the best, unless LLMKERN_ISA=ref|avx2|avx512|avx512bf16|neon or lk_set_isa chose one. */
+/* ISA in use: the best, unless LLMKERN_ISA=ref|avx2|avx512|avx512bf16|amx|neon or lk_set_isa chose one. */
 LK_API lk_isa lk_isa_current(void);
 /* Force an ISA (process-wide). LK_ERR_UNSUPPORTED if this CPU cannot run it. */
 LK_API lk_status lk_set_isa(lk_isa isa);

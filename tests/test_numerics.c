@@ -1219,9 +1219,9 @@ static void test_cross_isa(void) {
     for (int di = 0; di < 3; di++) {
         lk_dtype dt = dts[di];
         int64_t es = lk_dtype_size(dt);
-        static unsigned char x[4 * 2 * XN * 4], out[3][2][4 * XN * 4], mo[3][4 * 3 * XN * 4];
+        static unsigned char x[4 * 2 * XN * 4], out[TU_MAX_ISAS][2][4 * XN * 4], mo[TU_MAX_ISAS][4 * 3 * XN * 4];
         static unsigned char sa[4 * 3 * XN * 4], sb[4 * 3 * XN * 4];
-        static float la[4 * 3], lb[4 * 3], mlse[3][4 * 3];
+        static float la[4 * 3], lb[4 * 3], mlse[TU_MAX_ISAS][4 * 3];
         tu_seed(77 + (uint64_t)di);
         for (int i = 0; i < 4 * 2 * XN; i++)
             lk_store_f(x, dt, i, tu_rand() % 13 == 0 ? sp[tu_rand() % 6] : (float)tu_uniform(-12, 12));

@@ -41,7 +41,7 @@ int tu_finish(const char *file) {
     lk_isa isas[TU_MAX_ISAS];
     int n = tu_isas(isas);
     char missing[128] = "";
-    for (int i = LK_ISA_REF, k = 0; i <= LK_ISA_NEON; i++) {
+    for (int i = LK_ISA_REF, k = 0; i <= LK_ISA_AMX; i++) {
         if (k < n && isas[k] == (lk_isa)i) {
             k++;
             continue;

@@ -48,7 +48,7 @@ lib, lib_path = _load()
 F32, F16, BF16, I32, I64, F8E4M3, F8E5M2, I8 = 0, 1, 2, 3, 4, 5, 6, 7
 _ITEMSIZE = (4, 2, 2, 4, 8, 1, 1, 1)
 MAX_DIMS = 8
-ISAS = {"ref": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "neon": 4}
+ISAS = {"ref": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3, "amx": 5, "neon": 4}
 LAYOUTS = {"ND": 0, "NZ": 1}
 MLA_STRATEGIES = {"auto": 0, "split_merge": 1, "concat": 2, "fused": 3, "absorbed": 4}
 

@@ -1170,8 +1170,8 @@ def get_num_threads():
 
 
 def isa():
-    """Name of the instruction set in use: 'ref', 'avx2', 'avx512', 'avx512bf16' (x86) or 'neon'
-    (aarch64)."""
+    """Name of the instruction set in use: 'ref', 'avx2', 'avx512', 'avx512bf16', 'amx' (x86) or
+    'neon' (aarch64)."""
     return L.isa_name(L.isa_current()).decode()
 
 
@@ -1180,7 +1180,7 @@ def best_isa():
 
 
 def set_isa(name):
-    """Force an instruction set ('ref', 'avx2', 'avx512', 'avx512bf16', 'neon' or 'best'); LlmkernError
+    """Force an instruction set ('ref', 'avx2', 'avx512', 'avx512bf16', 'amx', 'neon' or 'best'); LlmkernError
     (LK_ERR_UNSUPPORTED) where this CPU lacks it."""
     if name == "best":
         code = L.isa_best()

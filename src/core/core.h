@@ -156,6 +156,7 @@ void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx);
 int lk_cpu_has_avx2(void);
 int lk_cpu_has_avx512(void);
 int lk_cpu_has_avx512bf16(void);
+int lk_cpu_has_amx(void);
 int lk_cpu_has_neon(void);
 
 #endif

@@ -2,8 +2,10 @@
  * CPU feature detection. x86: cpuid for the instruction sets, xgetbv for the OS saving
  * the wider register state (YMM for AVX2, ZMM + opmask for AVX-512). aarch64: the
  * kernel's hardware capabilities, getauxval(AT_HWCAP) (FP and ASIMD: the kernel
- * reports what it saves and lets user space run).
+ * reports what it saves and lets user space run). AMX: cpuid, xgetbv and on Linux the
+ * tile-data permission (arch_prctl through syscall(2), declared with _DEFAULT_SOURCE).
  */
+#define _DEFAULT_SOURCE
 #include "core.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,10 +53,41 @@ int lk_cpu_has_avx512bf16(void) {
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
 }
+
+/* the amx row: avx512bf16 plus AMX-TILE and AMX-BF16 (Sapphire Rapids and later), the
+ * OS saving the tile state (XCR0 XTILECFG + XTILEDATA), and on Linux the process's
+ * permission to use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once here when
+ * not yet granted: a grant only, as oneDNN and PyTorch ask for it; it cannot be taken
+ * back and changes nothing else the program sees) */
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LK_ARCH_GET_XCOMP_PERM 0x1022
+#define LK_ARCH_REQ_XCOMP_PERM 0x1023
+#define LK_XFEATURE_XTILEDATA 18
+static int os_amx_permitted(void) {
+    unsigned long mask = 0;
+    if (syscall(SYS_arch_prctl, LK_ARCH_GET_XCOMP_PERM, &mask) == 0 && (mask >> LK_XFEATURE_XTILEDATA) & 1) return 1;
+    if (syscall(SYS_arch_prctl, LK_ARCH_REQ_XCOMP_PERM, LK_XFEATURE_XTILEDATA) != 0) return 0;
+    mask = 0;
+    return syscall(SYS_arch_prctl, LK_ARCH_GET_XCOMP_PERM, &mask) == 0 && (mask >> LK_XFEATURE_XTILEDATA) & 1;
+}
+#else
+static int os_amx_permitted(void) { return 0; } /* no tile permission to ask for: not used */
+#endif
+int lk_cpu_has_amx(void) {
+    unsigned a, b, c, d;
+    if (!lk_cpu_has_avx512bf16()) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1) || !((d >> 22) & 1)) return 0; /* AMX-TILE, AMX-BF16 */
+    if ((xgetbv0() & 0x60000) != 0x60000) return 0;     /* XTILECFG + XTILEDATA */
+    return os_amx_permitted();
+}
 #else
 int lk_cpu_has_avx2(void) { return 0; }
 int lk_cpu_has_avx512(void) { return 0; }
 int lk_cpu_has_avx512bf16(void) { return 0; }
+int lk_cpu_has_amx(void) { return 0; }
 #endif
 
 #if defined(__aarch64__) && defined(__linux__)

@@ -3,7 +3,7 @@
  *
  * One registration row per ISA {isa, name, detect, register}, in increasing order within
  * its architecture and guarded by the target architecture (x86: avx2, avx512,
- * avx512bf16; aarch64: neon): the reference table is filled from ref/, then
+ * avx512bf16, amx; aarch64: neon): the reference table is filled from ref/, then
  * each row's table starts as a copy of the previous row's and the row's register
  * function (src/cpu/simd/register.c compiled for that ISA) overrides the entries its
  * SIMD sources provide. An ISA is usable when its row is built and its detect() (CPU +
@@ -29,6 +29,7 @@ void lk_avx2_register(lk_kernel_table *t);
 void lk_avx512_register(lk_kernel_table *t);
 void lk_avx512bf16_register(lk_kernel_table *t);
 void lk_avx512bf16_register_mla_decode(lk_kernel_table *t);
+void lk_amx_register_mla_decode(lk_kernel_table *t);
 /* the AVX512_BF16 row: flash_attn's registration, then mla_decode's bf16 build */
 static void avx512bf16_register(lk_kernel_table *t) {
     lk_avx512bf16_register(t);
@@ -45,13 +46,14 @@ static const isa_row ROWS[] = {
     {LK_ISA_AVX2, "avx2", lk_cpu_has_avx2, lk_avx2_register},
     {LK_ISA_AVX512, "avx512", lk_cpu_has_avx512, lk_avx512_register},
     {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, avx512bf16_register},
+    {LK_ISA_AMX, "amx", lk_cpu_has_amx, lk_amx_register_mla_decode},
 #endif
 #if defined(__aarch64__)
     {LK_ISA_NEON, "neon", lk_cpu_has_neon, lk_neon_register},
 #endif
 };
 #define N_ROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
-#define N_ISAS (LK_ISA_NEON + 1) /* the last value of lk_isa */
+#define N_ISAS (LK_ISA_AMX + 1) /* the last value of lk_isa */
 
 static lk_kernel_table tables[N_ISAS];
 static int usable[N_ISAS];
@@ -135,6 +137,7 @@ const char *lk_isa_name(lk_isa isa) {
     case LK_ISA_AVX512: return "avx512";
     case LK_ISA_AVX512BF16: return "avx512bf16";
     case LK_ISA_NEON: return "neon";
+    case LK_ISA_AMX: return "amx";
     }
     return "unknown";
 }

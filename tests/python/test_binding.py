@@ -23,7 +23,7 @@ def unpack(b):
 
 def test_version_and_runtime():
     assert lk.version() == "0.3.0" == lk.__version__
-    assert lk.isa() in ("ref", "avx2", "avx512", "avx512bf16", "neon")
+    assert lk.isa() in ("ref", "avx2", "avx512", "avx512bf16", "amx", "neon")
     best = lk.best_isa()
     prev = lk.isa()
     try:
@@ -34,7 +34,7 @@ def test_version_and_runtime():
         lk.set_isa("best")
         assert lk.isa() == best
         # x86: each needs the ones before; aarch64: neon; the other architecture's: none
-        chains = [["ref", "avx2", "avx512", "avx512bf16"], ["ref", "neon"]]
+        chains = [["ref", "avx2", "avx512", "avx512bf16", "amx"], ["ref", "neon"]]
         chain = [c for c in chains if best in c][0]
         others = [n for c in chains for n in c if n not in chain]
         for name in chain[chain.index(best) + 1:] + others:

@@ -21,6 +21,9 @@
  * The bf16 path (AVX512_BF16, below) runs the same chunk on bf16 pairs; for R <= W its
  * small-R kernels keep the rows out of the lanes (4 rows x 6 keys per score tile, O
  * row-major in 4 rows x 6 vectors of dims), the choice depending only on R.
+ * The AMX build (the amx row, LKV_AMX) runs the bf16 path's inputs on tile products for
+ * any R instead (run_chunk_amx below: 256-key blocks, entries read in place as tile
+ * operands for both products).
  * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
  * bf16 path: exact bf16 rows in the block copy), scores scaled by scale * kscale and the
  * output by kscale (a->kscale, 1 for other caches).
@@ -90,8 +93,11 @@ typedef struct {
     int64_t E, Ep, Dlp, R, Rp;
     int bf16;                  /* LKV_BF16DOT builds, q, cache and out bf16: run_chunk16 */
     int64_t E2, L16, V2;       /* bf16 path: words per q row, bf16 per Kb row, words per Vp row */
-    int small;                 /* bf16 path, R <= W: the small-R kernels, O row-major [Rp][Dlq] */
-    int64_t Dlq, V2s;          /* small-R: O's row length (Dl rounded to 2W), Vp's row stride */
+    int small;                 /* bf16 path, R <= W: the small-R kernels, O row-major [Rp][Dlo] */
+    int amx;                   /* AMX builds, the bf16 path's inputs: run_chunk_amx, O row-major */
+    int rowo;                  /* small or amx: O row-major [Rp][Dlo] */
+    int64_t Dlq, V2s, Dlo;     /* O's dims (Dl rounded to 2W), Vp's and O's row strides */
+    int64_t E2a;               /* amx: words per row of a q panel (E rounded up to 32, halved) */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
     int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
     float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
@@ -222,14 +228,20 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
     }
 }
 
+/* dim d's place in O's row of the AMX path: each 32 dims as their 16 even then 16 odd */
+static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 16 + ((d & 31) >> 1); }
+
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
- * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value */
+ * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value;
+ * perm: O's dims in the order of perm32 */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
-                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr) {
+                            int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr,
+                            int perm) {
     for (int64_t r = 0; r < Rp; r++) {
         int64_t vis = (int64_t)lim[r];
         for (int64_t d = 0; d < Dlp; d++) {
-            float *o = O + d * od + r * orr; /* O[d][r]: od = Rp, orr = 1; row-major O[r][d]: od = 1, orr = Dlq */
+            /* O[d][r]: od = Rp, orr = 1; row-major O[r][d]: od = 1, orr = Dlq */
+            float *o = O + (perm ? perm32(d) : d) * od + r * orr;
             float acc = first ? 0.0f : *o * alpha[r];
             for (int64_t jj = 0; jj < vis; jj++)
                 acc += S[jj * Rp + r] * (Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16));
@@ -268,7 +280,7 @@ LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t
         softmax_block(S, Rp, nbp, lim, 1.0f, m, l, alpha);
         /* O = alpha O + Kf[:, :Dlp]^T . P */
         if (minlim < nb && rows_nonfinite(Kf, Ep, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1);
+            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1, 0);
             continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
@@ -323,28 +335,30 @@ LK_ALWAYS_INLINE void mk2(int64_t K, const uint32_t *A, int64_t am, int64_t ak, 
     }
 }
 
-/* Qb panels: words of q[b]'s bf16 pairs, transposed (W x W transposes of 32-bit words) */
-static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb) {
+/* Qb panels: words of q[b]'s bf16 pairs, transposed (W x W transposes of 32-bit words):
+ * panels of pwmax rows (the last one narrower), e2 words per row of a panel (pairs past
+ * E zero) */
+static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb, int64_t pwmax, int64_t e2) {
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *q = &a->q;
-    int64_t E = c->E, E2 = c->E2, R = c->R, H = a->H;
+    int64_t E = c->E, R = c->R, H = a->H;
     for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
-        int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
-        uint32_t *panel = Qb + p * PW * E2;
+        int64_t p = r0 / pwmax, pw = min64(pwmax, c->Rp - p * pwmax), col = r0 - p * pwmax;
+        uint32_t *panel = Qb + p * pwmax * e2;
         const uint16_t *row[LKV_W];
         for (int k = 0; k < LKV_W; k++) {
             int64_t r = r0 + k;
             row[k] = r < R ? (const uint16_t *)q->data + b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2]
                            : NULL;
         }
-        for (int64_t w0 = 0; w0 < E2; w0 += LKV_W) {
-            int64_t n = min64(LKV_W, E2 - w0), ne = min64(2 * LKV_W, E - 2 * w0); /* words, bf16 values */
+        for (int64_t w0 = 0; w0 < e2; w0 += LKV_W) {
+            int64_t n = min64(LKV_W, e2 - w0), ne = min64(2 * LKV_W, E - 2 * w0); /* words, bf16 values */
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) {
                 uint16_t tmp[2 * LKV_W] = {0};
                 if (row[k] && ne == 2 * LKV_W) v[k] = lkv_as_f32(lkv_bits_loadu(row[k] + 2 * w0));
                 else {
-                    if (row[k]) memcpy(tmp, row[k] + 2 * w0, sizeof(uint16_t) * (size_t)ne);
+                    if (row[k] && ne > 0) memcpy(tmp, row[k] + 2 * w0, sizeof(uint16_t) * (size_t)ne);
                     v[k] = lkv_as_f32(lkv_bits_loadu(tmp));
                 }
             }
@@ -520,7 +534,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
         load_q16_small(c, b, Qs);
         memset(S, 0, sizeof(float) * (size_t)(KB * Rp)); /* lanes [Rq, Rp) stay 0 (masked) */
     } else {
-        load_q16(c, b, Qb);
+        load_q16(c, b, Qb, PW, c->E2);
     }
     for (int64_t jj = 0; jj < KB && L16 > c->E; jj++) memset(Kb + jj * L16 + c->E, 0, sizeof(uint16_t) * (size_t)(L16 - c->E));
     /* small R over a bf16 ND one-buffer cache: the entries are read in place (rows of E
@@ -564,8 +578,8 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
         softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
         if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
-            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq);
-            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1);
+            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq, 0);
+            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1, 0);
             continue;
         }
         /* P16, Vp: keys paired (nbp is even: MR is) */
@@ -612,21 +626,216 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
 }
 #endif
 
+#if defined(LKV_AMX)
+/* ---- the AMX path (AMX-TILE + AMX-BF16), for the bf16 path's inputs, any R ----
+ * Tiles of 16 rows x 64 bytes (palette 1); TDPBF16PS: C[16][16] f32 += sum over 16 pairs
+ * k of A[i][2k] B[k][j][0] + A[i][2k + 1] B[k][j][1]. Blocks of KA keys:
+ *   Qa  [Rp/16][E2a][16] words  q[b]'s bf16 pairs, panels of 16 rows (load_q16): B tiles
+ *                        of 16 pairs x 16 rows
+ *   S   [KA][Rp] f32     C tiles of 16 keys x 16 rows: A = 16 entries x 32 dims, read in
+ *                        place from a bf16 ND one-buffer cache (a full block whose 16-key
+ *                        groups each lie in one page), else from the Kb copy
+ *                        (load_block16: pages, NZ, two buffers, fp8 widened); B = Qa;
+ *                        then softmax_block as the other paths
+ *   Pe, Po [Rp][KA] words  P rounded to bf16 in the low (Pe) or high (Po) half of a word,
+ *                        the other half 0, rows row-major (16 x 16 word transposes)
+ *   O   [Rp][Dlo] f32    row-major, each 32 dims stored as their 16 even then 16 odd dims
+ *                        (perm32; finalize puts them back): with the entries' rows as B
+ *                        tiles in place (16 keys x 32 dims = 16 pairs of dims), A = Pe
+ *                        gives the even dims of a 32-dim chunk, A = Po the odd ones; no
+ *                        re-layout of V, two tile products per chunk instead of one
+ * Rows whose alpha is not 1 are rescaled in O in place before the block's products; O's
+ * tiles (4 per 64 dims) stay in tile registers over the block's keys. The tile
+ * configuration is loaded per chunk and released at its end (the tile state is the
+ * calling thread's and left initialised). */
+#define KA 256
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+static void amx_config(void) {
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+/* S[16 kg ..][16 g ..] for key groups kg, kg + 1 (A rows at ka[k] + t 64 bytes, kst[k]
+ * bytes apart) and row panels g (and g + 1 when two): TE dim tiles of 32 */
+static void qk_tiles(const char *const *ka, const int64_t *kst, const uint32_t *Qa, int64_t E2a, int64_t TE, int two,
+                     float *S, int64_t Rp) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    const uint32_t *q1 = Qa + 16 * E2a;
+    for (int64_t t = 0; t < TE; t++) {
+        _tile_loadd(4, ka[0] + t * 64, kst[0]);
+        _tile_loadd(5, ka[1] + t * 64, kst[1]);
+        _tile_loadd(6, Qa + t * 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        if (two) {
+            _tile_loadd(7, q1 + t * 256, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, S, Rp * 4);
+    _tile_stored(1, S + 16 * Rp, Rp * 4);
+    if (two) {
+        _tile_stored(2, S + 16, Rp * 4);
+        _tile_stored(3, S + 16 * Rp + 16, Rp * 4);
+    }
+}
+
+/* O[16 rows][d0, d0 + 32 nc) (nc 1 or 2 chunks of 32 dims in perm32 order, rows ldo floats
+ * apart) = (first ? 0 : O) + sum over the key groups kg < KG of Pe / Po . V, V's rows of
+ * group kg at va[kg] + d0 (bf16 elements), vst[kg] bytes apart */
+static void pv_tiles(const uint32_t *Pe, const uint32_t *Po, int64_t PA, const char *const *va, const int64_t *vst,
+                     int64_t d0, int64_t KG, float *O, int64_t ldo, int nc, int first) {
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        if (nc > 1) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+    } else {
+        _tile_loadd(0, O, ldo * 4);
+        _tile_loadd(1, O + 16, ldo * 4);
+        if (nc > 1) {
+            _tile_loadd(2, O + 32, ldo * 4);
+            _tile_loadd(3, O + 48, ldo * 4);
+        }
+    }
+    for (int64_t kg = 0; kg < KG; kg++) {
+        const char *v = va[kg] + d0 * 2;
+        _tile_loadd(4, Pe + kg * 16, PA * 4);
+        _tile_loadd(5, Po + kg * 16, PA * 4);
+        _tile_loadd(6, v, vst[kg]);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        if (nc > 1) {
+            _tile_loadd(7, v + 64, vst[kg]);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, O, ldo * 4);
+    _tile_stored(1, O + 16, ldo * 4);
+    if (nc > 1) {
+        _tile_stored(2, O + 32, ldo * 4);
+        _tile_stored(3, O + 48, ldo * 4);
+    }
+}
+
+LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
+                                    float *O) {
+    const lk_mla_decode_args *a = c->a;
+    int64_t E = c->E, E2a = c->E2a, L16 = c->L16, Dlq = c->Dlq, Dlo = c->Dlo, R = c->R, Rp = c->Rp;
+    int64_t TE = E2a / 16;
+    uint32_t *Qa = (uint32_t *)scr;                  // [Rp/16][E2a][16] words
+    uint16_t *Kb = (uint16_t *)(Qa + Rp * E2a);      // [KA][L16] bf16
+    float *S = (float *)(Kb + KA * L16);             // [KA][Rp]
+    uint32_t *Pe = (uint32_t *)(S + KA * Rp);        // [Rp][KA] words
+    uint32_t *Po = Pe + Rp * KA;                     // [Rp][KA] words
+    float *alpha = (float *)(Po + Rp * KA);          // [Rp]
+    float *lim = alpha + Rp;                         // [Rp]
+    const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp]
+    load_q16(c, b, Qa, 16, E2a);
+    for (int64_t jj = 0; jj < KA && L16 > E; jj++) memset(Kb + jj * L16 + E, 0, sizeof(uint16_t) * (size_t)(L16 - E));
+    const lk_paged *lat = &a->lat;
+    int direct = a->one_buffer && lat->layout == LK_KV_ND && lat->dtype == LK_BF16 && E % 32 == 0 &&
+                 lat->block_size % 16 == 0;
+    const int32_t *tab = a->table + b * a->max_pages;
+    const char *ka[KA / 16];
+    int64_t kst[KA / 16];
+    amx_config();
+    for (int64_t j0 = k0; j0 < k1; j0 += KA) {
+        int first = j0 == k0;
+        int64_t nb = min64(KA, k1 - j0), nbp = rup(nb, 32), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
+        int in_place = direct && nb == KA && j0 % 16 == 0;
+        if (in_place) {
+            for (int64_t g = 0; g < KA / 16; g++) {
+                int64_t j = j0 + 16 * g;
+                ka[g] = (const char *)((const uint16_t *)lat->data +
+                                       lk_paged_off(lat, tab[j / lat->block_size], j % lat->block_size, 0, 0));
+                kst[g] = lat->s1 * 2;
+            }
+        } else {
+            load_block16(c, b, j0, nb, nbp, Kb);
+            for (int64_t g = 0; g < nbp / 16; g++) ka[g] = (const char *)(Kb + 16 * g * L16), kst[g] = L16 * 2;
+        }
+        /* S = K . Qa^T, 32 keys x 32 rows per call; the next block into L2 meanwhile */
+        for (int64_t kg = 0; kg < nbp / 16; kg += 2) {
+            prefetch_keys(c, b, j0 + KA + 8 * kg, 16, k1);
+            for (int64_t g = 0; g < Rp / 16; g += 2)
+                qk_tiles(ka + kg, kst + kg, Qa + g * 16 * E2a, E2a, TE, g + 1 < Rp / 16, S + kg * 16 * Rp + g * 16, Rp);
+        }
+        softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
+        if (in_place && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
+        if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
+            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlq, first, alpha, O, 1, Dlo, 1);
+            continue;
+        }
+        /* Pe, Po: 16 keys x 16 rows at a time, transposed */
+        for (int64_t kg = 0; kg < nbp / 16; kg++)
+            for (int64_t g = 0; g < Rp; g += 16) {
+                lkv_f32 v[16];
+                for (int i = 0; i < 16; i++) v[i] = lkv_as_f32(lkv_bf16_bits(lkv_loadu(S + (16 * kg + i) * Rp + g)));
+                lkv_transpose(v);
+                for (int i = 0; i < 16; i++) {
+                    lkv_bits_storeu(Pe + (g + i) * KA + 16 * kg, lkv_as_i32(v[i]));
+                    lkv_bits_storeu(Po + (g + i) * KA + 16 * kg, lkv_i32_slli(lkv_as_i32(v[i]), 16));
+                }
+            }
+        /* O: rows whose maximum moved rescaled, then += P . V */
+        for (int64_t r = 0; !first && r < R; r++) {
+            if (alpha[r] == 1.0f) continue;
+            lkv_f32 al = lkv_set1(alpha[r]);
+            for (int64_t d = 0; d < Dlq; d += 16) lkv_storeu(O + r * Dlo + d, lkv_mul(lkv_loadu(O + r * Dlo + d), al));
+        }
+        for (int64_t g = 0; g < Rp; g += 16)
+            for (int64_t d0 = 0; d0 < Dlq; d0 += 64)
+                pv_tiles(Pe + g * KA, Po + g * KA, KA, ka, kst, d0, nbp / 16, O + g * Dlo + d0, Dlo, Dlq - d0 >= 64 ? 2 : 1,
+                         first);
+    }
+    _tile_release();
+}
+#endif
+
 /* out[b] = O / l (rows transposed back; +0 where l = 0), lse[b] = m + log l */
 static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l, const float *O) {
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *o = &a->out;
     int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
-    for (int64_t r = 0; c->small && r < R; r++) { /* O row-major [Rp][Dlq] */
+    for (int64_t r = 0; c->rowo && r < R; r++) { /* O row-major [Rp][Dlo] */
         char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
         lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * a->kscale);
+#if defined(LKV_AMX)
+        float un[32]; /* a 32-dim chunk of the AMX path's O back in dim order */
+#endif
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
-            lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(O + r * c->Dlq + d0), inv);
+            const float *src = O + r * c->Dlo + d0;
+#if defined(LKV_AMX)
+            if (c->amx && d0 % 32 == 0) {
+                for (int i = 0; i < 32; i++) un[i] = src[perm32(i)];
+            }
+            if (c->amx) src = un + d0 % 32;
+#endif
+            lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(src), inv);
             if (Dl - d0 >= LKV_W) lkv_store(dst + d0 * es, o->dtype, x);
             else lkv_store_part(dst + d0 * es, o->dtype, x, Dl - d0);
         }
     }
-    for (int64_t r0 = 0; !c->small && r0 < R; r0 += LKV_W) {
+    for (int64_t r0 = 0; !c->rowo && r0 < R; r0 += LKV_W) {
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) v[k] = lkv_loadu(O + (d0 + k) * Rp + r0);
@@ -669,6 +878,9 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
     }
     lk_dtype lt = a->lat.dtype, rt = a->rope.dtype;
     if (k1 <= k0) memset(O, 0, sizeof(float) * (size_t)(c->slot_floats - 2 * c->Rp));
+#if defined(LKV_AMX)
+    else if (c->amx) run_chunk_amx(c, b, k0, k1, scr, m, l, O);
+#endif
 #if defined(LKV_BF16DOT)
     else if (c->bf16 && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1);
     else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O, 0);
@@ -700,11 +912,11 @@ static void merge_range(void *vctx, int64_t b0, int64_t b1) {
                     lk_online_add(&acc, sk.l * w[i]);
                     m[v + i] = acc.m, l[v + i] = acc.l;
                 }
-                if (c->small) { /* O row-major [Rp][Dlq]: the same operations per element */
+                if (c->rowo) { /* O row-major [Rp][Dlo]: the same operations per element */
                     for (int i = 0; i < LKV_W; i++)
                         for (int64_t d = 0; d < c->Dlq; d += LKV_W) {
-                            float *o = O + (v + i) * c->Dlq + d;
-                            lkv_storeu(o, lkv_fma(lkv_set1(w[i]), lkv_loadu(Ok + (v + i) * c->Dlq + d),
+                            float *o = O + (v + i) * c->Dlo + d;
+                            lkv_storeu(o, lkv_fma(lkv_set1(w[i]), lkv_loadu(Ok + (v + i) * c->Dlo + d),
                                                   lkv_mul(lkv_set1(al[i]), lkv_loadu(o))));
                         }
                     continue;
@@ -754,12 +966,26 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
         if (c.small) { /* Qs, Kb, S, P16, Vp (rows V2s apart), alpha, lim; O [Rp][Dlq] */
             c.Dlq = rup(a->Dl, 2 * LKV_W);
             c.V2s = c.Dlq + LKV_W;
+            c.Dlo = c.Dlq;
             c.scratch_floats = c.Rp * c.L16 / 2 + (KB + 1) * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
             if (c.Dlq > c.Dlp) c.slot_floats = (2 + c.Dlq) * c.Rp;
         }
+#if defined(LKV_AMX)
+        /* Qa, Kb, S, Pe, Po, alpha, lim; O [Rp][Dlo] (dims in perm32 order) */
+        c.amx = 1, c.small = 0;
+        c.E2a = 16 * ((c.E + 31) / 32);
+        c.Dlq = rup(a->Dl, 32);
+        c.Dlo = c.Dlq + 16;
+        c.scratch_floats = c.Rp * c.E2a + KA * c.L16 / 2 + KA * c.Rp + 2 * c.Rp * KA + 2 * c.Rp;
+        c.slot_floats = (2 + (c.Dlo > c.Dlp ? c.Dlo : c.Dlp)) * c.Rp;
+#endif
+        c.rowo = c.small || c.amx;
     }
 #endif
     c.scratch_floats += 2 * c.Rp + c.slot_floats;
+    /* the buffers 64-byte aligned: every part above is a multiple of W floats (Rp, Ep,
+     * L16 / 2, V2, V2s, E2a are), so on AVX-512 every buffer starts on a cache line (tile
+     * rows and vectors that do not straddle lines) */
     int64_t B = a->B, n_units = 0, slots = 0;
     c.nsplit = malloc(sizeof(int64_t) * (size_t)(2 * B + 1));
     if (!c.nsplit) return LK_ERR_NOMEM;
@@ -773,8 +999,10 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
     }
     int nt = lk_plan_units(n_units);
     c.unit_b = malloc(sizeof(int64_t) * (size_t)(2 * n_units));
-    c.st = malloc(sizeof(float) * (size_t)(slots * c.slot_floats + 1));
-    c.scratch = malloc(sizeof(float) * (size_t)(nt * c.scratch_floats));
+    void *st_mem = NULL, *scr_mem = NULL;
+    if (posix_memalign(&st_mem, 64, sizeof(float) * (size_t)(slots * c.slot_floats + 16))) st_mem = NULL;
+    if (posix_memalign(&scr_mem, 64, sizeof(float) * (size_t)(nt * c.scratch_floats))) scr_mem = NULL;
+    c.st = st_mem, c.scratch = scr_mem;
     lk_status st = LK_ERR_NOMEM;
     if (c.unit_b && c.st && c.scratch) {
         c.unit_k = c.unit_b + n_units;

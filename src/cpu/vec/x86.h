@@ -24,7 +24,9 @@
 #if defined(LKV_AVX512)
 #define LKV_W 16  /* f32 lanes */
 #define LKV_MR 12 /* attention micro-kernel rows, 2 vectors each: 24 of 32 zmm accumulate */
-#if defined(LKV_BF16DOT) /* AVX-512 + AVX512_BF16: the kernels that use bf16 dot products */
+#if defined(LKV_AMX) /* AVX-512 + AVX512_BF16 + AMX tiles: mla_decode's tile path */
+#define LKV_FN(name) lk_amx_##name
+#elif defined(LKV_BF16DOT) /* AVX-512 + AVX512_BF16: the kernels that use bf16 dot products */
 #define LKV_FN(name) lk_avx512bf16_##name
 #else
 #define LKV_FN(name) lk_avx512_##name
