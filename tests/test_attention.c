@@ -849,6 +849,61 @@ static void test_regress_nz_unit_dim_strides(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* an inf (NaN) in one dim of a visible key's V on the GQA decode path (4 query heads per
+ * KV head x 128 dims, paged, bf16 out: the g4 loop, whose P . V pairs V's values): the
+ * dim becomes inf (NaN) for the 4 heads of that KV head, every other dim and head stays
+ * finite and within tolerance of ref (a product kernel that paired the dim with a
+ * neighbour, or a head with another, would carry it there). bf16, e5m2 (its inf code)
+ * and e4m3 (its NaN code) caches; every ISA. */
+static void test_gqa_decode_inf_value(void) {
+    enum { HQ = 8, HK = 2, D = 128, BS = 16, K = 40, NB = 3 };
+    static uint16_t q[1][HQ][D], kb[NB][BS][HK][D], vb[NB][BS][HK][D], out[HQ][D], ref[HQ][D];
+    static uint8_t k8[NB][BS][HK][D], v8[NB][BS][HK][D];
+    tu_seed(97);
+    for (int h = 0; h < HQ; h++)
+        for (int d = 0; d < D; d++) q[0][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+    for (int p = 0; p < NB; p++)
+        for (int j = 0; j < BS; j++)
+            for (int h = 0; h < HK; h++)
+                for (int d = 0; d < D; d++) {
+                    k8[p][j][h][d] = (uint8_t)(0x30 + tu_rand() % 12), v8[p][j][h][d] = (uint8_t)(0x30 + tu_rand() % 12);
+                    kb[p][j][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+                    vb[p][j][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+                }
+    int32_t table[NB] = {2, 0, 1}, cq[2] = {0, 1}, lens[1] = {K};
+    lk_tensor tq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){1, HQ, D}), tb = lk_tensor_make(table, LK_I32, 2, (int64_t[]){1, NB});
+    lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2}), tl = lk_tensor_make(lens, LK_I32, 1, (int64_t[]){1});
+    lk_attn_params p = lk_attn_params_default(0.08f);
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int f = 0; f < 3; f++) { /* bf16, e5m2, e4m3 */
+        lk_dtype dt = f == 0 ? LK_BF16 : f == 1 ? LK_F8E5M2 : LK_F8E4M3;
+        /* key 21 (slot 5 of the second page, block 0) of KV head 1, dim 37 */
+        if (f == 0) vb[0][5][1][37] = 0x7f80;
+        else v8[0][5][1][37] = f == 1 ? 0x7c : 0x7f;
+        void *kd = f ? (void *)k8 : (void *)kb, *vd = f ? (void *)v8 : (void *)vb;
+        lk_tensor tk = lk_tensor_make(kd, dt, 4, (int64_t[]){NB, BS, HK, D}), tv = lk_tensor_make(vd, dt, 4, (int64_t[]){NB, BS, HK, D});
+        lk_tensor to = lk_tensor_make(out, LK_BF16, 3, (int64_t[]){1, HQ, D}), tr = lk_tensor_make(ref, LK_BF16, 3, (int64_t[]){1, HQ, D});
+        lk_set_isa(LK_ISA_REF);
+        lk_status s0 = lk_flash_attn_varlen(&tr, NULL, &tq, &tk, &tv, &tcq, NULL, &tl, &tb, &p);
+        for (int ii = 1; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            int ok = s0 == LK_OK && lk_flash_attn_varlen(&to, NULL, &tq, &tk, &tv, &tcq, NULL, &tl, &tb, &p) == LK_OK;
+            for (int h = 0; h < HQ; h++)
+                for (int d = 0; d < D; d++) {
+                    float v = lk_bf16_to_f32(out[h][d]), r = lk_bf16_to_f32(ref[h][d]);
+                    if (h >= 4 && d == 37) ok &= f == 2 ? isnan(v) && isnan(r) : v == INFINITY && r == INFINITY;
+                    else ok &= isfinite(v) && fabsf(v - r) <= 0.02f;
+                }
+            tu_check(ok, "gqa decode %s %s: an %s in one V dim reaches that dim of its KV head's 4 heads only",
+                     lk_isa_name(isas[ii]), lk_dtype_name(dt), f == 2 ? "NaN" : "inf");
+        }
+        if (f == 0) vb[0][5][1][37] = lk_f32_to_bf16(0.5f);
+        else v8[0][5][1][37] = 0x38;
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 /* fuzz regression (fuzz_attention): every visible score is -inf (q holds -inf, k > 0)
  * and a visible key's V holds +inf. The row sees no weight: out = 0 and lse = -inf by the
  * attention-state rules; AVX2 returned NaN (weight 0 * inf in the accumulator, then
@@ -1016,6 +1071,7 @@ int main(void) {
     test_regress_visible_inf_value();
     test_regress_nz_unit_dim_strides();
     test_regress_all_neg_inf_scores();
+    test_gqa_decode_inf_value();
     test_regress_negative_key_offsets();
     test_regress_empty_cache_block_size_0();
     return tu_finish("test_attention");

@@ -736,6 +736,13 @@ static void pv_tiles(const uint32_t *Pe, const uint32_t *Po, int64_t PA, const c
     }
 }
 
+/* any inf or NaN among the first n rows of S [.][Rp] (Rp a multiple of 16) */
+static int scores_nonfinite(const float *S, int64_t n, int64_t Rp) {
+    __mmask16 any = 0;
+    for (int64_t i = 0; i < n * Rp; i += 16) any |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(S + i), 0x99); /* NaN, +-inf */
+    return any != 0;
+}
+
 LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
                                     float *O) {
     const lk_mla_decode_args *a = c->a;
@@ -760,7 +767,8 @@ LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int
     amx_config();
     for (int64_t j0 = k0; j0 < k1; j0 += KA) {
         int first = j0 == k0;
-        int64_t nb = min64(KA, k1 - j0), nbp = rup(nb, 32), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
+        int64_t nb = min64(KA, k1 - j0), nbp = rup(nb, 32);
+        block_limits(Lr, R, Rp, j0, nb, lim);
         int in_place = direct && nb == KA && j0 % 16 == 0;
         if (in_place) {
             for (int64_t g = 0; g < KA / 16; g++) {
@@ -779,9 +787,14 @@ LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int
             for (int64_t g = 0; g < Rp / 16; g += 2)
                 qk_tiles(ka + kg, kst + kg, Qa + g * 16 * E2a, E2a, TE, g + 1 < Rp / 16, S + kg * 16 * Rp + g * 16, Rp);
         }
+        /* an inf or NaN in an entry (V is part of K: every row's score of that key is then
+         * inf or NaN, q . e summing an infinite product) takes the row-by-row products over
+         * the visible keys instead: in the tile products P's zero half would meet the
+         * neighbouring dim's inf. Overflowing scores take it too (exact, slower). */
+        int nonfinite = scores_nonfinite(S, nb, Rp);
         softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
-        if (in_place && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
-        if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
+        if (nonfinite) {
+            if (in_place) load_block16(c, b, j0, nb, nbp, Kb);
             pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlq, first, alpha, O, 1, Dlo, 1);
             continue;
         }
