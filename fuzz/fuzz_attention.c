@@ -39,19 +39,6 @@ static void fill_f8(fz_world *w, int vi, double lo, double hi) {
     }
 }
 
-/* the largest finite |value| of a float or fp8 view (0 when unusable) */
-static double maxabs(const fz_world *w, int vi) {
-    if (vi < 0 || !fz_usable(w, vi)) return 0;
-    const lk_tensor *t = &w->v[vi].t;
-    if (!fz_is_float(t->dtype) && !is_f8(t->dtype)) return 0;
-    double m = 0;
-    for (int64_t i = 0, n = fz_numel(t); i < n; i++) {
-        double x = fabs((double)lk_load_f(t->data, t->dtype, fz_off(t, i)));
-        if (isfinite(x) && x > m) m = x;
-    }
-    return m;
-}
-
 /* fz_view_new for q / k / v, which take fp8: the wrong-kind dtype draw of fz_view_new may
  * pick an fp8 dtype (or the other fp8 dtype), which is of the right kind here (the
  * expectation it set is undone), except where it turns a 16-bit NZ cache (nz) into an fp8
@@ -268,11 +255,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * each weight by as much relative, out by twice that times max |v| */
     if (a.desc[0] >= 0 || a.desc[1] >= 0 || a.desc[2] >= 0 || is_f8(qt) || is_f8(kt)) {
         double dq = a.desc[0] >= 0 ? 4 : 1, dk = a.desc[1] >= 0 ? 4 : 1, dv = a.desc[2] >= 0 ? 4 : 1;
-        double ds = (double)Dqk * ldexp(1.0, -24) * fabs((double)a.p.scale) * dq * dk * maxabs(&w, a.q) *
-                    maxabs(&w, a.k) * (double)Dqk;
+        double ds = (double)Dqk * ldexp(1.0, -24) * fabs((double)a.p.scale) * dq * dk * fz_maxabs(&w, a.q) *
+                    fz_maxabs(&w, a.k) * (double)Dqk;
         if (isfinite(ds)) {
             if (a.lse >= 0) w.v[a.lse].atol += ds;
-            w.v[a.out].atol += 2.0 * ds * maxabs(&w, a.v) * dv;
+            w.v[a.out].atol += 2.0 * ds * fz_maxabs(&w, a.v) * dv;
         }
     }
     if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");

@@ -587,6 +587,19 @@ static int fz_close(double got, double want, double atol, double rtol) {
     return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
+/* the largest finite |value| of a float or fp8 view (0 when unusable) */
+static double fz_maxabs(const fz_world *w, int vi) {
+    if (vi < 0 || !fz_usable(w, vi)) return 0;
+    const lk_tensor *t = &w->v[vi].t;
+    if (!fz_is_float(t->dtype) && t->dtype != LK_F8E4M3 && t->dtype != LK_F8E5M2) return 0;
+    double m = 0;
+    for (int64_t i = 0, n = fz_numel(t); i < n; i++) {
+        double x = fabs((double)lk_load_f(t->data, t->dtype, fz_off(t, i)));
+        if (isfinite(x) && x > m) m = x;
+    }
+    return m;
+}
+
 /* per-dtype tolerance of a SIMD result against the reference kernel (the test suite's
  * vs-ref tolerances): f32 1e-5 (the caller may widen), f16 1e-3, bf16 8e-3 */
 static void fz_tol(fz_world *w, int vi, double f32_tol) {

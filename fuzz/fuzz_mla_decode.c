@@ -117,7 +117,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_idx_fill(&w, &in, a.table, tv, B * maxp, NB);
     a.lens = fz_view_new(&w, &in, "cache_seqlens", fz_u8(&in) & 1 ? LK_I64 : LK_I32, 1, &B, FZ_IDX);
     fz_idx_fill(&w, &in, a.lens, len, B, maxp * bs + 1);
-    if (fz_usable(&w, a.lens) && fz_usable(&w, a.table))
+    /* an empty block table (no pages) is not usable but still bounds the lengths */
+    int tab_ok = fz_usable(&w, a.table), tab_empty = a.table >= 0 && maxp == 0 && !fz_view_invalid(&w.v[a.table].t);
+    if (fz_usable(&w, a.lens) && (tab_ok || tab_empty))
         for (int64_t b = 0; b < B; b++) {
             int64_t u = fz_idx_get(&w, a.lens, b);
             if (u < 0 || u > maxp * bs) {
@@ -125,7 +127,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 continue;
             }
             if (a.p.causal && u > 0 && u < s_q) fz_fail_expected(&w, "causal with fewer cached tokens than queries");
-            for (int64_t j = 0; bs > 0 && j < (u + bs - 1) / bs; j++) {
+            for (int64_t j = 0; tab_ok && bs > 0 && j < (u + bs - 1) / bs; j++) {
                 int64_t pg = fz_idx_get(&w, a.table, b * maxp + j);
                 if (pg < 0 || pg >= NB) fz_fail_expected(&w, "block_table entry outside the cache");
             }
@@ -145,6 +147,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_fill(&w, a.q, -2, 2);
     fz_fill(&w, a.kv, -2, 2);
     if (two) fz_fill(&w, a.pe, -2, 2);
+    /* an fp8 cache keeps its codes (up to 448 / 57344): the scores' f32 error, E 2^-24
+     * sum |q_e c_e| times scale k_scale, moves lse by as much and out by twice that times
+     * max |v| k_scale (fuzz_attention's bound) */
+    if (fp8 && isfinite(a.p.k_scale) && a.p.k_scale > 0) {
+        double mc = fz_maxabs(&w, a.kv), mp = two ? fz_maxabs(&w, a.pe) : 0, E = (double)(Dl + Dr);
+        double ds = E * ldexp(1.0, -24) * fabs((double)a.p.scale) * a.p.k_scale * fz_maxabs(&w, a.q) * (mc > mp ? mc : mp) * E;
+        if (isfinite(ds)) {
+            if (a.lse >= 0) w.v[a.lse].atol += ds;
+            w.v[a.out].atol += 2.0 * ds * mc * a.p.k_scale;
+        }
+    }
     if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");
     if (fz_chance(&in, 4)) {
         unsigned k = fz_u8(&in) % 5;
