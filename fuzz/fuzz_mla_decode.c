@@ -93,9 +93,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         a.kv = fz_view_new(&w, &in, "kv_c_cache", ct, 4, ks, FZ_IN);
         if (two) a.pe = fz_view_new(&w, &in, "k_pe_cache", rt, 4, ps, FZ_IN);
     }
-    /* a view retyped fp8 by fz_view_new's bad-dtype draw may be a valid fp8 cache now:
-     * such inputs are left out rather than expected to fail */
-    if ((!fp8 && lk_is_fp8_dt(w.v[a.kv].t.dtype)) || (two && !fp8 && lk_is_fp8_dt(w.v[a.pe].t.dtype))) {
+    /* a view retyped fp8 by fz_view_new's bad-dtype draw (or an fp8 cache retyped to the
+     * other fp8 format) may be a valid fp8 cache now: such inputs are left out rather
+     * than expected to fail */
+    if ((lk_is_fp8_dt(w.v[a.kv].t.dtype) && w.v[a.kv].t.dtype != ct) ||
+        (two && lk_is_fp8_dt(w.v[a.pe].t.dtype) && w.v[a.pe].t.dtype != rt)) {
         fz_free(&w);
         return 0;
     }
