@@ -232,8 +232,9 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
 static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 16 + ((d & 31) >> 1); }
 
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
- * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value;
- * perm: O's dims in the order of perm32 */
+ * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value,
+ * and on the AMX path for blocks with an inf or NaN score; perm: O's dims in the order of
+ * perm32 */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
                             int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr,
                             int perm) {
