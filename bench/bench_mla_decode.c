@@ -74,6 +74,9 @@ static double check_head0(dec_ctx *c, int64_t s_q, int64_t H) {
 
 /* kdt: the cache's dtype (bf16, or fp8 e4m3 with k_scale: then the composition is not
  * run, flash_attn_varlen having no fp8 path here) */
+/* the FLOPS peak of variant i's rows: the tile peak on the amx ISA, else bench_peak's */
+static double dec_peak(bench_kind kind, int i) { return bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i); }
+
 static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt) {
     int fp8 = kdt == LK_F8E4M3 || kdt == LK_F8E5M2;
     dec_ctx c;
@@ -128,7 +131,7 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     snprintf(shape, sizeof shape, "B=%lld %lldx%lld %lldh p%d%s", (long long)B, (long long)s_q, (long long)K, (long long)H,
              PAGE, fp8 ? " fp8" : "");
     for (int i = 0; i < BENCH.nvar; i++) {
-        double peak = bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i);
+        double peak = dec_peak(kind, i);
         double tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
         double bound = tf > tb ? tf : tb;
         /* the same against the f32 FMA peak alone (the bound of the f32 path) */
@@ -142,7 +145,7 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     if (BENCH.nvar == 1) printf("%-18s %-26s max err %.2e\n", "", "", err);
     fflush(stdout);
     double ceil[BENCH_MAX_VAR];
-    for (int i = 0; i < BENCH.nvar; i++) ceil[i] = bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i);
+    for (int i = 0; i < BENCH.nvar; i++) ceil[i] = dec_peak(kind, i);
     char extra[512];
     int n = snprintf(extra, sizeof extra, ", \"gbs\": [");
     for (int i = 0; i < BENCH.nvar; i++)

@@ -20,7 +20,6 @@ typedef struct {
     lk_attn_params p;
 } attn_attrs;
 
-static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 /* a dtype for q, k or v: f32 / f16 / bf16, or fp8 (e4m3 / e5m2) a third of the time */
 static lk_dtype qkv_type(fz_in *in) {
@@ -32,7 +31,7 @@ static lk_dtype qkv_type(fz_in *in) {
  * fp8 codes, specials at the world's rate */
 static void fill_f8(fz_world *w, int vi, double lo, double hi) {
     fz_view *v = &w->v[vi];
-    if (!fz_usable(w, vi) || !is_f8(v->t.dtype)) return;
+    if (!fz_usable(w, vi) || !fz_is_fp8(v->t.dtype)) return;
     for (int64_t i = 0, n = fz_numel(&v->t); i < n; i++) {
         float x = fz_unif(&w->rng) < w->special_rate ? fz_special(&w->rng) : (float)(lo + (hi - lo) * fz_unif(&w->rng));
         lk_store_f(v->t.data, v->t.dtype, fz_off(&v->t, i), x);
@@ -48,7 +47,7 @@ static int qkv_view(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int n
     const char *why = w->why_fail;
     int vi = fz_view_new(w, in, name, dt, nd, shape, FZ_IN);
     fz_view *v = &w->v[vi];
-    if (v->bad && is_f8(v->t.dtype) && (!nz || is_f8(dt)) && !fz_view_invalid(&v->t) && v->t.data)
+    if (v->bad && fz_is_fp8(v->t.dtype) && (!nz || fz_is_fp8(dt)) && !fz_view_invalid(&v->t) && v->t.data)
         w->must_fail = mf, w->why_fail = why, w->clean = cl, v->bad = 0;
     return vi;
 }
@@ -92,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t Hk = 1 + (int64_t)(fz_u8(&in) % 2), G = 1 + (int64_t)(fz_u8(&in) % 3), Hq = Hk * G;
     int64_t Dqk, Dv;
     lk_dtype qt = qkv_type(&in), kt = qkv_type(&in), vt = qkv_type(&in), ot = fz_ftype(&in);
-    int64_t tk = is_f8(kt) ? 32 : 16, tv = is_f8(vt) ? 32 : 16; /* NZ tiles: 32 wide for fp8 */
+    int64_t tk = fz_is_fp8(kt) ? 32 : 16, tv = fz_is_fp8(vt) ? 32 : 16; /* NZ tiles: 32 wide for fp8 */
     if (paged == 2) {
         Dqk = (tk / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
         Dv = (tv / Hk) * (1 + (int64_t)(fz_u8(&in) % 2));
@@ -106,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int64_t qs[3] = {Tq, Hq, Dqk}, os[3] = {Tq, Hq, Dv}, ls[2] = {Tq, Hq};
     a.q = qkv_view(&w, &in, "q", qt, 3, qs, 0);
-    if (fz_u8(&in) % 8 == 0 && Dv == Dqk && !is_f8(qt)) { /* out is q */
+    if (fz_u8(&in) % 8 == 0 && Dv == Dqk && !fz_is_fp8(qt)) { /* out is q */
         a.out = fz_view_alias(&w, a.q, "out", FZ_OUT);
         w.v[a.out].inplace_of = -1;
     } else {
@@ -253,7 +252,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * descaled scale (|q|, |k| the largest finite values stored: an infinite fill saturates
      * to an fp8 cache's 448 / 57344, and the sums then cancel in f32); lse moves by as much,
      * each weight by as much relative, out by twice that times max |v| */
-    if (a.desc[0] >= 0 || a.desc[1] >= 0 || a.desc[2] >= 0 || is_f8(qt) || is_f8(kt)) {
+    if (a.desc[0] >= 0 || a.desc[1] >= 0 || a.desc[2] >= 0 || fz_is_fp8(qt) || fz_is_fp8(kt)) {
         double dq = a.desc[0] >= 0 ? 4 : 1, dk = a.desc[1] >= 0 ? 4 : 1, dv = a.desc[2] >= 0 ? 4 : 1;
         double ds = (double)Dqk * ldexp(1.0, -24) * fabs((double)a.p.scale) * dq * dk * fz_maxabs(&w, a.q) *
                     fz_maxabs(&w, a.k) * (double)Dqk;

@@ -10,7 +10,6 @@
  */
 #include "fuzz_common.h"
 
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 /* a cache dtype: f32 / f16 / bf16 / e4m3 / e5m2 */
 static lk_dtype btype(fz_in *in) {
@@ -23,14 +22,14 @@ static lk_dtype btype(fz_in *in) {
 static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
     int vi = fz_view_new(w, in, name, dt, nd, shape, role);
     fz_view *v = &w->v[vi];
-    if (v->bad && is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
+    if (v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
         v->bad = 0, w->must_fail = 0, w->clean = 0; /* the earlier expectations assumed dt */
     return vi;
 }
 
 /* random bytes in an fp8 view (fz_fill fills float views only) */
 static void fill8(fz_world *w, int vi) {
-    if (vi < 0 || !fz_usable(w, vi) || !is_fp8(w->v[vi].t.dtype)) return;
+    if (vi < 0 || !fz_usable(w, vi) || !fz_is_fp8(w->v[vi].t.dtype)) return;
     int64_t n = fz_numel(&w->v[vi].t);
     for (int64_t i = 0; i < n; i++) ((unsigned char *)w->v[vi].t.data)[fz_off(&w->v[vi].t, i)] = (unsigned char)fz_next(&w->rng);
 }

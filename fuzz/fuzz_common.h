@@ -90,6 +90,7 @@ static inline double fz_unif(uint64_t *s) { return (double)(fz_next(s) >> 11) * 
 /* ---------------------------------------------------------------- world */
 
 static inline int fz_is_float(lk_dtype dt) { return dt == LK_F32 || dt == LK_F16 || dt == LK_BF16; }
+static inline int fz_is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 static inline int fz_is_index(lk_dtype dt) { return dt == LK_I32 || dt == LK_I64; }
 
 /* FZ_NONE: a parent buffer whose slices are the op's views; not passed to the op */
@@ -153,7 +154,7 @@ static void fz_dump(const fz_world *w) {
             for (int64_t k = 0; k < fz_numel(t); k++) {
                 if (fz_is_index(t->dtype))
                     fprintf(stderr, " %lld", (long long)lk_load_index(t->data, t->dtype, fz_off(t, k)));
-                else if (fz_is_float(t->dtype) || t->dtype == LK_F8E4M3 || t->dtype == LK_F8E5M2)
+                else if (fz_is_float(t->dtype) || fz_is_fp8(t->dtype))
                     fprintf(stderr, " %g", (double)lk_load_f(t->data, t->dtype, fz_off(t, k)));
             }
         }
@@ -591,7 +592,7 @@ static int fz_close(double got, double want, double atol, double rtol) {
 static double fz_maxabs(const fz_world *w, int vi) {
     if (vi < 0 || !fz_usable(w, vi)) return 0;
     const lk_tensor *t = &w->v[vi].t;
-    if (!fz_is_float(t->dtype) && t->dtype != LK_F8E4M3 && t->dtype != LK_F8E5M2) return 0;
+    if (!fz_is_float(t->dtype) && !fz_is_fp8(t->dtype)) return 0;
     double m = 0;
     for (int64_t i = 0, n = fz_numel(t); i < n; i++) {
         double x = fabs((double)lk_load_f(t->data, t->dtype, fz_off(t, i)));

@@ -12,7 +12,6 @@ typedef struct {
     float scale;
 } cv_attrs;
 
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 static lk_status call(const fz_world *w, const void *ap) {
     const cv_attrs *a = ap;
@@ -23,7 +22,7 @@ static lk_status call(const fz_world *w, const void *ap) {
 static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
     int vi = fz_view_new(w, in, name, dt, nd, shape, role);
     fz_view *v = &w->v[vi];
-    if (v->bad && is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
+    if (v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
         v->bad = 0, w->must_fail = 0, w->clean = 0; /* the earlier expectations assumed dt */
     return vi;
 }
@@ -58,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_fail_expected(&w, "dst is src (same dtype: not exactly one side fp8)");
     } else a.dst = view8(&w, &in, "dst", dt, nd, dshape, FZ_OUT);
     fz_fill(&w, a.src, -600, 600);
-    if (fz_usable(&w, a.src) && is_fp8(w.v[a.src].t.dtype)) {
+    if (fz_usable(&w, a.src) && fz_is_fp8(w.v[a.src].t.dtype)) {
         int64_t n = fz_numel(&w.v[a.src].t);
         for (int64_t i = 0; i < n; i++)
             ((unsigned char *)w.v[a.src].t.data)[fz_off(&w.v[a.src].t, i)] = (unsigned char)fz_next(&w.rng);

@@ -52,7 +52,7 @@ static int fp8_out_new(fz_world *w, fz_in *in, const char *name, lk_dtype dt, in
     const char *why = w->why_fail;
     int vi = fz_view_new(w, in, name, dt, nd, shape, FZ_OUT);
     fz_view *v = &w->v[vi];
-    if (v->bad && (v->t.dtype == LK_F8E4M3 || v->t.dtype == LK_F8E5M2) && !fz_view_invalid(&v->t)) {
+    if (v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t)) {
         v->bad = 0;
         w->must_fail = mf, w->why_fail = why, w->clean = cl;
     }

@@ -24,14 +24,13 @@ typedef struct {
     int kst, vst, layout;
 } kv_attrs;
 
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 /* fz_view_new for an argument that takes fp8: its rare retype to fp8 is no error of its
  * own (the op decides; the input is then just not clean) */
 static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
     int vi = fz_view_new(w, in, name, dt, nd, shape, role);
     fz_view *v = &w->v[vi];
-    if (v->bad && is_fp8(v->t.dtype) && !fz_view_invalid(&v->t)) {
+    if (v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t)) {
         v->bad = 0, w->must_fail = 0, w->clean = 0; /* the earlier expectations assumed dt */
     }
     return vi;

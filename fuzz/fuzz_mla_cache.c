@@ -42,7 +42,6 @@ static lk_status call(const fz_world *w, const void *ap) {
                            (lk_kv_layout)a->layout);
 }
 
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 static int g_fp8; /* this input calls an _fp8 entry */
 
 /* fz_view_new; for an argument of an _fp8 entry that takes fp8, its rare retype to fp8
@@ -50,7 +49,7 @@ static int g_fp8; /* this input calls an _fp8 entry */
 static int view8(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int nd, const int64_t *shape, int role) {
     int vi = fz_view_new(w, in, name, dt, nd, shape, role);
     fz_view *v = &w->v[vi];
-    if (g_fp8 && v->bad && is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
+    if (g_fp8 && v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t))
         v->bad = 0, w->must_fail = 0, w->clean = 0; /* the earlier expectations assumed dt */
     return vi;
 }
@@ -84,7 +83,7 @@ static lk_dtype cache_type(fz_in *in) {
 
 /* random bytes in the elements of an fp8 view (fz_fill fills float views only) */
 static void fill8(fz_world *w, int vi) {
-    if (vi < 0 || !fz_usable(w, vi) || !is_fp8(w->v[vi].t.dtype)) return;
+    if (vi < 0 || !fz_usable(w, vi) || !fz_is_fp8(w->v[vi].t.dtype)) return;
     int64_t n = fz_numel(&w->v[vi].t);
     for (int64_t i = 0; i < n; i++) ((unsigned char *)w->v[vi].t.data)[fz_off(&w->v[vi].t, i)] = (unsigned char)fz_next(&w->rng);
 }
@@ -195,7 +194,7 @@ static void gather(fz_world *w, fz_in *in, mla_attrs *a) {
     maxp += fz_range(in, 0, 1);
     if (fz_chance(in, 6)) S += 1; /* judged below from the stored seq_lens */
     lk_dtype ot = fz_ftype(in), ct = cache_type(in);
-    if (g_fp8 && is_fp8(ct) && fz_u8(in) % 4 == 0) ot = ct; /* bit copy */
+    if (g_fp8 && fz_is_fp8(ct) && fz_u8(in) % 4 == 0) ot = ct; /* bit copy */
     if (g_fp8 && fz_chance(in, 8)) {
         ot = fz_u8(in) & 1 ? LK_F8E4M3 : LK_F8E5M2;
         if (ot != ct) fz_fail_expected(w, "fp8 out of a cache of another dtype");

@@ -14,7 +14,6 @@
  */
 #include "fuzz_common.h"
 
-static int lk_is_fp8_dt(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 typedef struct {
     int out, lse, q, kv, pe, table, lens, null_params;
@@ -96,8 +95,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* a view retyped fp8 by fz_view_new's bad-dtype draw (or an fp8 cache retyped to the
      * other fp8 format) may be a valid fp8 cache now: such inputs are left out rather
      * than expected to fail */
-    if ((lk_is_fp8_dt(w.v[a.kv].t.dtype) && w.v[a.kv].t.dtype != ct) ||
-        (two && lk_is_fp8_dt(w.v[a.pe].t.dtype) && w.v[a.pe].t.dtype != rt)) {
+    if ((fz_is_fp8(w.v[a.kv].t.dtype) && w.v[a.kv].t.dtype != ct) ||
+        (two && fz_is_fp8(w.v[a.pe].t.dtype) && w.v[a.pe].t.dtype != rt)) {
         fz_free(&w);
         return 0;
     }

@@ -45,9 +45,8 @@ static lk_status call(const fz_world *w, const void *ap) {
     return last_status;
 }
 
-static int is_f8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 /* NZ tile width of a cache of dt: 32 for 1-byte entries */
-static int64_t tile_of(lk_dtype dt) { return is_f8(dt) ? 32 : 16; }
+static int64_t tile_of(lk_dtype dt) { return fz_is_fp8(dt) ? 32 : 16; }
 
 /* a latent cache view of `width` entry dims, of dtype f8 (0: a 16/32-bit one from the
  * input): ND [NB, bs, width] (or [NB, bs, 1, width] with h4), NZ [NB, width / tl, bs,
@@ -70,7 +69,7 @@ static int cache_view(fz_world *w, fz_in *in, const char *name, int nz, int64_t 
         vi = fz_view_new(w, in, name, dt, 3, s, FZ_IN);
     }
     fz_view *v = &w->v[vi];
-    if (v->bad && is_f8(v->t.dtype) && !fz_view_invalid(&v->t)) { /* retyped to fp8: valid */
+    if (v->bad && fz_is_fp8(v->t.dtype) && !fz_view_invalid(&v->t)) { /* retyped to fp8: valid */
         v->bad = 0;
         w->must_fail = keep_fail, w->clean = keep_clean, w->why_fail = keep_why;
     }
@@ -105,7 +104,7 @@ static int64_t cache_flat(int nz, int64_t tl, int64_t bs, int64_t width, int64_t
  * uniform values in [lo, hi) and, at the input's rate, special values */
 static void fill8(fz_world *w, int vi, double lo, double hi) {
     fz_view *v = &w->v[vi];
-    if (!fz_usable(w, vi) || !is_f8(v->t.dtype)) return;
+    if (!fz_usable(w, vi) || !fz_is_fp8(v->t.dtype)) return;
     for (int64_t i = 0; i < fz_numel(&v->t); i++) {
         float x = fz_unif(&w->rng) < w->special_rate ? fz_special(&w->rng) : (float)(lo + (hi - lo) * fz_unif(&w->rng));
         lk_store_f(v->t.data, v->t.dtype, fz_off(&v->t, i), x);
@@ -152,7 +151,7 @@ static double cval(const fz_world *w, int vi, const mla_attrs *a, int nz, int64_
                    int64_t slot, int64_t d) {
     lk_dtype dt = w->v[vi].t.dtype;
     double x = val(w, vi, cache_flat(nz, tile_of(dt), bs, width, page, slot, d));
-    return is_f8(dt) ? x * (double)a->p.k_scale : x;
+    return fz_is_fp8(dt) ? x * (double)a->p.k_scale : x;
 }
 
 /* The contract computed independently in float64 from the stored values (the ref ISA
@@ -368,7 +367,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ok = cache_ok(&w.v[a.c0].t, nz, lDl, &cNB, &cbs) && cache_ok(&w.v[a.c1].t, nz, lDr, &nb2, &bs2) &&
                  nb2 == cNB && bs2 == cbs;
         }
-        int f8 = is_f8(w.v[a.c0].t.dtype) || (a.c1 >= 0 && is_f8(w.v[a.c1].t.dtype));
+        int f8 = fz_is_fp8(w.v[a.c0].t.dtype) || (a.c1 >= 0 && fz_is_fp8(w.v[a.c1].t.dtype));
         if (ok && f8 && bad_ks) fz_fail_expected(&w, "k_scale bad with an fp8 cache");
         if (!ok) fz_fail_expected(&w, "shapes break the contract");
         shapes_ok = ok;
