@@ -23,6 +23,7 @@ typedef struct {
     int64_t wl, wr;
     float softcap;
     lk_dtype qt, kt, ot;
+    int mixv; lk_dtype vt;       /* mixv: V stored as vt (else as kt) */
     int paged, bs, hnd;          /* hnd: ND cache stored [blocks, H, bs, D] (permuted view) */
     lk_kv_layout layout;
     int pad;                     /* strided views */
@@ -76,12 +77,13 @@ static double slope_of(const acase *c, int64_t b, int64_t h) {
     return c->alibi == 2 ? s * (1.0 + 0.25 * (double)b) : s;
 }
 
-/* flat logical index of (page, slot, h, d) in a cache tu_buf */
-static int64_t cache_index(const acase *c, int64_t nb, int64_t page, int64_t slot, int64_t h,
+static lk_dtype vt_of(const acase *c) { return c->mixv ? c->vt : c->kt; }
+
+/* flat logical index of (page, slot, h, d) in a cache tu_buf of dtype dt */
+static int64_t cache_index(const acase *c, lk_dtype dt, int64_t page, int64_t slot, int64_t h,
                            int64_t d, int64_t D) {
-    (void)nb;
     if (c->layout == LK_KV_NZ) {
-        int64_t C = c->Hk * D, ch = h * D + d, T = is_f8(c->kt) ? 32 : 16; /* fp8: 32-wide tiles */
+        int64_t C = c->Hk * D, ch = h * D + d, T = is_f8(dt) ? 32 : 16; /* fp8: 32-wide tiles */
         return ((page * (C / T) + ch / T) * c->bs + slot) * T + ch % T;
     }
     return ((page * c->bs + slot) * c->Hk + h) * D + d;
@@ -112,9 +114,9 @@ static void build(const acase *c, abufs *z) {
     for (int b = 0; b < B; b++) {
         K[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dqk + 1));
         V[b] = malloc(sizeof(double) * (size_t)(c->kl[b] * c->Hk * c->Dv + 1));
-        double amp = is_f8(c->kt) ? 3.0 : 1.0; /* fp8 codes over more binades */
+        double amp = is_f8(c->kt) ? 3.0 : 1.0, vamp = is_f8(vt_of(c)) ? 3.0 : 1.0; /* fp8 codes over more binades */
         for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dqk; i++) K[b][i] = lk_round_to(c->kt, (float)(amp * frand()));
-        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dv; i++) V[b][i] = lk_round_to(c->kt, (float)(amp * frand()));
+        for (int64_t i = 0; i < c->kl[b] * c->Hk * c->Dv; i++) V[b][i] = lk_round_to(vt_of(c), (float)(vamp * frand()));
     }
     int64_t acc = 0;
     for (int b = 0; b <= B; b++) {
@@ -123,7 +125,7 @@ static void build(const acase *c, abufs *z) {
     }
     if (!c->paged) {
         z->k = tu_alloc(c->kt, 3, (int64_t[]){Tk, c->Hk, c->Dqk}, c->pad);
-        z->v = tu_alloc(c->kt, 3, (int64_t[]){Tk, c->Hk, c->Dv}, c->pad);
+        z->v = tu_alloc(vt_of(c), 3, (int64_t[]){Tk, c->Hk, c->Dv}, c->pad);
         z->cuk = tu_alloc(LK_I32, 1, (int64_t[]){B + 1}, 0);
         int64_t r = 0;
         for (int b = 0; b <= B; b++) {
@@ -150,7 +152,7 @@ static void build(const acase *c, abufs *z) {
             perm[i] = perm[j], perm[j] = t;
         }
         z->k = alloc_cache(c, nb, c->Dqk, c->kt);
-        z->v = alloc_cache(c, nb, c->Dv, c->kt);
+        z->v = alloc_cache(c, nb, c->Dv, vt_of(c));
         z->table = tu_alloc(LK_I32, 2, (int64_t[]){B, maxp}, 0);
         z->used = tu_alloc(LK_I32, 1, (int64_t[]){B}, 0);
         int64_t next = 0;
@@ -162,9 +164,9 @@ static void build(const acase *c, abufs *z) {
                 int64_t page = perm[next + j / c->bs], slot = j % c->bs;
                 for (int64_t h = 0; h < c->Hk; h++) {
                     for (int64_t d = 0; d < c->Dqk; d++)
-                        tu_set(&z->k, cache_index(c, nb, page, slot, h, d, c->Dqk), K[b][(j * c->Hk + h) * c->Dqk + d]);
+                        tu_set(&z->k, cache_index(c, c->kt, page, slot, h, d, c->Dqk), K[b][(j * c->Hk + h) * c->Dqk + d]);
                     for (int64_t d = 0; d < c->Dv; d++)
-                        tu_set(&z->v, cache_index(c, nb, page, slot, h, d, c->Dv), V[b][(j * c->Hk + h) * c->Dv + d]);
+                        tu_set(&z->v, cache_index(c, vt_of(c), page, slot, h, d, c->Dv), V[b][(j * c->Hk + h) * c->Dv + d]);
                 }
             }
             next += np;
@@ -215,7 +217,7 @@ static void build(const acase *c, abufs *z) {
                 for (int64_t d = 0; d < c->Dv; d++) {
                     double o = 0;
                     for (int64_t j = 0; j < kl; j++)
-                        if (s[j] > -INFINITY) o += exp(s[j] - m) * deq(c, c->kt, 2, b, kh, V[b][(j * c->Hk + kh) * c->Dv + d]);
+                        if (s[j] > -INFINITY) o += exp(s[j] - m) * deq(c, vt_of(c), 2, b, kh, V[b][(j * c->Hk + kh) * c->Dv + d]);
                     z->want[(t * c->Hq + h) * c->Dv + d] = o / l;
                 }
                 z->want_lse[t * c->Hq + h] = m + log(l);
@@ -600,6 +602,84 @@ static void test_decode_g4(void) {
             c.name = "decode g4";
             free(run_case(&c));
         }
+}
+
+/* decode with query heads per KV head a multiple of 4 and head dims multiples of 16 (the
+ * f32 block loop on AVX2, decode_row_g4f: K / V converted once per 4 heads, key-major
+ * scores, e4m3 read as value / 256 with its NaN code put back): 4, 8 and 12 heads per KV
+ * head (groups of 4 taken in turn), head dims 16 / 32 to 192 / 128, every K / V dtype and
+ * mixed K / V dtypes, fp8 and f32 q, f32 / f16 / bf16 out, ND and NZ, pages 1, 7 and 16,
+ * several chunks, 1..4 queries, windows, strided views and padding rows */
+static void test_decode_g4f(void) {
+    const lk_dtype kvt[][2] = {{LK_BF16, LK_BF16},     {LK_F8E4M3, LK_F8E4M3}, {LK_F8E5M2, LK_F8E5M2},
+                               {LK_F16, LK_F16},       {LK_F32, LK_F32},       {LK_F8E4M3, LK_BF16},
+                               {LK_BF16, LK_F8E5M2},   {LK_F8E5M2, LK_F8E4M3}};
+    const lk_dtype qo[][2] = {{LK_BF16, LK_BF16}, {LK_F32, LK_F32}, {LK_F8E4M3, LK_F16}, {LK_F16, LK_BF16}};
+    const int64_t hq[] = {8, 16, 24, 12}, hk[] = {2, 2, 2, 3}, dq[] = {128, 64, 192, 16}, dv[] = {128, 64, 128, 32};
+    for (int t = 0; t < 8; t++)
+        for (int s = 0; s < 4; s++) {
+            acase c = base_case();
+            c.kt = kvt[t][0], c.mixv = 1, c.vt = kvt[t][1];
+            c.qt = qo[(t + s) % 4][0], c.ot = qo[(t + s) % 4][1];
+            c.desc = is_f8(c.kt) || is_f8(c.vt) || is_f8(c.qt) ? 1 + (t + s) % 4 : 0;
+            c.B = 3, c.ql[0] = 1, c.ql[1] = 1 + s, c.ql[2] = 2, c.kl[0] = s == 1 ? 1100 : 530, c.kl[1] = 1 + 5 * s;
+            c.kl[2] = 37, c.Hq = hq[s], c.Hk = hk[s], c.Dqk = dq[s], c.Dv = dv[s], c.causal = 1, c.paged = 1;
+            c.bs = s == 3 ? 1 : s % 2 ? 7 : 16;
+            c.layout = s == 1 && c.kt == c.vt && !(is_f8(c.kt) && c.Dqk % 32) ? LK_KV_NZ : LK_KV_ND;
+            c.pad = s == 2, c.pad_tokens = s == 2;
+            if (s == 0) c.wl = 300;
+            c.name = "decode g4f";
+            free(run_case(&c));
+        }
+}
+
+/* an e4m3 NaN code in one K row (key 21 of KV head 1) makes that key's scores NaN for the
+ * KV head's query heads: their outputs and LSEs are NaN, every other head's are finite
+ * and match ref; 2 and 8 query heads per KV head, head dims 128 (NaN at dim 77) and 48
+ * (dim 40: in the last 16 codes, after the 32-code steps), every ISA */
+static void test_gqa_decode_nan_key(void) {
+    enum { HK = 2, DMAX = 128, BS = 16, K = 40, NB = 3, HQMAX = 16, N = NB * BS * HK * DMAX };
+    static uint16_t q[HQMAX * DMAX], out[HQMAX * DMAX], ref[HQMAX * DMAX];
+    static uint8_t k8[N], v8[N];
+    static float lse[HQMAX], lref[HQMAX];
+    tu_seed(98);
+    for (int i = 0; i < HQMAX * DMAX; i++) q[i] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+    int32_t table[NB] = {2, 0, 1}, cq[2] = {0, 1}, lens[1] = {K};
+    lk_tensor tb = lk_tensor_make(table, LK_I32, 2, (int64_t[]){1, NB});
+    lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2}), tl = lk_tensor_make(lens, LK_I32, 1, (int64_t[]){1});
+    lk_attn_params p = lk_attn_params_default(0.08f);
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int64_t D = 128; D >= 48; D -= 80)
+        for (int64_t hq = 4; hq <= HQMAX; hq *= 4) {
+            int64_t G = hq / HK;
+            for (int i = 0; i < N; i++) k8[i] = (uint8_t)(0x30 + tu_rand() % 12), v8[i] = (uint8_t)(0xb0 + tu_rand() % 12);
+            k8[((0 * BS + 5) * HK + 1) * D + (D == 128 ? 77 : 40)] = 0xff; /* table[1] = 0: slot 5 of page 0 is key 21 */
+            lk_tensor tk = lk_tensor_make(k8, LK_F8E4M3, 4, (int64_t[]){NB, BS, HK, D});
+            lk_tensor tv = lk_tensor_make(v8, LK_F8E4M3, 4, (int64_t[]){NB, BS, HK, D});
+            lk_tensor tq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){1, hq, D});
+            lk_tensor to = lk_tensor_make(out, LK_BF16, 3, (int64_t[]){1, hq, D});
+            lk_tensor tr = lk_tensor_make(ref, LK_BF16, 3, (int64_t[]){1, hq, D});
+            lk_tensor tlse = lk_tensor_make(lse, LK_F32, 2, (int64_t[]){1, hq}), tlr = lk_tensor_make(lref, LK_F32, 2, (int64_t[]){1, hq});
+            lk_set_isa(LK_ISA_REF);
+            lk_status s0 = lk_flash_attn_varlen(&tr, &tlr, &tq, &tk, &tv, &tcq, NULL, &tl, &tb, &p);
+            for (int ii = 1; ii < ni; ii++) {
+                lk_set_isa(isas[ii]);
+                int ok = s0 == LK_OK && lk_flash_attn_varlen(&to, &tlse, &tq, &tk, &tv, &tcq, NULL, &tl, &tb, &p) == LK_OK;
+                for (int64_t h = 0; h < hq; h++) {
+                    int poisoned = h >= G;
+                    ok &= poisoned ? isnan(lse[h]) && isnan(lref[h]) : isfinite(lse[h]) && fabsf(lse[h] - lref[h]) <= 1e-4f;
+                    for (int64_t d = 0; d < D; d++) {
+                        float v = lk_bf16_to_f32(out[h * D + d]), r = lk_bf16_to_f32(ref[h * D + d]);
+                        ok &= poisoned ? isnan(v) && isnan(r) : isfinite(v) && fabsf(v - r) <= 0.02f;
+                    }
+                }
+                tu_check(ok, "gqa decode %s, %lld heads per KV head, D = %lld: an e4m3 NaN code in one K row makes "
+                         "its KV head's outputs and LSEs NaN, the other heads' match ref", lk_isa_name(isas[ii]),
+                         (long long)G, (long long)D);
+            }
+        }
+    lk_set_isa(lk_isa_best());
 }
 
 static void test_threads(void) {
@@ -1060,6 +1140,8 @@ int main(void) {
     test_grid();
     test_paged();
     test_decode_g4();
+    test_decode_g4f();
+    test_gqa_decode_nan_key();
     test_fp8_grid();
     test_fp8_paged();
     test_fp8_codes();

@@ -13,6 +13,8 @@
  *    exp_nonpos bit-identical to exp for x <= 0
  *  - bf16 even / odd split and join, the _nonan rounding
  *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
+ *  - AVX2's F16C fp8 pieces (LKV_F8_F16C): lkv_load_f8_raw on all 256 codes,
+ *    lkv_e4m3_nan_acc / _found on every byte value, lkv_hsum4_store
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
  */
@@ -388,6 +390,58 @@ static void bf16_dot(void) {
 }
 #endif
 
+#if defined(LKV_F8_F16C)
+/* AVX2's F16C fp8 pieces: lkv_load_f8_raw on all 256 codes (e5m2 exact, e4m3 value / 256,
+ * its NaN code as +-1.875), lkv_e4m3_nan_acc / _found on every byte value, lkv_hsum4_store */
+static void f8_f16c(void) {
+    int bad_raw = 0, bad_nan = 0, any_ok = 1;
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 256; c += W) {
+            uint8_t in[W];
+            float out[W];
+            for (int j = 0; j < W; j++) in[j] = (uint8_t)(c + j);
+            lkv_storeu(out, t ? lkv_load_f8_raw(in, LK_F8E5M2) : lkv_load_f8_raw(in, LK_F8E4M3));
+            for (int j = 0; j < W; j++) {
+                float want = t ? lk_f8e5m2_to_f32(in[j]) : lk_f8e4m3_to_f32(in[j]) / 256.0f;
+                if (!t && (in[j] & 0x7f) == 0x7f) want = in[j] & 0x80 ? -1.875f : 1.875f;
+                bad_raw += isnan(want) ? !isnan(out[j]) : memcmp(&want, &out[j], 4) != 0;
+            }
+        }
+    for (int c = 0; c < 256; c += 32) { /* each 32-byte group alone, and folded after a clean one */
+        uint8_t in[32], clean[32];
+        int any = 0;
+        for (int j = 0; j < 32; j++) {
+            in[j] = (uint8_t)(c + ((j * 13) & 31));
+            clean[j] = (uint8_t)(j * 7 % 0x7f); /* never 0x7f */
+            any |= (in[j] & 0x7f) == 0x7f;
+        }
+        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), in)) != any;
+        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_e4m3_nan_acc(lkv_c32_zero(), clean), in)) != any;
+        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), clean)) != 0;
+    }
+    for (int b = 0; b < 256; b++) { /* every byte value at every position */
+        uint8_t in[32] = {0};
+        in[b % 32] = (uint8_t)b;
+        any_ok &= lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), in)) == ((b & 0x7f) == 0x7f);
+    }
+    float a[4][W], s[4];
+    for (int g = 0; g < 4; g++)
+        for (int j = 0; j < W; j++) a[g][j] = (float)(tu_rand() % 1000) - 500.0f; /* exact sums */
+    lkv_hsum4_store(s, 0.5f, lkv_loadu(a[0]), lkv_loadu(a[1]), lkv_loadu(a[2]), lkv_loadu(a[3]));
+    int ok_h = 1;
+    for (int g = 0; g < 4; g++) {
+        float want = 0;
+        for (int j = 0; j < W; j++) want += a[g][j];
+        ok_h &= s[g] == 0.5f * want;
+    }
+    tu_check(bad_raw == 0, "lkv_load_f8_raw: e5m2 exact, e4m3 value / 256 and its NaN code +-1.875, all 256 codes "
+             "(%d bad)", bad_raw);
+    tu_check(bad_nan == 0 && any_ok, "lkv_e4m3_nan_acc / _found find exactly the bytes 0x7f and 0xff (%d bad)",
+             bad_nan);
+    tu_check(ok_h, "lkv_hsum4_store: s times the lane sums of four vectors, in order");
+}
+#endif
+
 int LKV_FN(vec_check)(void);
 int LKV_FN(vec_check)(void) {
     conversions();
@@ -399,6 +453,9 @@ int LKV_FN(vec_check)(void) {
     lanes();
 #if defined(LKV_BF16DOT)
     bf16_dot();
+#endif
+#if defined(LKV_F8_F16C)
+    f8_f16c();
 #endif
     return 0;
 }

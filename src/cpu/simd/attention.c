@@ -40,7 +40,10 @@
  * max / sum / scalar exp per head and block), the rescale folded into P.V's add to O, V
  * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
- * the prefetches spread over the block). Elsewhere, while a block is scored the next
+ * the prefetches spread over the block). On AVX2 the same shape on f32 FMAs covers query
+ * heads per KV head a multiple of 4 and head dims multiples of 2W, any K / V dtype
+ * (decode_row_g4f: K / V converted once per 4 heads, fp8 through F16C with e4m3 read as
+ * value / 256, P kept in f32). Elsewhere, while a block is scored the next
  * block's K and V rows are prefetched into L2. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
@@ -50,7 +53,8 @@
  * (qk_scale: scale * q_descale * k_descale per request and KV head) and the output
  * (store_out_row's v_descale); on the AVX512_BF16 build fp8 rows are widened to bf16 in
  * registers (f8_to_bf16) and take the bf16 dot-product paths, elsewhere they are loaded
- * through the vector layer's fp8 -> f32 conversion. fp8 NZ tiles are 32 wide (TILE).
+ * through the vector layer's fp8 -> f32 conversion (AVX2's GQA loop: lkv_load_f8_raw).
+ * fp8 NZ tiles are 32 wide (TILE).
  *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
  * a multiple of 16, 32 for fp8), head dims a multiple of 8 (a last partial vector where
@@ -58,6 +62,7 @@
  * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
  * allocated up front.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -705,6 +710,8 @@ typedef struct {
     int pv16;                  /* and v, out bf16: P rounded to bf16, P.V on bf16 pairs */
     int g4;                    /* pv16 with 4 query heads per KV head x 128 dims, no softcap or
                                   ALiBi: key-major scores, softmax over heads (decode_row_g4) */
+    int g4f;                   /* AVX2: query heads per KV head a multiple of 4, head dims
+                                  multiples of 2W, no softcap or ALiBi: decode_row_g4f */
 } decode_ctx;
 
 #define DB 16     /* keys per decode block */
@@ -1234,6 +1241,208 @@ static void scale_row(float *o, int64_t D, float alpha) {
     if (d < D) lkv_store_part(o + d, LK_F32, lkv_mul(lkv_load_part(o + d, LK_F32, D - d), va), D - d);
 }
 
+#if defined(LKV_AVX2)
+/* ---- the f32 GQA block loop (AVX2): decode_row_g4's shape on f32 FMAs
+ * Query heads per KV head a multiple of 4, taken 4 at a time; head dims multiples of 2W.
+ * Per block of DB keys and KV head: each K row converted once for the 4 heads (2W dims
+ * per step into two vectors, 8 accumulators, q read from L1), the 4 sums reduced side
+ * by side (lkv_hsum4_store) into key-major scores S[j][h]; one online-softmax step over
+ * W heads per vector (P kept in f32, in S); then per 2W dims of V the 4 heads' 8
+ * accumulators start from alpha * O and take every key of the block (V converted once
+ * for the 4), stored once. Row dims are converted in the order of load2_raw: bf16 even /
+ * odd within 2W dims (q permuted alike once per row, O put back at the row's end), other
+ * dtypes in order. fp8 K/V by F16C (lkv_load_f8_raw): e4m3 is read as value / 256, the
+ * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
+ * value, found per block by byte maxima (lkv_e4m3_nan_acc) and put in afterwards: a NaN
+ * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
+ * d NaN for them, whatever the weight, as the reference's sums do. */
+
+/* element e (< 2W) of the two vectors of load2_raw is dim g4f_dim(e) of the 2W */
+static inline int g4f_dim(int e, lk_dtype dt) {
+    return dt == LK_BF16 ? (e < LKV_W ? 2 * e : 2 * (e - LKV_W) + 1) : e;
+}
+
+/* 2W dims of a K/V row at p (contiguous) as two f32 vectors, in g4f_dim order; e4m3 / 256
+ * with its NaN code finite */
+LK_ALWAYS_INLINE void load2_raw(const char *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
+    if (dt == LK_BF16) lkv_bf16_load_eo(p, a, b);
+    else if (lk_is_fp8(dt)) *a = lkv_load_f8_raw(p, dt), *b = lkv_load_f8_raw(p + LKV_W, dt);
+    else *a = lkv_load(p, dt), *b = lkv_load(p + LKV_W * lk_esize(dt), dt);
+}
+
+/* e4m3 NaN codes of the D codes of the row at p (32-code tiles cs bytes apart) folded
+ * into acc; a last 16 codes (D % 32 == 16, ND rows only) checked one by one and, when
+ * one is a NaN code, all_nan folded in */
+static const uint8_t all_nan[32] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+static inline lkv_c32 row_e4m3_nan(lkv_c32 acc, const char *p, int64_t cs, int64_t D) {
+    int64_t d = 0;
+    for (; d + 32 <= D; d += 32) acc = lkv_e4m3_nan_acc(acc, p + chunk_off(d, cs, 1));
+    for (; d < D; d++)
+        if ((p[dim_off(0, cs, d, 1)] & 0x7f) == 0x7f) return lkv_e4m3_nan_acc(acc, all_nan);
+    return acc;
+}
+
+/* S[jj][h] = scores of the block's nb keys for every head (K rows kbase [nb], the next
+ * block's [nb, nk) prefetched into L2), q rows qs [Hq][D] scaled and in g4f_dim order */
+LK_ALWAYS_INLINE void scores_g4f(const lk_attn_args *a, const float *qs, const int64_t *kbase, int64_t nb,
+                                 int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, lk_dtype kt) {
+    const int64_t Hk = a->Hk, G = a->Hq / Hk, D = a->Dqk, kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data;
+    const float f = kt == LK_F8E4M3 ? 256.0f : 1.0f;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        for (int64_t g0 = 0; g0 < G; g0 += 4) {
+            const float *q = qs + (kh * G + g0) * D;
+            for (int64_t jj = 0; jj < nb; jj++) {
+                const char *kp = kd + kbase[jj] + kh * khs;
+                if (g0 == 0 && DB + jj < nk) prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, D, kes);
+                lkv_f32 acc[4][2];
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) acc[g][0] = acc[g][1] = lkv_zero();
+                for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
+                    lkv_f32 k0, k1;
+                    load2_raw(kp + chunk_off(d0, kcs, kes), kt, &k0, &k1);
+#pragma GCC unroll 4
+                    for (int g = 0; g < 4; g++) {
+                        acc[g][0] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[g][0]);
+                        acc[g][1] = lkv_fma(lkv_loadu(q + g * D + d0 + LKV_W), k1, acc[g][1]);
+                    }
+                }
+                lkv_hsum4_store(S + jj * sr + kh * G + g0, f, lkv_add(acc[0][0], acc[0][1]),
+                                lkv_add(acc[1][0], acc[1][1]), lkv_add(acc[2][0], acc[2][1]),
+                                lkv_add(acc[3][0], acc[3][1]));
+            }
+        }
+        if (kt == LK_F8E4M3) {
+            lkv_c32 m = lkv_c32_zero();
+            for (int64_t jj = 0; jj < nb; jj++) m = row_e4m3_nan(m, kd + kbase[jj] + kh * khs, kcs, D);
+            if (lkv_e4m3_nan_found(m))
+                for (int64_t jj = 0; jj < nb; jj++)
+                    if (lkv_e4m3_nan_found(row_e4m3_nan(lkv_c32_zero(), kd + kbase[jj] + kh * khs, kcs, D)))
+                        for (int64_t g = 0; g < G; g++) S[jj * sr + kh * G + g] = NAN;
+        }
+    }
+}
+
+/* the online-softmax step of one block for W heads at a time (softmax_g4's rules), heads
+ * [0, hw): S [DB][sr] scores of the nb keys -> P = exp(s - shift) in place, M, L [sr] the
+ * states' m and l, A [sr] alpha = exp(m_old - m_new) (1 where m is unchanged) */
+LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, float *M, float *L, float *A) {
+    for (int64_t h = 0; h < hw; h += LKV_W) {
+        lkv_f32 bmax = lkv_loadu(S + h);
+        for (int64_t jj = 1; jj < nb; jj++) bmax = lkv_max(bmax, lkv_loadu(S + jj * sr + h));
+        lkv_f32 m = lkv_loadu(M + h), mn = lkv_max(m, bmax);
+        mn = lkv_blend(mn, lkv_set1(NAN), lkv_unord(m, bmax)); /* lk_nanmax */
+        lkv_m changed = lkv_m_or(lkv_gt(mn, m), lkv_unord(mn, m));
+        lkv_f32 alpha = lkv_blend(lkv_set1(1.0f), lkv_exp(lkv_sub(m, mn)), changed);
+        lkv_f32 shift = lkv_zero_where(lkv_lt(mn, lkv_set1(-FLT_MAX)), mn); /* lk_online_shift */
+        lkv_f32 l = lkv_mul(lkv_loadu(L + h), alpha);
+        for (int64_t jj = 0; jj < nb; jj++) {
+            lkv_f32 p = lkv_exp(lkv_sub(lkv_loadu(S + jj * sr + h), shift));
+            l = lkv_add(l, p);
+            lkv_storeu(S + jj * sr + h, p);
+        }
+        lkv_storeu(M + h, mn), lkv_storeu(L + h, l), lkv_storeu(A + h, alpha);
+    }
+}
+
+/* o_g = A[g] o_g + sum_j P[j][g] v_j for the 4 heads g of o (rows D apart, g4f_dim order),
+ * P rows sr apart, V rows v [nb] (2W-dim pieces at chunk offsets, cs elements apart);
+ * the next block's V rows vn [nn] prefetched into L2, one per key */
+LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, const float *P, int64_t sr, const float *A, const char *const *v,
+                             int64_t nb, int64_t cs, lk_dtype dt, const char *const *vn, int64_t nn) {
+    const int64_t es = lk_esize(dt);
+    lkv_f32 al[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) al[g] = lkv_set1(A[g]);
+    for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
+        const int64_t off = chunk_off(d0, cs, es);
+        lkv_f32 acc[4][2];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            acc[g][0] = lkv_mul(lkv_loadu(o + g * D + d0), al[g]);
+            acc[g][1] = lkv_mul(lkv_loadu(o + g * D + d0 + LKV_W), al[g]);
+        }
+        for (int64_t jj = 0; jj < nb; jj++) {
+            if (d0 == 0 && jj < nn) prefetch_row_l2(vn[jj], cs, D, es);
+            lkv_f32 v0, v1;
+            load2_raw(v[jj] + off, dt, &v0, &v1);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                lkv_f32 p = lkv_set1(P[jj * sr + g]);
+                acc[g][0] = lkv_fma(p, v0, acc[g][0]);
+                acc[g][1] = lkv_fma(p, v1, acc[g][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            lkv_storeu(o + g * D + d0, acc[g][0]);
+            lkv_storeu(o + g * D + d0 + LKV_W, acc[g][1]);
+        }
+    }
+}
+
+/* the keys [lo, hi] of one query row of request b on the g4f path: states st [Hq], o
+ * [Hq][Dv] (zeros on entry), qs [Hq][Dqk] the scaled q rows (permuted here in place) */
+LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, lk_online_state *st, float *o,
+                                     float *qs, float *sc, lk_dtype kt, lk_dtype vt) {
+    const lk_attn_args *a = c->a;
+    const int64_t Hq = a->Hq, Hk = a->Hk, G = Hq / Hk, Dqk = a->Dqk, Dv = a->Dv, sr = HQP(Hq);
+    const int64_t hw = (Hq + LKV_W - 1) / LKV_W * LKV_W;
+    const int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
+    const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
+    float *S = sc, *M = S + DB * sr, *L = M + sr, *A = L + sr; // S [DB][sr], M, L, A [sr]
+    if (kt == LK_BF16) /* q in load2_raw's order of K */
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t d0 = 0; d0 < Dqk; d0 += 2 * LKV_W) {
+                float t[2 * LKV_W], *qh = qs + h * Dqk + d0;
+                memcpy(t, qh, sizeof t);
+                for (int e = 0; e < 2 * LKV_W; e++) qh[e] = t[g4f_dim(e, kt)];
+            }
+    for (int64_t i = 0; i < DB * sr; i++) S[i] = 0.0f;
+    for (int64_t h = 0; h < sr; h++) M[h] = -INFINITY, L[h] = 0.0f, A[h] = 1.0f;
+    for (int64_t jb = lo; jb <= hi; jb += DB) {
+        int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
+        int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
+        key_offsets(a, &a->kc, b, jb, nk, kbase);
+        key_offsets(a, &a->vc, b, jb, nk, vbase);
+        if (kcs == TILE(kes)) scores_g4f(a, qs, kbase, nb, nk, TILE(kes), khs, S, sr, kt);
+        else scores_g4f(a, qs, kbase, nb, nk, kcs, khs, S, sr, kt);
+        softmax_g4f(S, sr, hw, nb, M, L, A);
+        const char *vd = (const char *)a->vc.data;
+        for (int64_t kh = 0; kh < Hk; kh++) {
+            const char *vp[DB], *vn[DB];
+            for (int64_t jj = 0; jj < nb; jj++) vp[jj] = vd + vbase[jj] + kh * vhs;
+            for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = vd + vbase[jj] + kh * vhs;
+            for (int64_t g0 = 0; g0 < G; g0 += 4) {
+                int64_t h0 = kh * G + g0, nn = g0 == 0 ? nk - DB : 0;
+                if (vcs == TILE(ves)) pv_g4f(o + h0 * Dv, Dv, S + h0, sr, A + h0, vp, nb, TILE(ves), vt, vn, nn);
+                else pv_g4f(o + h0 * Dv, Dv, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn);
+            }
+            if (vt == LK_F8E4M3) { /* NaN codes of V: those dims NaN for the KV head's heads */
+                lkv_c32 m = lkv_c32_zero();
+                for (int64_t jj = 0; jj < nb; jj++) m = row_e4m3_nan(m, vp[jj], vcs, Dv);
+                if (lkv_e4m3_nan_found(m))
+                    for (int64_t jj = 0; jj < nb; jj++)
+                        for (int64_t d = 0; d < Dv; d++)
+                            if ((vp[jj][dim_off(0, vcs, d, 1)] & 0x7f) == 0x7f)
+                                for (int64_t g = 0; g < G; g++) o[(kh * G + g) * Dv + d] = NAN;
+            }
+        }
+    }
+    const float vf = vt == LK_F8E4M3 ? 256.0f : 1.0f;
+    for (int64_t h = 0; h < Hq; h++) {
+        st[h].m = M[h], st[h].l = L[h];
+        for (int64_t d0 = 0; d0 < Dv; d0 += 2 * LKV_W) { /* O's dims back in order, e4m3's 256 */
+            float t[2 * LKV_W], *oh = o + h * Dv + d0;
+            memcpy(t, oh, sizeof t);
+            for (int e = 0; e < 2 * LKV_W; e++) oh[g4f_dim(e, vt)] = t[e] * vf;
+        }
+    }
+}
+#endif
+
 /* One chunk of keys for every head of one request: keys in blocks of DB, scores of the
  * block for all heads (keys in memory order, heads inside), one online-softmax update
  * per head and block, then P.V four keys at a time. */
@@ -1269,6 +1478,11 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
 #if defined(LKV_BF16DOT)
         if (c->g4) {
             decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
+            continue;
+        }
+#elif defined(LKV_AVX2)
+        if (c->g4f) {
+            decode_row_g4f(c, b, lo, hi, st, o, qs, sc, kt, vt);
             continue;
         }
 #endif
@@ -1442,7 +1656,7 @@ static lk_status run_decode(const lk_attn_args *a) {
     int nt = lk_plan_units(n_units);
     decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
-                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0, 0};
+                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0, 0, 0};
 #if defined(LKV_BF16DOT)
     c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
     /* P.V on bf16 pairs pays where four query heads share each zipped V pair (GQA groups
@@ -1450,6 +1664,9 @@ static lk_status run_decode(const lk_attn_args *a) {
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
     c.g4 = c.pv16 && a->Hq == 4 * a->Hk && a->Dqk == 128 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
+#elif defined(LKV_AVX2)
+    c.g4f = (a->Hq / a->Hk) % 4 == 0 && a->Dqk % (2 * LKV_W) == 0 && a->Dv % (2 * LKV_W) == 0 && !(a->softcap > 0) &&
+            !a->alibi;
 #endif
     c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
     c.sbuf = malloc(sizeof(float) * (size_t)(nt * SBUF_FLOATS(a->Hq)));

@@ -105,7 +105,21 @@ static inline lkv_i32 lkv__f8_encode(lkv_f32 x, lk_dtype dt) {
 
 /* W fp8 values of dtype dt (LK_F8E4M3 / LK_F8E5M2) at p, as f32 (exact); the store rounds
  * as lk_f32_to_f8e4m3 / e5m2 */
+#if defined(LKV_F8_F16C) /* AVX2: through f16 words (x86.h), the same bits */
+static inline lkv_f32 lkv_load_f8(const void *p, lk_dtype dt) {
+    return lkv__f8_load_f16c(_mm_loadl_epi64((const __m128i *)p), dt);
+}
+static inline lkv_f32 lkv__load_part_f8(const void *p, lk_dtype dt, int64_t n) {
+    uint8_t b[8] = {0};
+    memcpy(b, p, (size_t)n);
+    return lkv_load_f8(b, dt);
+}
+#else
 static inline lkv_f32 lkv_load_f8(const void *p, lk_dtype dt) { return lkv__f8_decode(lkv_u8_load(p), dt); }
+static inline lkv_f32 lkv__load_part_f8(const void *p, lk_dtype dt, int64_t n) {
+    return lkv__f8_decode(lkv_u8_load_part(p, n), dt);
+}
+#endif
 static inline void lkv_store_f8(void *p, lk_dtype dt, lkv_f32 v) { lkv_u8_store(p, lkv__f8_encode(v, dt)); }
 
 /* ---- typed loads / stores (dt a literal after inlining: the branches fold) ---- */
@@ -125,7 +139,7 @@ static inline void lkv_store(void *p, lk_dtype dt, lkv_f32 v) {
 
 /* first n (0 <= n <= W) elements; other lanes 0 / not written */
 static inline lkv_f32 lkv_load_part(const void *p, lk_dtype dt, int64_t n) {
-    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) return lkv__f8_decode(lkv_u8_load_part(p, n), dt);
+    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) return lkv__load_part_f8(p, dt, n);
     return lkv__load_part_fh(p, dt, n);
 }
 

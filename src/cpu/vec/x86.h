@@ -322,12 +322,60 @@ static inline lkv_bits lkv__pack2_bf16(lkv_f32 a, lkv_f32 b) {
 static inline lkv_half lkv__low_half(lkv_bits v) { return _mm256_castsi256_si128(v); }
 static inline lkv_half lkv__high_half(lkv_bits v) { return _mm256_extracti128_si256(v, 1); }
 
+/* fp8 -> f32 through F16C (LKV_F8_F16C: lkv.h's lkv_load_f8 uses it): W codes at p as W
+ * f16 words, then VCVTPH2PS (exact, f16 subnormals included; MXCSR's DAZ is not applied).
+ * e5m2 is an f16's high byte (inf and NaN codes too: an f16 NaN converts with its payload
+ * shifted up and quieted, as src/core/fp8.h's). e4m3: the code sign-extended and shifted
+ * left 7 puts its 7 magnitude bits under f16's exponent bias (S.0EEEE.MMM0000000, the
+ * copy of the sign in bit 14 masked off): the f16 is value / 256 exactly, normal and
+ * subnormal codes alike, except the NaN code S.1111.111, which reads as 1.875.
+ * lkv_load_f8_raw stops there (the f32 of those f16s: callers scale by 256 and treat the
+ * NaN code themselves); lkv__f8_load_f16c turns the NaN code's f16 into the quiet NaN
+ * S.11111.1000000000 (its f32 is sign | 0x7fc00000, fp8.h's) and multiplies by 256. */
+#define LKV_F8_F16C 1
+static inline __m128i lkv__f8_half(__m128i c, lk_dtype dt) {
+    if (dt == LK_F8E5M2) return _mm_unpacklo_epi8(_mm_setzero_si128(), c);
+    return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(c), 7), _mm_set1_epi16((short)0xbfff));
+}
+static inline lkv_f32 lkv_load_f8_raw(const void *p, lk_dtype dt) {
+    return _mm256_cvtph_ps(lkv__f8_half(_mm_loadl_epi64((const __m128i *)p), dt));
+}
+static inline lkv_f32 lkv__f8_load_f16c(__m128i c, lk_dtype dt) {
+    __m128i h = lkv__f8_half(c, dt);
+    if (dt == LK_F8E5M2) return _mm256_cvtph_ps(h);
+    /* 0x3f80 ^ 0x4180 = 0x7e00: the NaN code's magnitude becomes f16's quiet NaN */
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+    h = _mm_xor_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x4180)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+
+/* lane g (0..3) of the result = out[g] = s * (the sum of the lanes of a, b, c, d): pairs
+ * within 128-bit lanes by unpacks, then the two halves */
+static inline void lkv_hsum4_store(float *out, float s, lkv_f32 a, lkv_f32 b, lkv_f32 c, lkv_f32 d) {
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b)); /* a02 b02 a13 b13 */
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xee));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(s)));
+}
+
 /* the transpose's last stage (see the AVX-512 one): lanes of u[k] and u[4 + k] */
 static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
     for (int k = 0; k < 4; k++) r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20), r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
 }
 
 #endif /* ---------------------------------------------------------------- both */
+
+/* e4m3 NaN codes (S.1111.111) among raw bytes, 32 at a time: acc = lkv_e4m3_nan_acc(acc, p)
+ * from acc = lkv_c32_zero() keeps the byte-wise max of (byte | 0x80), which is 0xff
+ * exactly where some byte seen was 0x7f or 0xff; lkv_e4m3_nan_found(acc) tells that */
+static inline lkv_c32 lkv_c32_zero(void) { return _mm256_setzero_si256(); }
+static inline lkv_c32 lkv_e4m3_nan_acc(lkv_c32 acc, const void *p) {
+    return _mm256_max_epu8(acc, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80)));
+}
+static inline int lkv_e4m3_nan_found(lkv_c32 acc) {
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, _mm256_set1_epi8(-1))) != 0;
+}
 
 #if defined(LKV_BF16DOT) /* ------------------------ AVX512_BF16 (-mavx512bf16) */
 /* acc[i] += a[2i] b[2i] + a[2i + 1] b[2i + 1]: 2W bf16 values of a and b as W pairs, the
