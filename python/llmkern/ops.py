@@ -336,6 +336,65 @@ def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_
     return out, scales
 
 
+# ---------------------------------------------------------------- int8 activations
+# vLLM's static_scaled_int8_quant / dynamic_scaled_int8_quant (written in place) and the
+# scaled_int8_quant wrapper that allocates (out int8, scale, azp) as vLLM's does.
+
+
+def _azp_in(azp):
+    """A static zero point: an int becomes a one-element int32 array (validated in C)."""
+    if isinstance(azp, (int, np.integer)) and not isinstance(azp, bool):
+        return np.array([azp], dtype=np.int32)
+    return azp
+
+
+def static_scaled_int8_quant(out, input, scale, azp=None):
+    """out = sat8(round(input / scale)) (symmetric), or with azp (int32, one element)
+    sat8(sat32(round(input * (1 / scale))) + azp); round to nearest even, NaN -> 0."""
+    scale, azp = _scale_in(scale, "scale"), _azp_in(azp)  # kept alive through the call
+    s = L.static_scaled_int8_quant(_out(out, "out"), _view(input, "input"), _view(scale, "scale"), _view(azp, "azp"))
+    if s:
+        _raise(s)
+
+
+def dynamic_scaled_int8_quant(out, input, scales, azp=None):
+    """Per row r, symmetric (azp None): scales[r] = absmax / 127, out = sat8(round(input *
+    (127 / absmax))) (0 where absmax is 0); asymmetric: s = (max - min) / 255 = scales[r],
+    azp[r] = round(-128 - min / s), out = sat8(round(input * (1 / s)) + azp[r]) (a row with
+    s = 0: scale 0, azp 0, codes 0). scales [rows] or [rows, 1] f32, azp the same in int32."""
+    s = L.dynamic_scaled_int8_quant(_out(out, "out"), _view(input, "input"), _out(scales, "scales"),
+                                    None if azp is None else _out(azp, "azp"))
+    if s:
+        _raise(s)
+
+
+def _like(x, shape, dtype):
+    """A new contiguous array / tensor beside x; dtype a NumPy dtype (torch: the same name)."""
+    if L.is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name))
+    return np.empty(shape, dtype=dtype)
+
+
+def scaled_int8_quant(input, scale=None, azp=None, symmetric=True):
+    """vLLM's scaled_int8_quant: returns (out int8, scale, azp). scale given: static
+    per-tensor (azp must be given exactly when not symmetric; scale and azp are returned as
+    passed); else dynamic per token: scales [rows, 1] float32 and, when not symmetric, azp
+    [rows, 1] int32 (None when symmetric). out has input's shape."""
+    out = _like(input, tuple(input.shape), np.int8)
+    if scale is not None:
+        if symmetric != (azp is None):
+            raise ValueError("azp: must be given exactly for asymmetric static quantization (symmetric=%r, azp %s)"
+                             % (symmetric, "None" if azp is None else "given"))
+        static_scaled_int8_quant(out, input, scale, azp)
+        return out, scale, azp
+    n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
+    scales = _like(input, (n, 1), np.float32)
+    azps = None if symmetric else _like(input, (n, 1), np.int32)
+    dynamic_scaled_int8_quant(out, input, scales, azps)
+    return out, scales, azps
+
+
 # ---------------------------------------------------------------- KV cache
 
 
