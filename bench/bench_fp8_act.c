@@ -3,7 +3,9 @@
  * merge at llama3 32 heads x 128): bf16 inputs to e4m3 outputs. One row per op:
  * static / dynamic per-tensor / dynamic per-token scaled_fp8_quant, rms_norm +
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
- * merge_attn_states into fp8. Bytes: what the op must move once (inputs read, outputs
+ * merge_attn_states into fp8; and the int8 quantizers (scaled_int8_quant: static and
+ * dynamic per-token, symmetric and with a zero point, bf16 to i8; error: max
+ * |code - ref| / (1 + |ref|)). Bytes: what the op must move once (inputs read, outputs
  * written: a per-tensor dynamic scale reads the input twice but counts it once), set
  * against the read bandwidth probe. Error: max |out - ref| / (1 + |ref|) of the
  * dequantized codes against the reference kernel (0: bit-identical).
@@ -89,7 +91,57 @@ static void one_case(int op) {
     bench_free(b), bench_free(la), bench_free(lb);
 }
 
+/* ---- int8: scaled_int8_quant's two ops, symmetric and with a zero point ---- */
+
+typedef struct {
+    int dynamic, asym;
+    lk_tensor out, x, scale, azp, scales, azps;
+} i8_ctx;
+
+static void run_i8(void *p) {
+    i8_ctx *c = p;
+    if (c->dynamic) (void)(lk_dynamic_scaled_int8_quant)(&c->out, &c->x, &c->scales, c->asym ? &c->azps : NULL);
+    else (void)(lk_static_scaled_int8_quant)(&c->out, &c->x, &c->scale, c->asym ? &c->azp : NULL);
+}
+
+static void int8_case(int dynamic, int asym) {
+    int64_t T = 4096, D = 4096, n = T * D, s2[2] = {T, D};
+    float scale = 0.025f;
+    int32_t azp = 3;
+    /* int8 buffers allocated as 1-byte fp8 (zero-filled), viewed as i8 */
+    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
+    float *sc = bench_alloc(LK_F32, T, 0, 0);
+    int32_t *zp = bench_alloc(LK_I32, T, 0, 0);
+    i8_ctx c = {.dynamic = dynamic, .asym = asym};
+    c.out = lk_tensor_make(out, LK_I8, 2, s2);
+    c.x = lk_tensor_make(x, LK_BF16, 2, s2);
+    c.scale = lk_tensor_make(&scale, LK_F32, 1, (int64_t[]){1});
+    c.azp = lk_tensor_make(&azp, LK_I32, 1, (int64_t[]){1});
+    c.scales = lk_tensor_make(sc, LK_F32, 2, (int64_t[]){T, 1});
+    c.azps = lk_tensor_make(zp, LK_I32, 2, (int64_t[]){T, 1});
+    double ms = bench_time(run_i8, &c);
+    i8_ctx r = c;
+    r.out = lk_tensor_make(ref, LK_I8, 2, s2);
+    lk_isa isa = (lk_isa_current)();
+    (lk_set_isa)(LK_ISA_REF);
+    run_i8(&r);
+    (lk_set_isa)(isa);
+    run_i8(&c);
+    double err = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = ((const int8_t *)out)[i], b = ((const int8_t *)ref)[i], e = (a > b ? a - b : b - a) / (1.0 + (b < 0 ? -b : b));
+        if (e > err) err = e;
+    }
+    double bytes = (double)n * (2 + 1) + (dynamic ? (double)T * (asym ? 8 : 4) : 0);
+    char shp[64];
+    snprintf(shp, sizeof shp, "%lld x %lld", (long long)T, (long long)D);
+    bench_row(dynamic ? "dynamic_scaled_int8_quant" : "static_scaled_int8_quant", shp, asym ? "bf16->i8 azp" : "bf16->i8",
+              ms, bytes, BENCH_READ_BW, err);
+    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(zp);
+}
+
 void bench_fp8_act(void) {
     bench_section("fp8 activations (bandwidth-bound; ceiling = read bandwidth)");
     for (int op = 0; op < NQ; op++) one_case(op);
+    for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
 }

@@ -75,9 +75,10 @@ typedef enum lk_dtype {
     LK_F8E4M3 = 5, /* OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 */
     LK_F8E5M2 = 6, /* OCP float8 e5m2: bias 15, max 57344, inf / NaN as IEEE     */
     /* signed 8-bit integer (since 0.3): the quantized output of
-     * lk_rms_norm_dynamic_per_token_quant only (every other argument rejects it with
-     * LK_ERR_DTYPE naming it). f32 -> i8 rounds to nearest even, saturates to
-     * [-128, 127]; NaN gives 0. */
+     * lk_rms_norm_dynamic_per_token_quant and of the int8 quantizers
+     * (lk_static_scaled_int8_quant, lk_dynamic_scaled_int8_quant) only (every other
+     * argument rejects it with LK_ERR_DTYPE naming it). f32 -> i8 rounds to nearest even,
+     * saturates to [-128, 127]; NaN gives 0. */
     LK_I8 = 7
 } lk_dtype;
 
@@ -583,8 +584,8 @@ LK_API lk_status lk_mla_decode(const lk_tensor *out, const lk_tensor *lse, const
  * out is LK_F8E4M3 or LK_F8E5M2 (its dtype picks the format; fp8_max 448 / 57344);
  * inputs f32/f16/bf16, [..., D] with any strides; a row is the last dim. Scales are
  * f32 tensors: a per-tensor scale has one element ([1] or []), per-token scales one
- * per row ([rows] or [..., 1] with input's leading dims). An input scale (static
- * `scale`, `scale_ub`) must be finite and > 0, else LK_ERR_VALUE naming it. Dynamic
+ * per row ([rows], [rows, 1], or [..., 1] with input's leading dims). An input scale
+ * (static `scale`, `scale_ub`) must be finite and > 0, else LK_ERR_VALUE naming it. Dynamic
  * scales are written by the call:
  *   per tensor: scale = max(absmax(y) / fp8_max, min_scale)
  *   per token:  scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale)
@@ -602,7 +603,7 @@ LK_API lk_status lk_static_scaled_fp8_quant(const lk_tensor *out, const lk_tenso
 /* scale [1] f32 written (per-tensor dynamic scale), then out = fp8(input / scale) */
 LK_API lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
                                              const lk_tensor *scale);
-/* scales [rows] or [..., 1] f32 written per row, then out = fp8(input / scales[row]);
+/* scales [rows], [rows, 1] or [..., 1] f32 written per row, then out = fp8(input / scales[row]);
  * scale_ub [1] f32 or NULL bounds the absmax */
 LK_API lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
                                                        const lk_tensor *scales, const lk_tensor *scale_ub);
@@ -621,7 +622,7 @@ LK_API lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, co
                                                         const lk_tensor *residual, const lk_tensor *weight,
                                                         const lk_tensor *scale, float epsilon);
 /* RMSNorm (over round(input + residual), stored to residual, when residual is not NULL)
- * with dynamic per-token quantization: scales [rows] or [..., 1] written,
+ * with dynamic per-token quantization: scales [rows], [rows, 1] or [..., 1] written,
  * scale[r] = max(min(absmax(y[r]), scale_ub) / fp8_max, min_scale), out = fp8(y / scale[r]).
  * out may also be LK_I8 (vLLM's int8 output): scale[r] = max(min(absmax(y[r]), scale_ub)
  * / 127, FLT_EPSILON) (vLLM's int8 minimum; vLLM refuses scale_ub with int8, here it
@@ -642,6 +643,39 @@ LK_API lk_status lk_merge_attn_states_scaled(const lk_tensor *out, const lk_tens
                                              const lk_tensor *a, const lk_tensor *lse_a,
                                              const lk_tensor *b, const lk_tensor *lse_b,
                                              const lk_tensor *output_scale);
+
+/* ---------------------------------------------------------------- int8 activations
+ * (since 0.3; vLLM's static_scaled_int8_quant / dynamic_scaled_int8_quant, the ops behind
+ * vllm._custom_ops.scaled_int8_quant, with the CUDA kernels' arithmetic). out is LK_I8
+ * with input's shape [..., D]; input f32/f16/bf16, any strides; a row is the last dim.
+ * Every code is
+ *   out = sat8(sat32(rn(v)) + azp)        (azp = 0 when symmetric)
+ * with rn = round to nearest, ties to even, on the f32 value v (a NaN v counts as 0),
+ * sat32 saturating to int32, the sum exact (64-bit: CUDA's 32-bit add wraps where
+ * rn(v) saturates and azp > 0; here it saturates) and sat8 saturating to [-128, 127].
+ * v is one f32 operation per element, as vLLM's kernels:
+ *   static symmetric:   v = x / scale                          (a division)
+ *   static asymmetric:  v = x * (1 / scale)                    (the reciprocal, then a product)
+ *   dynamic symmetric:  scales[r] = absmax / 127, v = x * (absmax == 0 ? 0 : 127 / absmax)
+ *   dynamic asymmetric: s = (max - min) / 255, scales[r] = s;
+ *                       azp[r] = sat32(rn(-128 - min / s)) (NaN -> 0), v = x * (1 / s);
+ *                       a row with s == 0 (constant, all-zero) gets scale 0, azp 0, codes 0
+ * absmax, min and max are per row, over the f32 values, ignoring NaN (vLLM's fmaxf /
+ * fminf); a row without a non-NaN value (all NaN, or D == 0) counts as all-zero: scale
+ * 0 (azp 0), codes 0. An inf element makes the dynamic scale inf (then every code is
+ * azp: 0 symmetric), and a row whose only non-NaN values are one infinity gets a NaN
+ * asymmetric scale (inf - inf), codes 0. Outputs (out, scales, azp) must not overlap
+ * the inputs or each other. Results do not depend on the ISA or the thread count. */
+
+/* scale one f32 element ([] or [1]), finite and > 0 (else LK_ERR_VALUE naming it);
+ * azp NULL (symmetric) or one i32 element (the zero point added to every code). */
+LK_API lk_status lk_static_scaled_int8_quant(const lk_tensor *out, const lk_tensor *input,
+                                             const lk_tensor *scale, const lk_tensor *azp);
+/* scales written per row: [rows], [rows, 1] (vLLM's) or [..., 1] (input's leading dims,
+ * then 1), f32; azp NULL (symmetric), or written per row in one of the same shapes, i32
+ * (asymmetric). */
+LK_API lk_status lk_dynamic_scaled_int8_quant(const lk_tensor *out, const lk_tensor *input,
+                                              const lk_tensor *scales, const lk_tensor *azp);
 
 #ifdef __cplusplus
 }

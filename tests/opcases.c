@@ -725,6 +725,42 @@ static void make_norm_token_i8(oc_inst *in, oc_size sz) {
     o->t = o->buf.t;
 }
 
+/* ---------------------------------------------------------------- int8 activations */
+
+static void make_i8q(oc_inst *in, oc_size sz, lk_dtype xt) {
+    int64_t R = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 48 : 3, D = sz == OC_LARGE ? 1024 : sz ? 520 : 40;
+    int64_t s[2] = {R, D};
+    add(in, "out", LK_I8, 2, s, 1, 1);
+    in->arg[0].i8 = 1;
+    tu_fill_uniform(add(in, "input", xt, 2, s, 0, 1), -3, 3);
+}
+static void make_i8q_static(oc_inst *in, oc_size sz) { /* symmetric: no azp */
+    make_i8q(in, sz, LK_BF16);
+    add_scale(in, "scale", 0.0125f, 0);
+}
+static lk_status call_i8q_static(const oc_inst *in) {
+    return lk_static_scaled_int8_quant(T(in, 0), T(in, 1), T(in, 2), in->nargs > 3 ? T(in, 3) : NULL);
+}
+static void make_i8q_static_azp(oc_inst *in, oc_size sz) {
+    make_i8q(in, sz, LK_F32);
+    add_scale(in, "scale", 0.02f, 0);
+    tu_set(add(in, "azp", LK_I32, 1, (int64_t[]){1}, 0, 0), 0, -7);
+    in->arg[3].optional = 1; /* NULL: symmetric */
+}
+static void make_i8q_dynamic(oc_inst *in, oc_size sz) { /* symmetric: no azp */
+    make_i8q(in, sz, LK_F16);
+    add(in, "scales", LK_F32, 2, (int64_t[]){in->arg[1].t.shape[0], 1}, 1, 1);
+}
+static lk_status call_i8q_dynamic(const oc_inst *in) {
+    return lk_dynamic_scaled_int8_quant(T(in, 0), T(in, 1), T(in, 2), in->nargs > 3 ? T(in, 3) : NULL);
+}
+static void make_i8q_dynamic_azp(oc_inst *in, oc_size sz) {
+    make_i8q(in, sz, LK_BF16);
+    add(in, "scales", LK_F32, 1, (int64_t[]){in->arg[1].t.shape[0]}, 1, 0);
+    add(in, "azp", LK_I32, 2, (int64_t[]){in->arg[1].t.shape[0], 1}, 1, 1);
+    in->arg[3].optional = 1; /* NULL: symmetric */
+}
+
 static void make_merge_fp8(oc_inst *in, oc_size sz) {
     make_merge2(in, sz);
     oc_arg *o = &in->arg[0];
@@ -804,6 +840,11 @@ const oc_op OC_OPS[] = {
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_i8, call_norm_token},
     {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
+    /* int8 activations */
+    {"lk_static_scaled_int8_quant", make_i8q_static, call_i8q_static},          /* symmetric */
+    {"lk_static_scaled_int8_quant", make_i8q_static_azp, call_i8q_static},      /* azp */
+    {"lk_dynamic_scaled_int8_quant", make_i8q_dynamic, call_i8q_dynamic},       /* symmetric */
+    {"lk_dynamic_scaled_int8_quant", make_i8q_dynamic_azp, call_i8q_dynamic},   /* azp written */
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 

@@ -474,6 +474,32 @@ static void test_empty(void) {
              "written");
 }
 
+/* per-token scales of a 3-D input: [rows], [rows, 1] (vLLM's [numel / D, 1]) and the
+ * leading dims and 1 give the same bits (quantizer and norm) */
+static void test_scale_shapes(void) {
+    enum { A = 2, B = 3, D = 24 };
+    float x[A][B][D], sc[3][A * B];
+    uint8_t q[3][A][B][D];
+    for (int a = 0; a < A; a++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < D; i++) x[a][b][i] = (float)((a * 5 + b * 7 + i * 3) % 13) - 6.0f;
+    lk_tensor tx = lk_tensor_make(x, LK_F32, 3, (int64_t[]){A, B, D});
+    static const int NDS[3] = {1, 2, 3};
+    static const int64_t SH[3][3] = {{A * B}, {A * B, 1}, {A, B, 1}};
+    int ok = 1;
+    for (int op = 0; op < 2; op++) {
+        for (int f = 0; f < 3; f++) {
+            lk_tensor tq = lk_tensor_make(q[f], LK_F8E4M3, 3, (int64_t[]){A, B, D});
+            lk_tensor ts = lk_tensor_make(sc[f], LK_F32, NDS[f], SH[f]);
+            ok &= (op ? lk_rms_norm_dynamic_per_token_quant(&tq, &tx, NULL, &ts, 1e-6f, NULL, NULL)
+                      : lk_dynamic_per_token_scaled_fp8_quant(&tq, &tx, &ts, NULL)) == LK_OK;
+        }
+        ok &= !memcmp(q[0], q[1], sizeof q[0]) && !memcmp(q[0], q[2], sizeof q[0]) &&
+              !memcmp(sc[0], sc[1], sizeof sc[0]) && !memcmp(sc[0], sc[2], sizeof sc[0]);
+    }
+    tu_check(ok, "per-token fp8 quant of a 3-D input: scales [rows], [rows, 1] and [A, B, 1] give the same bits");
+}
+
 /* every buffer intact and the status / message as expected */
 static void expect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
     int intact = 1;
@@ -585,6 +611,7 @@ int main(void) {
     test_merge_grid();
     test_threads();
     test_empty();
+    test_scale_shapes();
     test_errors();
     lk_set_isa(isas[ni - 1]);
     return tu_finish("test_fp8_act");

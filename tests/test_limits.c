@@ -10,8 +10,9 @@
  *   fp8      the argument retyped LK_F8E4M3, and LK_F8E5M2 (same shape and element
  *            strides, so a smaller span in the same allocation): no operator takes
  *            fp8 yet, each rejects it naming the argument               LK_ERR_DTYPE
- *   i8       the argument retyped LK_I8 (every argument but the int8 out of
- *            lk_rms_norm_dynamic_per_token_quant rejects it)           LK_ERR_DTYPE
+ *   i8       the argument retyped LK_I8 (every argument but the int8 outs of
+ *            lk_rms_norm_dynamic_per_token_quant and the int8
+ *            quantizers rejects it)                                    LK_ERR_DTYPE
  *   offsets  a stride whose byte offsets overflow int64 (INT64_MAX / 2 on a dim of
  *            size >= 2), a stride of INT64_MIN (its magnitude overflows), an element
  *            count beyond int64 (dims multiplied out)                  LK_ERR_OVERFLOW

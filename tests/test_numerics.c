@@ -431,6 +431,48 @@ static void test_fp8_act(void) {
     }
 }
 
+/* the int8 quantizers' special values (docs/numerics.md "int8 activations"), per ISA */
+static void test_int8_act(void) {
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        float x[3][D], sc = 0.25f, scs[3];
+        int8_t q[3][D];
+        int32_t azp = -100, azs[3];
+        lk_tensor tx = t2(x, LK_F32, 3, D), tq = lk_tensor_make(q, LK_I8, 2, (int64_t[]){3, D});
+        lk_tensor ts = t1(&sc, LK_F32, 1), tz = t1(&azp, LK_I32, 1), tss = t1(scs, LK_F32, 3), tzs = t1(azs, LK_I32, 3);
+        /* static: x / 0.25 rounded to nearest even (0.125 -> 0.5 -> 0, 0.375 -> 1.5 -> 2), saturated
+         * (+-inf, 40 -> 160 -> 127), NaN -> 0, -0 -> 0 */
+        for (int r = 0; r < 3; r++)
+            for (int i = 0; i < D; i++) x[r][i] = 1.0f;
+        x[0][1] = 0.125f, x[0][2] = 0.375f, x[0][3] = INFINITY, x[0][4] = -INFINITY, x[0][5] = 40.0f, x[0][6] = NAN,
+        x[0][7] = -0.0f;
+        lk_static_scaled_int8_quant(&tq, &tx, &ts, NULL);
+        int ok = q[0][0] == 4 && q[0][1] == 0 && q[0][2] == 2 && q[0][3] == 127 && q[0][4] == -128 && q[0][5] == 127 &&
+                 q[0][6] == 0 && q[0][7] == 0 && q[2][D - 1] == 4;
+        tu_check(ok, "%s static_scaled_int8_quant: ties to even, +-inf and beyond-range saturate, NaN and -0 -> 0", isa);
+        /* azp -100: codes + azp after the rounding, saturated once (NaN -> azp, inf -> 127 - no wrap) */
+        lk_static_scaled_int8_quant(&tq, &tx, &ts, &tz);
+        ok = q[0][0] == -96 && q[0][1] == -100 && q[0][2] == -98 && q[0][3] == 127 && q[0][4] == -128 && q[0][5] == 60 &&
+             q[0][6] == -100 && q[0][7] == -100;
+        tu_check(ok, "%s static_scaled_int8_quant (azp): rn(x / scale) saturated to int32, + azp, saturated; NaN -> azp",
+                 isa);
+        /* dynamic: NaN ignored by absmax / min / max; an all-zero row: scale 0 (azp 0), codes 0;
+         * an inf: scale inf, codes 0 (symmetric) or azp (-128) */
+        for (int i = 0; i < D; i++) x[0][i] = (float)(i % 5) - 1.0f, x[1][i] = 0.0f, x[2][i] = (float)(i % 3);
+        x[0][6] = NAN, x[2][9] = INFINITY;
+        lk_dynamic_scaled_int8_quant(&tq, &tx, &tss, NULL);
+        ok = scs[0] == 3.0f / 127.0f && q[0][4] == 127 && q[0][6] == 0 && scs[1] == 0.0f && isinf(scs[2]);
+        for (int i = 0; i < D; i++) ok &= q[1][i] == 0 && q[2][i] == 0;
+        lk_dynamic_scaled_int8_quant(&tq, &tx, &tss, &tzs);
+        ok &= scs[0] == 4.0f / 255.0f && azs[0] == -64 && q[0][0] == -128 && q[0][4] == 127 && q[0][6] == -64;
+        ok &= scs[1] == 0.0f && azs[1] == 0 && isinf(scs[2]) && azs[2] == -128;
+        for (int i = 0; i < D; i++) ok &= q[1][i] == 0 && q[2][i] == -128;
+        tu_check(ok, "%s dynamic_scaled_int8_quant: NaN ignored (coded 0 / azp), zero row scale 0 and codes 0, an inf "
+                 "makes the scale inf", isa);
+    }
+}
+
 /* ---------------------------------------------------------------- merge */
 
 static void test_merge(void) {
@@ -1288,6 +1330,7 @@ int main(void) {
     test_fp8_cache();
     test_fp8_ops(); /* fp8 cache operators */
     test_fp8_act();
+    test_int8_act();
     test_merge();
     test_softmax();
     test_attention();

@@ -53,6 +53,11 @@ from .ops import (  # fp8 activations (vLLM's names)
     scaled_fp8_quant,
     static_scaled_fp8_quant,
 )
+from .ops import (  # int8 activations (vLLM's names)
+    dynamic_scaled_int8_quant,
+    scaled_int8_quant,
+    static_scaled_int8_quant,
+)
 
 __version__ = "0.3.0"
 
@@ -70,4 +75,6 @@ __all__ = [
     "scaled_fp8_quant", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
     "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
     "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
+    # int8 activations
+    "scaled_int8_quant", "static_scaled_int8_quant", "dynamic_scaled_int8_quant",
 ]

@@ -336,6 +336,65 @@ def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_
     return out, scales
 
 
+# ---------------------------------------------------------------- int8 activations
+# vLLM's static_scaled_int8_quant / dynamic_scaled_int8_quant (written in place) and the
+# scaled_int8_quant wrapper that allocates (out int8, scale, azp) as vLLM's does.
+
+
+def _azp_in(azp):
+    """A static zero point: an int becomes a one-element int32 array (validated in C)."""
+    if isinstance(azp, (int, np.integer)) and not isinstance(azp, bool):
+        return np.array([azp], dtype=np.int32)
+    return azp
+
+
+def static_scaled_int8_quant(out, input, scale, azp=None):
+    """out = sat8(round(input / scale)) (symmetric), or with azp (int32, one element)
+    sat8(sat32(round(input * (1 / scale))) + azp); round to nearest even, NaN -> 0."""
+    scale, azp = _scale_in(scale, "scale"), _azp_in(azp)  # kept alive through the call
+    s = L.static_scaled_int8_quant(_out(out, "out"), _view(input, "input"), _view(scale, "scale"), _view(azp, "azp"))
+    if s:
+        _raise(s)
+
+
+def dynamic_scaled_int8_quant(out, input, scales, azp=None):
+    """Per row r, symmetric (azp None): scales[r] = absmax / 127, out = sat8(round(input *
+    (127 / absmax))) (0 where absmax is 0); asymmetric: s = (max - min) / 255 = scales[r],
+    azp[r] = round(-128 - min / s), out = sat8(round(input * (1 / s)) + azp[r]) (a row with
+    s = 0: scale 0, azp 0, codes 0). scales [rows] or [rows, 1] f32, azp the same in int32."""
+    s = L.dynamic_scaled_int8_quant(_out(out, "out"), _view(input, "input"), _out(scales, "scales"),
+                                    None if azp is None else _out(azp, "azp"))
+    if s:
+        _raise(s)
+
+
+def _like(x, shape, dtype):
+    """A new contiguous array / tensor beside x; dtype a NumPy dtype (torch: the same name)."""
+    if L.is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name))
+    return np.empty(shape, dtype=dtype)
+
+
+def scaled_int8_quant(input, scale=None, azp=None, symmetric=True):
+    """vLLM's scaled_int8_quant: returns (out int8, scale, azp). scale given: static
+    per-tensor (azp must be given exactly when not symmetric; scale and azp are returned as
+    passed); else dynamic per token: scales [rows, 1] float32 and, when not symmetric, azp
+    [rows, 1] int32 (None when symmetric). out has input's shape."""
+    out = _like(input, tuple(input.shape), np.int8)
+    if scale is not None:
+        if symmetric != (azp is None):
+            raise ValueError("azp: must be given exactly for asymmetric static quantization (symmetric=%r, azp %s)"
+                             % (symmetric, "None" if azp is None else "given"))
+        static_scaled_int8_quant(out, input, scale, azp)
+        return out, scale, azp
+    n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
+    scales = _like(input, (n, 1), np.float32)
+    azps = None if symmetric else _like(input, (n, 1), np.int32)
+    dynamic_scaled_int8_quant(out, input, scales, azps)
+    return out, scales, azps
+
+
 # ---------------------------------------------------------------- KV cache
 
 
@@ -837,6 +896,76 @@ def _tokens_view(x, name, writable=False):
     return L.pack(p, dt, shape, st, name)
 
 
+def _cache_bytes(c):
+    """An fp8 cache as its bytes (a uint8 view of the same shape and strides), any other
+    cache as itself: the slots of an append are saved and put back through it (torch
+    indexes no float8 tensors)."""
+    if _fp8_code(c) is None:
+        return c
+    if L.is_torch(c):
+        import torch
+        return c.view(torch.uint8)
+    return c.view(np.uint8)
+
+
+_KV_STATUS = {"LK_ERR_SHAPE": 3, "LK_ERR_DTYPE": 4, "LK_ERR_VALUE": 9}
+
+
+def _kv_fail(status, msg):
+    raise LlmkernError(_KV_STATUS[status], status, "flash_attn_with_kvcache: " + msg)
+
+
+def _append_scales(x, name, B, Hk):
+    """The scales an append to an fp8 cache quantizes with: the cache's descale x (None: 1).
+    Checked as the attention checks a descale (f32; [], [1], [Hk] or [B, Hk]; finite > 0),
+    since the write comes before the attention. Returns one scale for every request (x, a
+    0-d array for a number, or row 0 of a [B, Hk] x whose rows are all equal), or the B rows
+    of a [B, Hk] x (each request's tokens quantized with its own row)."""
+    if x is None:
+        return [None]
+    if isinstance(x, (int, float, np.generic)) and not isinstance(x, (bool, np.bool_)):
+        x = np.array(x, dtype=np.float32)
+    a = x.detach().cpu().numpy() if L.is_torch(x) else np.asarray(x)
+    if a.dtype != np.float32:
+        _kv_fail("LK_ERR_DTYPE", "%s: dtype %s not supported (f32)" % (name, getattr(x, "dtype", a.dtype)))
+    if a.shape not in ((), (1,), (Hk,), (B, Hk)):
+        _kv_fail("LK_ERR_SHAPE", "%s: shape %s: expected [], [1], [%d] or [%d, %d]" % (name, a.shape, Hk, B, Hk))
+    bad = ~(np.isfinite(a) & (a > 0))
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0]) if a.ndim else ()
+        _kv_fail("LK_ERR_VALUE", "%s%s: value %g must be finite and > 0" % (name, list(i) if i else "", float(a[i])))
+    if a.ndim < 2:
+        return [x]
+    if (a == a[:1]).all():
+        return [x[0]]
+    return [x[b] for b in range(B)]
+
+
+def _append_fp8(k, v, k_cache, v_cache, slots, f8, k_descale, v_descale):
+    """k, v [B, s_new, Hk, D] into fp8 caches at slots [B, s_new] (int64), quantized
+    fp8(x / descale) by lk_reshape_and_cache_flash_fp8: one call, or one per request when
+    a [B, Hk] descale's rows differ."""
+    B, Hk = int(slots.shape[0]), int(k.shape[2])
+    kc = L.fp8_out_view(k_cache, "k_cache", f8) if f8 is not None else _out(k_cache, "k_cache")
+    vc = L.fp8_out_view(v_cache, "v_cache", f8) if f8 is not None else _out(v_cache, "v_cache")
+    ks, vs = _append_scales(k_descale, "k_descale", B, Hk), _append_scales(v_descale, "v_descale", B, Hk)
+    nd = _layout("ND")
+    if len(ks) == 1 and len(vs) == 1:
+        sl = _side(k, slots.reshape(-1))
+        s = L.reshape_and_cache_flash_fp8(_tokens_view(k, "k"), _tokens_view(v, "v"), kc, vc, _view(sl, "slot_mapping"),
+                                          _view(ks[0], "k_descale"), _view(vs[0], "v_descale"), nd)
+        if s:
+            _raise(s)
+        return
+    for b in range(B):
+        sl = _side(k, slots[b])
+        kb, vb = ks[b if len(ks) > 1 else 0], vs[b if len(vs) > 1 else 0]
+        s = L.reshape_and_cache_flash_fp8(_view(k[b], "k"), _view(v[b], "v"), kc, vc, _view(sl, "slot_mapping"),
+                                          _view(kb, "k_descale"), _view(vb, "v_descale"), nd)
+        if s:
+            _raise(s)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -857,16 +986,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return_softmax_lse. On any error nothing is written: the cache slots of the append
     are put back. num_splits is ignored; cache_leftpad is not supported.
     fp8 caches (float8 types, or uint8 with kv_cache_dtype 'fp8' / 'fp8_e4m3' /
-    'fp8_e5m2') and an fp8 q with q/k/v_descale as flash_attn_varlen_func; appending k, v
-    to an fp8 cache is not supported (write them with reshape_and_cache_flash first)."""
+    'fp8_e5m2') and an fp8 q with q/k/v_descale as flash_attn_varlen_func. New k, v
+    (f32 / f16 / bf16, rotated first when asked) appended to an fp8 cache are quantized
+    as flash-attention and vLLM do, with the cache's dequantization scales:
+    fp8(k / k_descale), fp8(v / v_descale) (round to nearest even, saturated; None: 1),
+    by lk_reshape_and_cache_flash_fp8. A descale per tensor or per KV head [Hk] applies to
+    every request; a [B, Hk] descale quantizes request b's new tokens with its row b, the
+    row its attention dequantizes them with (one write per request where the rows differ).
+    Those descales are checked before the append (f32; [], [1], [Hk] or [B, Hk]; finite
+    and > 0: LlmkernError LK_ERR_DTYPE / LK_ERR_SHAPE / LK_ERR_VALUE naming them), and an
+    error after it puts the slots' old bytes back, as for 16/32-bit caches."""
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     if (k is None) != (v is None):
         raise ValueError("k, v: pass both new keys and new values, or neither")
     f8 = _kv_fp8(kv_cache_dtype)
-    if k is not None and (f8 is not None or _fp8_code(k_cache) is not None or _fp8_code(v_cache) is not None):
-        raise NotImplementedError("k, v: appending to an fp8 cache is not supported; write the new "
-                                  "keys with reshape_and_cache_flash(kv_cache_dtype='fp8') first")
+    cache_f8 = f8 is not None or _fp8_code(k_cache) is not None or _fp8_code(v_cache) is not None
     if len(q.shape) != 4:
         raise ValueError("q: shape %s, expected [batch, seqlen, heads, head_dim]" % (tuple(q.shape),))
     if len(k_cache.shape) != 4 or len(v_cache.shape) != 4:
@@ -932,22 +1067,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             kpos = (lens[:, None] + np.arange(s_new)[None, :]).reshape(-1).astype(np.int64)
             rotary_embedding(_side(k, kpos), kk.reshape(B * s_new, -1, D), None, D, cs, not rotary_interleaved)
             k = kk
-    # the append, with the old contents of its slots kept to put back on an error
+    # the append, with the old bytes of its slots kept to put back on an error
     saved = None
-    if s_new:
-        pos = lens[:, None] + np.arange(s_new)[None, :]
-        pages = np.take_along_axis(table.astype(np.int64), pos // bs, axis=1)
-        offs = pos % bs
-        pg, of = pages.reshape(-1), offs.reshape(-1)
-        slots = pg * bs + of
-        ipg, iof = _side(k_cache, pg), _side(k_cache, of)
-        saved = (ipg, iof, k_cache[ipg, iof].clone() if L.is_torch(k_cache) else k_cache[pg, of].copy(),
-                 v_cache[ipg, iof].clone() if L.is_torch(v_cache) else v_cache[pg, of].copy())
-        s = L.reshape_and_cache_flash(_tokens_view(k, "k"), _tokens_view(v, "v"), _out(k_cache, "k_cache"),
-                                      _out(v_cache, "v_cache"), _view(_side(k, slots.astype(np.int64)), "slot_mapping"))
-        if s:
-            _raise(s)
     try:
+        if s_new:
+            pos = lens[:, None] + np.arange(s_new)[None, :]
+            pages = np.take_along_axis(table.astype(np.int64), pos // bs, axis=1)
+            offs = pos % bs
+            pg, of = pages.reshape(-1), offs.reshape(-1)
+            slots = (pg * bs + of).astype(np.int64)
+            rk, rv = _cache_bytes(k_cache), _cache_bytes(v_cache)
+            ipg, iof = _side(k_cache, pg), _side(k_cache, of)
+            saved = (rk, rv, ipg, iof, rk[ipg, iof].clone() if L.is_torch(rk) else rk[pg, of].copy(),
+                     rv[ipg, iof].clone() if L.is_torch(rv) else rv[pg, of].copy())
+            if cache_f8:
+                _append_fp8(k, v, k_cache, v_cache, slots.reshape(B, s_new), f8, k_descale, v_descale)
+            else:
+                sl = _side(k, slots)  # alive through the call
+                s = L.reshape_and_cache_flash(_tokens_view(k, "k"), _tokens_view(v, "v"), _out(k_cache, "k_cache"),
+                                              _out(v_cache, "v_cache"), _view(sl, "slot_mapping"))
+                if s:
+                    _raise(s)
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
         dv = int(v_cache.shape[-1])
@@ -966,22 +1106,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         keep = None
         if isinstance(params, tuple):
             params, keep = params
+        # index tensors in locals: a view holds a pointer, not a reference
         cu_q = _side(q, (np.arange(B + 1) * sq).astype(np.int32))
-        st = L.flash_attn_varlen(_tokens_view(out, "out", True),
-                                 None if lse is None else _view(lse.reshape(B * sq, Hq), "lse"),
+        used, tab = _side(q, total.astype(np.int32)), _side(q, table)
+        lse2 = None if lse is None else lse.reshape(B * sq, Hq)
+        st = L.flash_attn_varlen(_tokens_view(out, "out", True), None if lse2 is None else _view(lse2, "lse"),
                                  _tokens_view(qq, "q"), L.fp8_view(k_cache, "k_cache", f8),
                                  L.fp8_view(v_cache, "v_cache", f8),
-                                 _view(cu_q, "cu_seqlens_q"), None,
-                                 _view(_side(q, total.astype(np.int32)), "cache_seqlens"),
-                                 _view(_side(q, table), "block_table"), params)
+                                 _view(cu_q, "cu_seqlens_q"), None, _view(used, "cache_seqlens"),
+                                 _view(tab, "block_table"), params)
         del keep
         if st:
             _raise(st)
     except BaseException:
-        if saved is not None:  # put the appended slots back
-            ipg, iof, ok, ov = saved
-            k_cache[ipg, iof] = ok
-            v_cache[ipg, iof] = ov
+        if saved is not None:  # put the appended slots' bytes back
+            rk, rv, ipg, iof, ok, ov = saved
+            rk[ipg, iof] = ok
+            rv[ipg, iof] = ov
         raise
     if return_softmax_lse:
         return out, (lse.transpose(1, 2) if L.is_torch(lse) else lse.transpose(0, 2, 1))

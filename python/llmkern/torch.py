@@ -121,6 +121,13 @@ _register("rms_norm_dynamic_per_token_quant",
           lambda result, input, weight, scale, epsilon, scale_ub, residual:
           _ops.rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub, residual))
 
+# ---------------------------------------------------------------- int8 activations (vLLM's _C schemas)
+
+_register("static_scaled_int8_quant", "(Tensor! result, Tensor input, Tensor scale, Tensor? azp) -> ()",
+          lambda result, input, scale, azp: _ops.static_scaled_int8_quant(result, input, scale, azp))
+_register("dynamic_scaled_int8_quant", "(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> ()",
+          lambda result, input, scale, azp: _ops.dynamic_scaled_int8_quant(result, input, scale, azp))
+
 # ---------------------------------------------------------------- attention
 
 _register("merge_attn_states",

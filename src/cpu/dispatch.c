@@ -85,6 +85,7 @@ static void fill_ref(lk_kernel_table *r) {
     /* fp8 activations */
     r->fp8_quant = lk_ref_fp8_quant;
     r->rms_norm_quant = lk_ref_rms_norm_quant;
+    r->int8_quant = lk_ref_int8_quant; /* int8 activations */
 }
 
 static void fill_tables(void) {

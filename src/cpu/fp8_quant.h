@@ -77,9 +77,11 @@ lk_status lk_q_check_out_i8(const lk_tensor *out, const char *name, int i8);
 lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v);
 /* a written per-tensor scale: f32, one element */
 lk_status lk_q_scale_out(const lk_tensor *t, const char *name);
-/* written per-row scales of x [..., D]: [rows] or [..., 1] (x's leading dims), f32, no
- * self overlap; *view = the [..., 1] form (the one the kernels walk) */
+/* written per-row scales of x [..., D]: [rows], [rows, 1] or [..., 1] (x's leading dims),
+ * f32, no self overlap; *view = the [..., 1] form (the one the kernels walk) */
 lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view);
+/* the same for written per-row values of dtype dt (f32 scales, i32 zero points) */
+lk_status lk_q_rows_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view, lk_dtype dt);
 /* every per-row scale of view (the [..., 1] form) = v: rows of D == 0, no kernel call */
 lk_status lk_q_fill_scales(const lk_tensor *view, float v);
 

@@ -109,6 +109,18 @@ typedef struct {
     float ub;          /* LK_Q_TOKEN: scale_ub, or +inf without one */
 } lk_fp8_quant_args;
 
+/* scaled_int8_quant (src/ops/int8_quant.c, src/cpu/int8_quant.h): out = sat8(sat32(rn(v))
+ * + azp), v = x / scale (static symmetric) or x * mul (the others) */
+typedef struct {
+    lk_tensor out, x;  /* out i8, x float: [..., D] */
+    int dynamic;       /* 0: static (scale, azp given); 1: per row (scales, azps written) */
+    int asym;          /* with a zero point (static: azp; dynamic: azps written) */
+    float scale;       /* static: the validated scale */
+    int32_t azp;       /* static asymmetric: the zero point */
+    lk_tensor scales;  /* dynamic: [..., 1] f32 view (a [rows] view reshaped) */
+    lk_tensor azps;    /* dynamic asymmetric: [..., 1] i32 view */
+} lk_int8_quant_args;
+
 /* the rms_norm + quant ops: y = x_or_residual * inv_rms * w; out = fp8(y / scale) */
 typedef struct {
     lk_tensor out, x, w;  /* out fp8 [..., D]; x [..., D]; w [D] (stride 0: no weight) */
@@ -346,6 +358,7 @@ typedef struct {
     /* fp8 activations */
     lk_status (*fp8_quant)(const lk_fp8_quant_args *a);
     lk_status (*rms_norm_quant)(const lk_rms_norm_quant_args *a);
+    lk_status (*int8_quant)(const lk_int8_quant_args *a); /* int8 activations */
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -372,6 +385,7 @@ lk_status lk_ref_convert_fp8(const lk_convert_fp8_args *a);         /* fp8 cache
 /* fp8 activations */
 lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a);
 lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a);
+lk_status lk_ref_int8_quant(const lk_int8_quant_args *a); /* int8 activations */
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

@@ -49,23 +49,32 @@ lk_status lk_q_scale_in(const lk_tensor *t, const char *name, float *v) {
 lk_status lk_q_scale_out(const lk_tensor *t, const char *name) { return scale_view(t, name); }
 
 lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view) {
+    return lk_q_rows_out(t, name, x, view, LK_F32);
+}
+
+lk_status lk_q_rows_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view, lk_dtype dt) {
     lk_status s = lk_check_view(t, name, 1, LK_MAX_DIMS);
     if (s) return s;
-    if (t->dtype != LK_F32)
-        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (scales are f32)", name, lk_dtype_name(t->dtype));
+    if (t->dtype != dt)
+        return lk_fail(LK_ERR_DTYPE, "%s: dtype %s not supported (%s are %s)", name, lk_dtype_name(t->dtype),
+                       dt == LK_F32 ? "scales" : "zero points", lk_dtype_name(dt));
     int nd = x->ndim, ok;
     int64_t rows = lk_rows(x, 1);
+    /* flat: [rows], or [rows, 1] whatever x's rank (vLLM allocates [numel / D, 1]) */
+    int flat = t->ndim == 1 || (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == 1);
     if (t->ndim == 1) ok = t->shape[0] == rows;
+    else if (flat) ok = 1;
     else {
         ok = t->ndim == nd && t->shape[nd - 1] == 1;
         for (int d = 0; ok && d < nd - 1; d++) ok = t->shape[d] == x->shape[d];
     }
     if (!ok)
-        return lk_fail(LK_ERR_SHAPE, "%s: shape %s, expected [%lld] or the input's leading dims and 1 (one scale "
-                       "per row of input %s)", name, lk_shape_str(t), (long long)rows, lk_shape_str(x));
+        return lk_fail(LK_ERR_SHAPE, "%s: shape %s, expected [%lld], [%lld, 1] or the input's leading dims and 1 "
+                       "(one value per row of input %s)", name, lk_shape_str(t), (long long)rows, (long long)rows,
+                       lk_shape_str(x));
     if ((s = lk_check_no_self_overlap(t, name))) return s;
     *view = *t;
-    if (t->ndim == 1) { /* [rows] stride s0 as x's leading dims + [1] */
+    if (flat) { /* [rows] (or [rows, 1]) stride s0 as x's leading dims + [1] */
         /* no rows: strides 0; else every partial product is at most s0 * rows, within the
          * view's validated extent (rows >= 2) or s0 itself (rows == 1) */
         int64_t st = rows > 0 ? t->stride[0] : 0;

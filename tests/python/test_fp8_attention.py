@@ -205,7 +205,7 @@ def test_torch_vllm_call(rng, kvdt, layout):
 
 
 def test_torch_kvcache_fp8(rng):
-    """flash_attn_with_kvcache over float8 caches with descales; appends refused"""
+    """flash_attn_with_kvcache over float8 caches with descales (no append)"""
     torch = torch_or_skip()
     B, Hq, Hk, D, S = 2, 4, 1, 32, 12
     kcu = torch.from_numpy(codes(rng, (B, S, Hk, D), "fp8"))
@@ -220,6 +220,206 @@ def test_torch_kvcache_fp8(rng):
     want = ref_attn(q.numpy().reshape(B, Hq, D).astype(np.float64), K, V, np.array([0, 1, 2]), lens.tolist(),
                     np.float64(np.float32(1 / math.sqrt(D))), True, ones, ones * 0.5, ones * 2.0)
     assert np.abs(out.numpy().reshape(B, Hq, D) - want).max() <= 3e-5 * (1 + np.abs(want).max())
-    with pytest.raises(NotImplementedError, match="fp8"):
-        lk.flash_attn_with_kvcache(q, kcu, vcu, k=q[:, :, :1], v=q[:, :, :1], cache_seqlens=lens,
-                                   kv_cache_dtype="fp8", k_descale=1.0)
+
+
+# ---------------------------------------------------------------- appends to fp8 caches
+
+
+def rope64(x, pos, cos, sin, interleaved):
+    """x [n, H, D] float64 rotated at positions pos [n] (flash-attention's rotary of the
+    first 2 * cos.shape[1] dims; GPT-J pairs when interleaved, else NeoX)"""
+    x = np.array(x, np.float64)
+    rot = 2 * cos.shape[1]
+    c, s_ = np.asarray(cos, np.float64)[pos][:, None, :], np.asarray(sin, np.float64)[pos][:, None, :]
+    if interleaved:
+        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
+        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s_, b * c + a * s_
+    else:
+        a, b = x[..., :rot // 2].copy(), x[..., rot // 2:rot].copy()
+        x[..., :rot // 2], x[..., rot // 2:rot] = a * c - b * s_, b * c + a * s_
+    return x
+
+
+def quantize(x32, descale, kv):
+    """the reference fp8 converter: uint8 codes of fp8(f32(x) / f32(descale)), saturated"""
+    m = np.float32(57344.0 if kv == "fp8_e5m2" else 448.0)
+    return np.clip(np.asarray(x32, np.float32) / np.float32(descale), -m, m).astype(f8_type(kv)).view(np.uint8)
+
+
+def within_half_step(codes_, y, kv, rel):
+    """the fp8 values of codes_ within half an fp8 step of y (float64), plus rel |y|"""
+    M, emin = (2, -14) if kv == "fp8_e5m2" else (3, -6)
+    e = np.floor(np.log2(np.maximum(np.abs(y), 2.0 ** emin)))
+    return np.all(np.abs(deq(codes_, kv) - y) <= 2.0 ** (e - M - 1) * (1 + 1e-6) + rel * np.abs(y))
+
+
+def descale_table(form, B, Hk, base):
+    """[B, Hk] float64 descales and the argument: a number, per KV head [Hk], or [B, Hk]
+    with a row per request"""
+    if form == "number":
+        return np.full((B, Hk), np.float64(np.float32(base))), float(base)
+    if form == "heads":
+        a = (base * (1 + 0.5 * np.arange(Hk))).astype(np.float32)
+        return np.broadcast_to(a.astype(np.float64), (B, Hk)).copy(), a
+    a = (base * (1 + 0.25 * np.arange(B * Hk)).reshape(B, Hk)).astype(np.float32)
+    return a.astype(np.float64), a
+
+
+def kvcache_append_case(rng, torch, paged, rotary, kv, typed, form, kdt=None):
+    """One flash_attn_with_kvcache call appending k, v (2 tokens per request) to fp8
+    caches with descales, checked against the reference converter and a float64
+    attention over the dequantized cache; returns nothing (asserts)."""
+    B, sq, s_new, Hq, Hk, D = 3, 2, 2, 4, 2, 32
+    seqlens = np.array([5, 0, 17], np.int32)
+    if paged:
+        bs, NB, P = 4, 20, 6
+        shape = (NB, bs, Hk, D)
+        table = rng.permutation(NB)[:B * P].reshape(B, P).astype(np.int32)
+        bidx = None
+    else:
+        shape, table, bidx = (4, 24, Hk, D), None, np.array([2, 0, 3], np.int32)
+    kcu, vcu = codes(rng, shape, kv), codes(rng, shape, kv)
+    q = rng.standard_normal((B, sq, Hq, D)).astype(np.float32)
+    kn, vn = (rng.standard_normal((B, s_new, Hk, D)) * 2).astype(np.float32), rng.standard_normal((B, s_new, Hk, D)).astype(np.float32)
+    kd, ka = descale_table(form, B, Hk, 0.5)
+    vd, va = descale_table(form, B, Hk, 2.0)
+    cos = sin = None
+    if rotary is not None:
+        ang = np.arange(64)[:, None] * (1e-2 * np.arange(1, 9)[None, :])
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)  # rotary_dim 16 of 32
+    k0, v0 = kcu.copy(), vcu.copy()
+    t = (lambda a: torch.from_numpy(a)) if torch is not None else (lambda a: a)
+    kc_u8, vc_u8 = t(kcu), t(vcu)
+    if typed:  # float8 caches (torch float8 / ml_dtypes), kv_cache_dtype 'auto'
+        f8 = (getattr(torch, "float8_e5m2" if kv == "fp8_e5m2" else "float8_e4m3fn") if torch is not None
+              else f8_type(kv))
+        kc, vc, kvd = kc_u8.view(f8), vc_u8.view(f8), "auto"
+    else:
+        kc, vc, kvd = kc_u8, vc_u8, kv
+    qa, kna, vna = t(q), t(kn), t(vn)
+    if kdt is not None:
+        kna, vna = kna.to(kdt), vna.to(kdt)
+    targ = (lambda a: None if a is None else t(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a)
+    out, lse = lk.flash_attn_with_kvcache(qa, kc, vc, k=kna, v=vna, rotary_cos=targ(cos), rotary_sin=targ(sin),
+                                          cache_seqlens=t(seqlens), cache_batch_idx=targ(bidx),
+                                          block_table=targ(table), causal=True,
+                                          rotary_interleaved=bool(rotary), return_softmax_lse=True,
+                                          k_descale=targ(ka), v_descale=targ(va), kv_cache_dtype=kvd)
+    out = out.float().numpy() if torch is not None else out
+    kcn, vcn = (kc_u8.numpy(), vc_u8.numpy()) if torch is not None else (kcu, vcu)
+    knf = kna.float().numpy() if torch is not None else kn  # the new values as passed (bf16-rounded)
+    vnf = vna.float().numpy() if torch is not None else vn
+
+    def seq(c, b):
+        n = seqlens[b] + s_new
+        if paged:
+            return np.concatenate([c[p] for p in table[b]])[:n]
+        return c[bidx[b]][:n]
+    touched = np.zeros(shape[:2], bool)
+    for b in range(B):
+        n = int(seqlens[b])
+        for j in range(n, n + s_new):  # the slots of the append
+            touched[(table[b, j // bs], j % bs) if paged else (bidx[b], j)] = True
+        ks, vs = seq(kcn, b), seq(vcn, b)
+        assert np.array_equal(ks[:n], seq(k0, b)[:n]) and np.array_equal(vs[:n], seq(v0, b)[:n])
+        # the appended codes: the reference converter of x / descale (per KV head)
+        np.testing.assert_array_equal(vs[n:], quantize(vnf[b], vd[b][None, :, None], kv))
+        if rotary is None:
+            np.testing.assert_array_equal(ks[n:], quantize(knf[b], kd[b][None, :, None], kv))
+        else:  # rotated in the input dtype first: half an fp8 step (+ that rounding) of the float64 rotation
+            y = rope64(knf[b], n + np.arange(s_new), cos, sin, rotary) / kd[b][None, :, None]
+            assert within_half_step(ks[n:], y, kv, 2.0 ** -8 if kdt is not None else 1e-5)
+        # attention over the dequantized cache (the codes as stored) against float64
+        qb = q[b].astype(np.float64) if rotary is None else rope64(q[b], n + np.arange(sq), cos, sin, rotary)
+        want = ref_attn(qb, [deq(ks, kv)], [deq(vs, kv)], np.array([0, sq]), [n + s_new], np.float64(np.float32(1 / math.sqrt(D))), True,
+                        np.ones((1, Hk)), kd[b:b + 1], vd[b:b + 1])
+        assert np.abs(out[b] - want).max() <= 3e-5 * (1 + np.abs(want).max())
+    # slots outside the append untouched
+    assert np.array_equal(kcn[~touched], k0[~touched]) and np.array_equal(vcn[~touched], v0[~touched])
+    lse = lse.numpy() if torch is not None else lse
+    assert lse.shape == (B, Hq, sq) and np.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [None, True, False])
+@pytest.mark.parametrize("cache", ["float8_e4m3fn", "uint8_fp8_e5m2"])
+@pytest.mark.parametrize("form", ["number", "heads", "rows"])
+def test_torch_kvcache_append_fp8(rng, paged, rotary, cache, form):
+    """new k, v appended to fp8 caches (torch float8, or uint8 with kv_cache_dtype) as
+    fp8(x / descale): descales per tensor, per KV head, or one row per request"""
+    torch = torch_or_skip()
+    ml()
+    kv = "fp8_e5m2" if cache.endswith("e5m2") else "fp8"
+    kvcache_append_case(rng, torch, paged, rotary, kv, cache.startswith("float8"), form)
+
+
+@pytest.mark.parametrize("rotary", [None, False])
+def test_torch_kvcache_append_fp8_bf16(rng, rotary):
+    """bf16 new k, v (rotated in bf16) into a float8_e4m3fn paged cache"""
+    torch = torch_or_skip()
+    ml()
+    kvcache_append_case(rng, torch, True, rotary, "fp8", True, "heads", kdt=torch.bfloat16)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("cache", ["uint8_fp8", "uint8_fp8_e4m3", "ml_dtypes_e5m2"])
+@pytest.mark.parametrize("form", ["number", "rows"])
+def test_numpy_kvcache_append_fp8(rng, paged, cache, form):
+    """the same on NumPy: uint8 caches with kv_cache_dtype 'fp8' / 'fp8_e4m3', ml_dtypes
+    float8_e5m2 arrays; rotary (GPT-J pairs) on the paged cases"""
+    ml()
+    kv = "fp8_e5m2" if cache.endswith("e5m2") else "fp8"
+    kvcache_append_case(rng, None, paged, True if paged else None, kv, cache.startswith("ml_dtypes"), form)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_kvcache_append_fp8_errors_restore_cache(rng, lib):
+    """an error found after the append (a bad ALiBi shape) puts the fp8 bytes back; bad
+    descales are refused before it (named, status as the attention's), nothing written"""
+    ml()
+    torch = torch_or_skip() if lib == "torch" else None
+    B, sq, Hq, Hk, D, S = 2, 1, 2, 2, 16, 8
+    kcu, vcu = codes(rng, (B, S, Hk, D), "fp8"), codes(rng, (B, S, Hk, D), "fp8")
+    k0, v0 = kcu.copy(), vcu.copy()
+    t = (lambda a: torch.from_numpy(np.ascontiguousarray(a))) if torch is not None else (lambda a: a)
+    if torch is not None:
+        kc, vc, kvd = t(kcu).view(torch.float8_e4m3fn), t(vcu).view(torch.float8_e4m3fn), "auto"
+        kcu_, vcu_ = kc.view(torch.uint8), vc.view(torch.uint8)
+    else:
+        kc, vc, kvd = kcu, vcu, "fp8"
+        kcu_, vcu_ = kcu, vcu
+    q = t(rng.standard_normal((B, sq, Hq, D)).astype(np.float32))
+    kn, vn = t(rng.standard_normal((B, 3, Hk, D)).astype(np.float32)), t(rng.standard_normal((B, 3, Hk, D)).astype(np.float32))
+    out = t(np.full((B, sq, Hq, D), 9.0, np.float32))
+    lens = t(np.array([2, 5], np.int32))
+    kd = t(np.array([[0.5, 0.25], [1.0, 2.0]], np.float32))  # rows differ: one write per request
+
+    def unchanged():
+        a = kcu_.numpy() if torch is not None else kcu_
+        b = vcu_.numpy() if torch is not None else vcu_
+        return np.array_equal(a, k0) and np.array_equal(b, v0) and (np.asarray(out) == 9.0).all()
+
+    cases = [(dict(k_descale=kd, v_descale=1.5, alibi_slopes=t(np.ones(Hq + 1, np.float32))), "LK_ERR_SHAPE",
+              "alibi_slopes"),
+             (dict(k_descale=1.0, v_descale=t(np.array([1.0, np.nan], np.float32))), "LK_ERR_VALUE", "v_descale"),
+             (dict(k_descale=t(np.array([[0.5, -1.0], [1.0, 2.0]], np.float32))), "LK_ERR_VALUE", "k_descale[0, 1]"),
+             (dict(k_descale=t(np.ones((B + 1, Hk), np.float32))), "LK_ERR_SHAPE", "k_descale"),
+             (dict(v_descale=t(np.ones(Hk, np.float16))), "LK_ERR_DTYPE", "v_descale"),
+             (dict(k_descale=0.0), "LK_ERR_VALUE", "k_descale")]
+    for kw, status, name in cases:
+        with pytest.raises(lk.LlmkernError) as e:
+            lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, out=out,
+                                       kv_cache_dtype=kvd, **kw)
+        assert e.value.status == status and name in str(e.value), str(e.value)
+        assert unchanged()
+    with pytest.raises(ValueError, match="cache_seqlens"):  # 6 + 3 > 8 slots
+        lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=t(np.array([2, 6], np.int32)), out=out,
+                                   kv_cache_dtype=kvd)
+    assert unchanged()
+    # the same call with good descales appends
+    lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, out=out, kv_cache_dtype=kvd,
+                               k_descale=kd, v_descale=1.5)
+    got = kcu_.numpy() if torch is not None else kcu_
+    knp = kn.numpy() if torch is not None else kn
+    np.testing.assert_array_equal(got[1, 5:8], quantize(knp[1], np.array([1.0, 2.0])[None, :, None], "fp8"))
+    np.testing.assert_array_equal(got[0, 2:5], quantize(knp[0], np.array([0.5, 0.25])[None, :, None], "fp8"))

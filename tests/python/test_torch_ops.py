@@ -90,6 +90,14 @@ def cases():
                                                       torch.tensor([0.02]), 1e-6), {}))
     c.append(("rms_norm_dynamic_per_token_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D), torch.empty(T, 1), 1e-6,
                                                    None, rn(T, D)), {}))
+    # int8 activations
+    i8 = torch.int8
+    c.append(("static_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.tensor([0.02]), None), {}))
+    c.append(("static_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.tensor([0.02]),
+                                           torch.tensor([3], dtype=torch.int32)), {}))
+    c.append(("dynamic_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.empty(T, 1), None), {}))
+    c.append(("dynamic_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.empty(T, 1),
+                                            torch.empty(T, 1, dtype=torch.int32)), {}))
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     c.append(("flash_attn_varlen_func", (rn(T, H, D), rn(T, Hk, D), rn(T, Hk, D), cu, cu),
               {"causal": True, "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625])}))
@@ -167,6 +175,10 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "rms_norm_dynamic_per_token_quant": "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, "
                                         "Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
                                         "Tensor!? residual) -> ()",
+    "static_scaled_int8_quant": "static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, "
+                                "Tensor? azp) -> ()",
+    "dynamic_scaled_int8_quant": "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, "
+                                 "Tensor!? azp) -> ()",
 }
 
 
