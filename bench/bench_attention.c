@@ -214,11 +214,19 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
         }
         qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
         double ma = ta[REPS / 2], mb = tb[REPS / 2];
+        /* the compute floor: 4 flops per (query head, key, dim) (q . k and p v) at the
+         * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs */
+        lk_isa isa = BENCH.isa[vi];
+        double peak = isa == LK_ISA_AVX512BF16 || isa == LK_ISA_AMX ? BENCH.bf16_gflops : BENCH.isa_fma[vi];
+        double flops = 4.0 * (double)B * K * H * D;
         printf("  A/B %s %s vs bf16 on %s (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), "
-               "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s)\n",
+               "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s); "
+               "floors: %s bytes at the probe %.3f ms, bf16 bytes %.3f ms, flops at %.0f GFLOP/s %.3f ms\n",
                shape, lk_dtype_name(f8), lk_isa_name(BENCH.isa[vi]), REPS, ma, ta[0], ta[REPS - 1], lk_dtype_name(f8),
                mb, tb[0], tb[REPS - 1], ma / mb, lk_dtype_name(f8), bytes / mb * 1e-6,
-               100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs);
+               100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs, lk_dtype_name(f8),
+               bytes / BENCH.read_gbs * 1e-6, 2 * bytes / BENCH.read_gbs * 1e-6, peak,
+               peak > 0 ? flops / peak * 1e-6 : 0.0);
     }
     lk_set_isa(prev);
     decode_free(&a), decode_free(&b);
