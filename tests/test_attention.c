@@ -604,10 +604,10 @@ static void test_decode_g4(void) {
         }
 }
 
-/* decode with query heads per KV head a multiple of 4 and head dims multiples of 16 (the
- * f32 block loop on AVX2, decode_row_g4f: K / V converted once per 4 heads, key-major
- * scores, e4m3 read as value / 256 with its NaN code put back): 4, 8 and 12 heads per KV
- * head (groups of 4 taken in turn), head dims 16 / 32 to 192 / 128, every K / V dtype and
+/* decode with head dims multiples of 16 (the f32 block loop on AVX2, decode_row_g4f: K /
+ * V converted once per group of heads, key-major scores, e4m3 read as value / 256 with
+ * its NaN code put back): 4, 8, 12, 3 (2 + 1), 7 (4 + 2 + 1) and 1 query heads per KV
+ * head (the last through the loop for fp8 K / V only), head dims 16 / 32 to 192 / 128, every K / V dtype and
  * mixed K / V dtypes, fp8 and f32 q, f32 / f16 / bf16 out, ND and NZ, pages 1, 7 and 16,
  * several chunks, 1..4 queries, windows, strided views and padding rows */
 static void test_decode_g4f(void) {
@@ -615,9 +615,10 @@ static void test_decode_g4f(void) {
                                {LK_F16, LK_F16},       {LK_F32, LK_F32},       {LK_F8E4M3, LK_BF16},
                                {LK_BF16, LK_F8E5M2},   {LK_F8E5M2, LK_F8E4M3}};
     const lk_dtype qo[][2] = {{LK_BF16, LK_BF16}, {LK_F32, LK_F32}, {LK_F8E4M3, LK_F16}, {LK_F16, LK_BF16}};
-    const int64_t hq[] = {8, 16, 24, 12}, hk[] = {2, 2, 2, 3}, dq[] = {128, 64, 192, 16}, dv[] = {128, 64, 128, 32};
+    const int64_t hq[] = {8, 16, 24, 9, 14, 6}, hk[] = {2, 2, 2, 3, 2, 6};
+    const int64_t dq[] = {128, 64, 192, 16, 64, 128}, dv[] = {128, 64, 128, 32, 96, 128};
     for (int t = 0; t < 8; t++)
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < 6; s++) {
             acase c = base_case();
             c.kt = kvt[t][0], c.mixv = 1, c.vt = kvt[t][1];
             c.qt = qo[(t + s) % 4][0], c.ot = qo[(t + s) % 4][1];
@@ -625,7 +626,7 @@ static void test_decode_g4f(void) {
             c.B = 3, c.ql[0] = 1, c.ql[1] = 1 + s, c.ql[2] = 2, c.kl[0] = s == 1 ? 1100 : 530, c.kl[1] = 1 + 5 * s;
             c.kl[2] = 37, c.Hq = hq[s], c.Hk = hk[s], c.Dqk = dq[s], c.Dv = dv[s], c.causal = 1, c.paged = 1;
             c.bs = s == 3 ? 1 : s % 2 ? 7 : 16;
-            c.layout = s == 1 && c.kt == c.vt && !(is_f8(c.kt) && c.Dqk % 32) ? LK_KV_NZ : LK_KV_ND;
+            c.layout = (s == 1 || s == 5) && c.kt == c.vt && !(is_f8(c.kt) && c.Dqk % 32) ? LK_KV_NZ : LK_KV_ND;
             c.pad = s == 2, c.pad_tokens = s == 2;
             if (s == 0) c.wl = 300;
             c.name = "decode g4f";
