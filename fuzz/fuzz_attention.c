@@ -9,14 +9,18 @@
  * [0, num_blocks)), empty caches (0 pages, block size 0 too), API misuse (cu_seqlens_k with a block table, seqused_k without),
  * out aliasing q, NULL params, ALiBi slopes [Hq] / [B, Hq] (wrong shapes and non-finite
  * values too), fp8 q / k / v (e4m3 / e5m2, NZ caches in 32-wide tiles) with q/k/v_descale
- * of every form ([1], [Hk], [B, Hk]; wrong shapes, dtypes and values too). out is compared with the ref within the test suite's
- * vs-ref tolerance, lse within 1e-4 (with descales: widened by the f32 error bound of the
- * descaled scores, see below).
+ * of every form ([1], [Hk], [B, Hk]; wrong shapes, dtypes and values too), and
+ * lk_flash_attn_varlen_scaled (an fp8 out with output_scale [1] / []; wrong shapes, dtypes
+ * and values, an fp8 out without a scale, a float out with one). out is compared with the
+ * ref within the test suite's vs-ref tolerance (an fp8 out: one fp8 step relative, plus
+ * the f32 tolerance divided by output_scale), lse within 1e-4 (with descales: widened by
+ * the f32 error bound of the descaled scores, see below).
  */
 #include "fuzz_common.h"
 
 typedef struct {
     int out, lse, q, k, v, cuq, cuk, used, table, null_params, alibi, desc[3];
+    int scaled, osc; /* lk_flash_attn_varlen_scaled; its output_scale view (-1: NULL) */
     lk_attn_params p;
 } attn_attrs;
 
@@ -59,6 +63,10 @@ static lk_status call(const fz_world *w, const void *ap) {
     p.q_descale = a->desc[0] < 0 ? NULL : fz_t(w, a->desc[0]);
     p.k_descale = a->desc[1] < 0 ? NULL : fz_t(w, a->desc[1]);
     p.v_descale = a->desc[2] < 0 ? NULL : fz_t(w, a->desc[2]);
+    if (a->scaled)
+        return lk_flash_attn_varlen_scaled(fz_t(w, a->out), fz_t(w, a->lse), fz_t(w, a->q), fz_t(w, a->k),
+                                           fz_t(w, a->v), fz_t(w, a->cuq), fz_t(w, a->cuk), fz_t(w, a->used),
+                                           fz_t(w, a->table), a->null_params ? NULL : &p, fz_t(w, a->osc));
     return lk_flash_attn_varlen(fz_t(w, a->out), fz_t(w, a->lse), fz_t(w, a->q), fz_t(w, a->k),
                                 fz_t(w, a->v), fz_t(w, a->cuq), fz_t(w, a->cuk), fz_t(w, a->used),
                                 fz_t(w, a->table), a->null_params ? NULL : &p);
@@ -80,7 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_init(&w, &in, "lk_flash_attn_varlen");
     attn_attrs a;
     memset(&a, 0, sizeof a);
-    a.cuk = a.used = a.table = a.lse = a.alibi = a.desc[0] = a.desc[1] = a.desc[2] = -1;
+    a.cuk = a.used = a.table = a.lse = a.alibi = a.desc[0] = a.desc[1] = a.desc[2] = a.osc = -1;
     int64_t B = fz_range(&in, 0, 3), ql[3], kl[3], Tq = 0, Tk = 0;
     for (int64_t b = 0; b < B; b++) {
         ql[b] = fz_range(&in, 0, 4), kl[b] = fz_range(&in, 0, 12);
@@ -105,11 +113,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int64_t qs[3] = {Tq, Hq, Dqk}, os[3] = {Tq, Hq, Dv}, ls[2] = {Tq, Hq};
     a.q = qkv_view(&w, &in, "q", qt, 3, qs, 0);
+    int out_is_q = 0, out_f8_draw = 0;
     if (fz_u8(&in) % 8 == 0 && Dv == Dqk && !fz_is_fp8(qt)) { /* out is q */
         a.out = fz_view_alias(&w, a.q, "out", FZ_OUT);
         w.v[a.out].inplace_of = -1;
+        out_is_q = 1;
     } else {
+        /* the rare wrong-kind dtype draw may make out fp8: wrong for lk_flash_attn_varlen,
+         * right for the scaled call with a scale (decided at the end: the expectation is
+         * set there) */
+        int mf = w.must_fail, cl = w.clean;
+        const char *why = w.why_fail;
         a.out = fz_view_new(&w, &in, "out", ot, 3, os, FZ_OUT);
+        fz_view *o = &w.v[a.out];
+        if (o->bad && fz_is_fp8(o->t.dtype) && !fz_view_invalid(&o->t) && o->t.data)
+            w.must_fail = mf, w.why_fail = why, w.clean = cl, o->bad = 0, out_f8_draw = 1;
     }
     fz_tol(&w, a.out, 3e-5);
     /* a visible key with an infinite V value: the ref (double) gives +-inf where its
@@ -252,13 +270,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * descaled scale (|q|, |k| the largest finite values stored: an infinite fill saturates
      * to an fp8 cache's 448 / 57344, and the sums then cancel in f32); lse moves by as much,
      * each weight by as much relative, out by twice that times max |v| */
+    double out_extra = 0; /* out's absolute tolerance beyond 3e-5 (f32 values) */
     if (a.desc[0] >= 0 || a.desc[1] >= 0 || a.desc[2] >= 0 || fz_is_fp8(qt) || fz_is_fp8(kt)) {
         double dq = a.desc[0] >= 0 ? 4 : 1, dk = a.desc[1] >= 0 ? 4 : 1, dv = a.desc[2] >= 0 ? 4 : 1;
         double ds = (double)Dqk * ldexp(1.0, -24) * fabs((double)a.p.scale) * dq * dk * fz_maxabs(&w, a.q) *
                     fz_maxabs(&w, a.k) * (double)Dqk;
         if (isfinite(ds)) {
             if (a.lse >= 0) w.v[a.lse].atol += ds;
-            w.v[a.out].atol += 2.0 * ds * fz_maxabs(&w, a.v) * dv;
+            out_extra = 2.0 * ds * fz_maxabs(&w, a.v) * dv;
+            w.v[a.out].atol += out_extra;
         }
     }
     if (fz_chance(&in, 3)) a.null_params = 1, fz_fail_expected(&w, "NULL params");
@@ -271,10 +291,63 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         else a.cuq = -1;
         fz_fail_expected(&w, "NULL tensor pointer");
     }
+    /* lk_flash_attn_varlen_scaled, drawn last so that inputs made before it decode as they
+     * did (past the input's end fz_u8 gives 0x80: the plain call). Modes: 0-4 an fp8 out
+     * (out retyped e4m3 / e5m2 in a new exact arena) with output_scale; 5 an fp8 out
+     * without one; 6 the float out with one; 7 the float out without one (= the plain
+     * call) */
+    unsigned sm = fz_u8(&in);
+    double osc = 1;
+    if (sm < 96) {
+        a.scaled = 1;
+        unsigned mode = sm % 8;
+        if (mode <= 5 && a.out >= 0 && !out_is_q && !w.v[a.out].bad && !out_f8_draw) {
+            fz_view *o = &w.v[a.out];
+            o->t.dtype = fz_u8(&in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+            fz_place(&w, o);
+        }
+        if (mode != 5 && mode != 7) {
+            unsigned sh = fz_u8(&in) % 16;
+            int64_t ss[2] = {sh == 14 ? 2 : 1, 1};
+            int nd = sh < 4 ? 0 : sh == 15 ? 2 : 1; /* [], [1]; [2] and [1, 1] are wrong */
+            if (sh >= 14) fz_fail_expected(&w, "output_scale shape");
+            lk_dtype sd = LK_F32;
+            if (fz_chance(&in, 8)) sd = LK_BF16, fz_fail_expected(&w, "output_scale not f32");
+            a.osc = fz_view_new(&w, &in, "output_scale", sd, nd, ss, FZ_IN);
+            fz_fill(&w, a.osc, 0.005, 2);
+            if (fz_usable(&w, a.osc) && sd == LK_F32) {
+                for (int64_t j = 0; j < fz_numel(&w.v[a.osc].t); j++) {
+                    float x = fz_get(&w.v[a.osc].t, j);
+                    if (!(x > 0.0f) || !isfinite(x)) fz_fail_expected(&w, "output_scale not finite > 0");
+                }
+                osc = fz_get(&w.v[a.osc].t, 0);
+            }
+        }
+    }
+    if (a.out >= 0) { /* the out's dtype against the call made */
+        lk_dtype odt = w.v[a.out].t.dtype;
+        if (fz_is_fp8(odt) && a.osc < 0) fz_fail_expected(&w, "fp8 out without output_scale");
+        if (fz_is_float(odt) && a.osc >= 0) fz_fail_expected(&w, "float out with output_scale");
+        if (fz_is_fp8(odt) && a.osc >= 0 && fz_usable(&w, a.out)) {
+            /* one fp8 step relative (2^-3 e4m3, 2^-2 e5m2; the smallest subnormal step below
+             * the normal range), plus the f32 value's tolerance in output_scale units */
+            fz_view *o = &w.v[a.out];
+            int e5 = odt == LK_F8E5M2;
+            double s = osc > 0 && isfinite(osc) ? osc : 1;
+            o->cmp = FZ_CMP_TOL;
+            o->rtol = 3e-5 + (e5 ? 0x1p-2 : 0x1p-3);
+            o->atol = (3e-5 + out_extra) / s + (e5 ? 0x1p-16 : 0x1p-9);
+            /* an infinite V value: the corner of nonfinite_any (NaN on the SIMD path where
+             * the ref's double weight is tiny but not 0), stored as NaN or +-max */
+            if (a.v >= 0 && fz_usable(&w, a.v))
+                for (int64_t i = 0, n = fz_numel(&w.v[a.v].t); i < n; i++)
+                    if (isinf(fz_get(&w.v[a.v].t, i))) o->sat_any = e5 ? 57344.0 : 448.0;
+        }
+    }
     if (getenv("FZ_VERBOSE"))
-        fprintf(stderr, "params: scale %g causal %d window (%lld, %lld) softcap %g layout %d null %d\n",
-                (double)a.p.scale, a.p.causal, (long long)a.p.window_left, (long long)a.p.window_right,
-                (double)a.p.softcap, (int)a.p.kv_layout, a.null_params);
+        fprintf(stderr, "params: scale %g causal %d window (%lld, %lld) softcap %g layout %d null %d scaled %d "
+                "output_scale %g\n", (double)a.p.scale, a.p.causal, (long long)a.p.window_left,
+                (long long)a.p.window_right, (double)a.p.softcap, (int)a.p.kv_layout, a.null_params, a.scaled, osc);
     fz_run(&w, call, &a);
     fz_free(&w);
     return 0;

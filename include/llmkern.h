@@ -422,6 +422,25 @@ LK_API lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse
                                       const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
                                       const lk_tensor *block_table, const lk_attn_params *params);
 
+/* lk_flash_attn_varlen writing an fp8 out (since 0.3; vLLM's attention output_scale, the
+ * fused form of static_scaled_fp8_quant(attn_out, output_scale)):
+ *   out [Tq, Hq, Dv] LK_F8E4M3 / LK_F8E5M2, output_scale [1] or [] f32:
+ *   out = fp8(value / output_scale), value = the f32 value a float out would round
+ *   (o / l * v_descale), one f32 division, then the saturating round-to-nearest-even
+ *   converter (NaN stays NaN, beyond +-max and +-inf give +-max). Rows that see no key
+ *   and padding rows get code 0 (and lse = -inf). lse stays f32 (unscaled).
+ * output_scale NULL: exactly lk_flash_attn_varlen (out f32/f16/bf16). Errors (nothing
+ * written): an fp8 out without output_scale (LK_ERR_NULL naming output_scale); a float
+ * out with one (LK_ERR_DTYPE naming out); output_scale not f32 (LK_ERR_DTYPE), not one
+ * element (LK_ERR_SHAPE), 0, negative, NaN or inf (LK_ERR_VALUE), overlapping out or lse
+ * (LK_ERR_ALIAS); everything else as lk_flash_attn_varlen. */
+LK_API lk_status lk_flash_attn_varlen_scaled(const lk_tensor *out, const lk_tensor *lse,
+                                             const lk_tensor *q, const lk_tensor *k, const lk_tensor *v,
+                                             const lk_tensor *cu_seqlens_q,
+                                             const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
+                                             const lk_tensor *block_table, const lk_attn_params *params,
+                                             const lk_tensor *output_scale);
+
 /* ---------------------------------------------------------------- MLA prefix prefill */
 
 /* How lk_mla_prefix_prefill computes attention over [prefix | current] (see

@@ -775,6 +775,68 @@ static lk_status call_merge_fp8(const oc_inst *in) {
     return lk_merge_attn_states_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6));
 }
 
+/* ---- flash attention into an fp8 out (lk_flash_attn_varlen_scaled): the lk_flash_attn_varlen
+ * builders with out retyped fp8 and output_scale [1] appended as the last argument */
+static void attn_fp8_out(oc_inst *in, lk_dtype dt, int pad, float oscale) {
+    oc_arg *o = &in->arg[0];
+    int64_t shape[3] = {o->t.shape[0], o->t.shape[1], o->t.shape[2]};
+    tu_free(&o->buf);
+    o->buf = tu_alloc(dt, 3, shape, pad);
+    o->t = o->buf.t;
+    o->fp8 = 1;
+    add_scale(in, "output_scale", oscale, 0);
+}
+/* dense K/V (prefill), e5m2 out with padding; output_scale is argument 7 */
+static void make_attn_scaled_dense(oc_inst *in, oc_size sz) {
+    make_attn_dense(in, sz);
+    attn_fp8_out(in, LK_F8E5M2, 1, 0.02f);
+}
+static lk_status call_attn_scaled_dense(const oc_inst *in) {
+    return lk_flash_attn_varlen_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), T(in, 6), NULL,
+                                       NULL, &in->params, T(in, 7));
+}
+/* paged fp8 K/V with descales (arguments 8-10), e4m3 out; output_scale is argument 11 */
+static void make_attn_scaled_fp8(oc_inst *in, oc_size sz) {
+    make_attn_fp8(in, sz);
+    attn_fp8_out(in, LK_F8E4M3, 0, 0.02f);
+}
+static lk_status call_attn_scaled_fp8(const oc_inst *in) {
+    lk_attn_params p = in->params;
+    p.q_descale = T(in, 8), p.k_descale = T(in, 9), p.v_descale = T(in, 10);
+    return lk_flash_attn_varlen_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6),
+                                       T(in, 7), &p, T(in, 11));
+}
+/* the decode path (1 and 3 queries per request, GQA 4 query heads per KV head, paged e4m3
+ * K/V; OC_LARGE: several key chunks per request), e4m3 out with padding; output_scale is
+ * argument 8 */
+static void make_attn_scaled_decode(oc_inst *in, oc_size sz) {
+    int64_t B = 2, Hq = 8, Hk = 2, D = sz == OC_LARGE ? 64 : 16, Tq = 4, n1 = B + 1;
+    int64_t kl[2] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 1100 : 9};
+    int64_t bs = sz == OC_LARGE ? 16 : 4, NB = sz == OC_LARGE ? 80 : 6, maxp = (kl[1] + bs - 1) / bs;
+    add(in, "out", LK_F8E4M3, 3, (int64_t[]){Tq, Hq, D}, 1, 1);
+    in->arg[0].fp8 = 1;
+    add(in, "lse", LK_F32, 2, (int64_t[]){Tq, Hq}, 1, 0);
+    in->arg[1].optional = 1;
+    tu_fill_uniform(add(in, "q", LK_BF16, 3, (int64_t[]){Tq, Hq, D}, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "k", LK_F8E4M3, 4, (int64_t[]){NB, bs, Hk, D}, 0, 0), -3, 3);
+    tu_fill_uniform(add(in, "v", LK_F8E4M3, 4, (int64_t[]){NB, bs, Hk, D}, 0, 1), -3, 3);
+    for (int k = 2; k < 5; k++) in->arg[k].fp8 = 1;
+    tu_buf *cq = add(in, "cu_seqlens_q", LK_I32, 1, &n1, 0, 0);
+    tu_set(cq, 0, 0), tu_set(cq, 1, 1), tu_set(cq, 2, (double)Tq);
+    tu_buf *u = add(in, "seqused_k", LK_I32, 1, &B, 0, 0);
+    tu_set(u, 0, (double)kl[0]), tu_set(u, 1, (double)kl[1]);
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    for (int64_t i = 0; i < B * maxp; i++) tu_set(bt, i, (double)tu_randint(0, NB - 1));
+    in->arg[7].optional = 1; /* NULL selects dense K/V (then seqused_k is refused: LK_ERR_VALUE) */
+    add_scale(in, "output_scale", 0.0125f, 0);
+    in->params = lk_attn_params_default(0.25f);
+    in->params.causal = 1;
+}
+static lk_status call_attn_scaled_decode(const oc_inst *in) {
+    return lk_flash_attn_varlen_scaled(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), T(in, 5), NULL, T(in, 6),
+                                       T(in, 7), &in->params, T(in, 8));
+}
+
 /* ---------------------------------------------------------------- the table */
 
 const oc_op OC_OPS[] = {
@@ -845,6 +907,10 @@ const oc_op OC_OPS[] = {
     {"lk_static_scaled_int8_quant", make_i8q_static_azp, call_i8q_static},      /* azp */
     {"lk_dynamic_scaled_int8_quant", make_i8q_dynamic, call_i8q_dynamic},       /* symmetric */
     {"lk_dynamic_scaled_int8_quant", make_i8q_dynamic_azp, call_i8q_dynamic},   /* azp written */
+    /* flash attention into an fp8 out */
+    {"lk_flash_attn_varlen_scaled", make_attn_scaled_dense, call_attn_scaled_dense},   /* dense K/V, e5m2 out */
+    {"lk_flash_attn_varlen_scaled", make_attn_scaled_fp8, call_attn_scaled_fp8},       /* paged fp8 K/V, descales */
+    {"lk_flash_attn_varlen_scaled", make_attn_scaled_decode, call_attn_scaled_decode}, /* decode, GQA 4, e4m3 K/V */
 };
 const int OC_NOPS = (int)(sizeof OC_OPS / sizeof OC_OPS[0]);
 

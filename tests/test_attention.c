@@ -5,7 +5,10 @@
  * fully masked rows, empty requests, padding tokens, strided views with garbage that must
  * stay untouched (unused cache slots hold NaN: reading them would poison the output),
  * LSE (also as the transpose of a [H, T] buffer), mixed dtypes, thread-count
- * determinism, NZ == ND bit for bit, and the bad-input catalogue.
+ * determinism, NZ == ND bit for bit, and the bad-input catalogue. fp8 outs
+ * (lk_flash_attn_varlen_scaled): codes against float64 / output_scale and against ref,
+ * bit for bit the unfused f32 out + lk_static_scaled_fp8_quant, zero codes for rows that
+ * see no key, saturation, NaN, and their bad inputs.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +33,8 @@ typedef struct {
     int lse_t;                   /* lse as the transpose view of a [H, T] buffer */
     int alibi;                   /* ALiBi slopes: 0 none, 1 [Hq], 2 [B, Hq] (padded view) */
     int desc;                    /* fp8 descales: 0 none, 1 [], 2 [1], 3 [Hk], 4 [B, Hk] (padded view) */
+    float osc;                   /* fp8 ot: output_scale (lk_flash_attn_varlen_scaled) */
+    int osc_0d;                  /* output_scale as a [] view (else [1]) */
     const char *name;
 } acase;
 
@@ -251,6 +256,13 @@ static lk_status call(const acase *c, abufs *z, int with_lse) {
     lk_attn_params p = params_of(c);
     if (c->alibi) p.alibi_slopes = &z->alibi.t;
     if (c->desc) p.q_descale = &z->qd.t, p.k_descale = &z->kd.t, p.v_descale = &z->vd.t;
+    if (is_f8(c->ot)) { /* fp8 out: the scaled entry */
+        float os = c->osc;
+        lk_tensor tos = c->osc_0d ? lk_tensor_make(&os, LK_F32, 0, NULL) : lk_tensor_make(&os, LK_F32, 1, (int64_t[]){1});
+        return lk_flash_attn_varlen_scaled(&z->out.t, with_lse ? &z->lse.t : NULL, &z->q.t, &z->k.t, &z->v.t,
+                                           &z->cuq.t, c->paged ? NULL : &z->cuk.t, c->paged ? &z->used.t : NULL,
+                                           c->paged ? &z->table.t : NULL, &p, &tos);
+    }
     return lk_flash_attn_varlen(&z->out.t, with_lse ? &z->lse.t : NULL, &z->q.t, &z->k.t, &z->v.t,
                                 &z->cuq.t, c->paged ? NULL : &z->cuk.t, c->paged ? &z->used.t : NULL,
                                 c->paged ? &z->table.t : NULL, &p);
@@ -262,8 +274,98 @@ static tu_tolerance attn_tol(lk_dtype ot) {
     return t;
 }
 
+/* ---- fp8 outs: code helpers (codes compared in sign-magnitude order) ---- */
+static uint8_t f8_enc(lk_dtype dt, double x) {
+    return dt == LK_F8E4M3 ? lk_f32_to_f8e4m3((float)x) : lk_f32_to_f8e5m2((float)x);
+}
+static double f8_dec(lk_dtype dt, uint8_t c) { return dt == LK_F8E4M3 ? lk_f8e4m3_to_f32(c) : lk_f8e5m2_to_f32(c); }
+static int f8_ord(uint8_t c) { return c & 0x80 ? -(int)(c & 0x7f) : (int)(c & 0x7f); }
+static int f8_nan(lk_dtype dt, uint8_t c) { return dt == LK_F8E4M3 ? (c & 0x7f) == 0x7f : (c & 0x7f) > 0x7c; }
+static uint8_t f8_maxcode(lk_dtype dt) { return dt == LK_F8E4M3 ? 0x7e : 0x7b; }
+/* code g for the exact value w with an absolute slack e: NaN for NaN, never an
+ * infinity (the converter saturates), else within one code of the codes of [w - e, w + e] */
+static int f8_close(lk_dtype dt, uint8_t g, double w, double e) {
+    if (isnan(w) || f8_nan(dt, g)) return isnan(w) && f8_nan(dt, g);
+    if ((g & 0x7f) > f8_maxcode(dt)) return 0;
+    int o = f8_ord(g), lo = f8_ord(f8_enc(dt, w - e)), hi = f8_ord(f8_enc(dt, w + e));
+    return o >= lo - 1 && o <= hi + 1;
+}
+/* the f32 attention's absolute slack (attn_tol f32) of a value v, in output_scale units */
+static double f8_slack(double v, double osc) { return 3e-5 * (1.0 + fabs(v)) / osc; }
+static uint8_t code_at(const tu_buf *b, int64_t i) { return ((const uint8_t *)b->t.data)[tu_offset(&b->t, i)]; }
+
+/* an fp8 out on every ISA: each code against float64 (the code of want / output_scale,
+ * within one code of the codes the f32 attention tolerance spans), rows that see no key
+ * exactly code 0 (and lse -inf), against ref's codes (within one code of the codes of
+ * ref's value +- the tolerance), lse against float64, garbage around every view intact;
+ * and bit for bit the unfused form on the same ISA: the f32 out of lk_flash_attn_varlen
+ * quantized by lk_static_scaled_fp8_quant. Returns the last ISA's out values. */
+static double *run_case_f8(const acase *c) {
+    abufs z;
+    build(c, &z);
+    lk_isa isas[TU_MAX_ISAS];
+    int nisa = tu_isas(isas);
+    int64_t n = z.Tq * c->Hq * c->Dv;
+    lk_dtype ot = c->ot;
+    double osc = c->osc;
+    uint8_t *first = malloc((size_t)n + 1);
+    double *last = NULL;
+    acase cf = *c;
+    cf.ot = LK_F32;
+    tu_buf o32 = tu_alloc(LK_F32, 3, (int64_t[]){z.Tq, c->Hq, c->Dv}, 0);
+    tu_buf q8 = tu_alloc(ot, 3, (int64_t[]){z.Tq, c->Hq, c->Dv}, 0);
+    float os = c->osc;
+    lk_tensor tos = lk_tensor_make(&os, LK_F32, 1, (int64_t[]){1});
+    for (int ii = 0; ii < nisa; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_snapshot(&z.out), tu_snapshot(&z.lse), tu_snapshot(&z.q), tu_snapshot(&z.k), tu_snapshot(&z.v);
+        lk_status st = call(c, &z, 1);
+        int bad = 0, bad_ref = 0, bad_zero = 0;
+        for (int64_t i = 0; i < n && st == LK_OK; i++) {
+            uint8_t g = code_at(&z.out, i);
+            double w = z.want[i];
+            if (z.want_lse[i / c->Dv] == -INFINITY) bad_zero += g != 0x00; /* no key: +0 */
+            else bad += !f8_close(ot, g, w / osc, f8_slack(w, osc));
+            if (ii == 0) first[i] = g;
+            else {
+                double r = f8_dec(ot, first[i]);
+                bad_ref += f8_nan(ot, first[i]) ? !f8_nan(ot, g) : !f8_close(ot, g, r, f8_slack(r * osc, osc));
+            }
+        }
+        double *gl = tu_values(&z.lse);
+        double el = tu_err(gl, z.want_lse, z.Tq * c->Hq, (tu_tolerance){1e-4, 1e-4});
+        int intact = tu_outside_intact(&z.out) && tu_outside_intact(&z.lse) && tu_intact(&z.q) &&
+                     tu_intact(&z.k) && tu_intact(&z.v);
+        tu_check(st == LK_OK && !bad && !bad_ref && !bad_zero && el <= 1 && intact,
+                 "attn fp8 out %s %s: B=%d Hq=%lld Hk=%lld D=%lld/%lld %s/%s/%s output_scale %g: %d codes off "
+                 "float64, %d off ref, %d empty rows not 0, lse_err=%.3g intact=%d %s",
+                 lk_isa_name(isas[ii]), c->name, c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Dqk,
+                 (long long)c->Dv, lk_dtype_name(c->qt), lk_dtype_name(c->kt), lk_dtype_name(ot), osc, bad, bad_ref,
+                 bad_zero, el, intact, st ? lk_last_error() : "");
+        free(gl);
+        /* the unfused form: f32 out, then static_scaled_fp8_quant, on this ISA */
+        tu_buf keep = z.out;
+        z.out = o32;
+        lk_status s2 = call(&cf, &z, 0);
+        z.out = keep;
+        lk_status s3 = lk_static_scaled_fp8_quant(&q8.t, &o32.t, &tos);
+        int diff = 0;
+        for (int64_t i = 0; i < n; i++) diff += code_at(&q8, i) != code_at(&z.out, i);
+        tu_check(s2 == LK_OK && s3 == LK_OK && diff == 0,
+                 "attn fp8 out %s %s: bit for bit static_scaled_fp8_quant(f32 out, output_scale) (%d differ)",
+                 lk_isa_name(isas[ii]), c->name, diff);
+        if (ii == nisa - 1) last = tu_values(&z.out);
+    }
+    lk_set_isa(lk_isa_best());
+    tu_free(&o32), tu_free(&q8);
+    free(first);
+    free_bufs(&z);
+    return last;
+}
+
 /* runs every ISA; returns the out values of the last ISA (caller frees) */
 static double *run_case(const acase *c) {
+    if (is_f8(c->ot)) return run_case_f8(c);
     abufs z;
     build(c, &z);
     lk_isa isas[TU_MAX_ISAS];
@@ -683,33 +785,36 @@ static void test_gqa_decode_nan_key(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* 1..4 threads bitwise identical, prefill and decode, bf16 and (scaled entry) e4m3 outs */
 static void test_threads(void) {
-    acase c = base_case();
-    c.B = 2, c.ql[0] = 150, c.ql[1] = 1, c.kl[0] = 300, c.kl[1] = 1200, c.Hq = 4, c.Hk = 2, c.causal = 1;
-    c.paged = 1;
-    for (int decode = 0; decode <= 1; decode++) {
-        if (decode) c.ql[0] = 2;
-        abufs z;
-        build(&c, &z);
-        tu_buf ref = tu_alloc(c.ot, 3, (int64_t[]){z.Tq, c.Hq, c.Dv}, 0);
-        lk_set_num_threads(1);
-        call(&c, &z, 1);
-        double *v1 = tu_values(&z.out), *l1 = tu_values(&z.lse);
-        int same = 1;
-        for (int nt = 2; nt <= 4; nt++) {
-            lk_set_num_threads(nt);
+    for (int f8 = 0; f8 <= 1; f8++)
+        for (int decode = 0; decode <= 1; decode++) {
+            acase c = base_case();
+            c.B = 2, c.ql[0] = decode ? 2 : 150, c.ql[1] = 1, c.kl[0] = 300, c.kl[1] = 1200, c.Hq = 4, c.Hk = 2;
+            c.causal = 1, c.paged = 1;
+            if (f8) c.ot = LK_F8E4M3, c.osc = 0.02f, c.Hq = 8; /* 8 / 2: the GQA-4 decode loop */
+            abufs z;
+            build(&c, &z);
+            tu_buf ref = tu_alloc(c.ot, 3, (int64_t[]){z.Tq, c.Hq, c.Dv}, 0);
+            lk_set_num_threads(1);
             call(&c, &z, 1);
-            double *v = tu_values(&z.out), *l = tu_values(&z.lse);
-            same &= memcmp(v, v1, sizeof(double) * (size_t)(z.Tq * c.Hq * c.Dv)) == 0;
-            same &= memcmp(l, l1, sizeof(double) * (size_t)(z.Tq * c.Hq)) == 0;
-            free(v), free(l);
+            double *v1 = tu_values(&z.out), *l1 = tu_values(&z.lse);
+            int same = 1;
+            for (int nt = 2; nt <= 4; nt++) {
+                lk_set_num_threads(nt);
+                call(&c, &z, 1);
+                double *v = tu_values(&z.out), *l = tu_values(&z.lse);
+                same &= memcmp(v, v1, sizeof(double) * (size_t)(z.Tq * c.Hq * c.Dv)) == 0;
+                same &= memcmp(l, l1, sizeof(double) * (size_t)(z.Tq * c.Hq)) == 0;
+                free(v), free(l);
+            }
+            tu_check(same, "attn %s %s out: bitwise identical for 1..4 threads", decode ? "decode" : "prefill",
+                     lk_dtype_name(c.ot));
+            lk_set_num_threads(0);
+            free(v1), free(l1);
+            tu_free(&ref);
+            free_bufs(&z);
         }
-        tu_check(same, "attn %s: bitwise identical for 1..4 threads", decode ? "decode" : "prefill");
-        lk_set_num_threads(0);
-        free(v1), free(l1);
-        tu_free(&ref);
-        free_bufs(&z);
-    }
 }
 
 static void test_bad_inputs(void) {
@@ -1136,6 +1241,228 @@ static void test_alibi_bad(void) {
     free_bufs(&z);
 }
 
+/* fp8 outs (lk_flash_attn_varlen_scaled), e4m3 and e5m2, output scales from 0.002 to 1
+ * (values over many binades, subnormal codes at 1), every ISA through run_case_f8: decode
+ * (1-4 queries, paged, GQA 4 heads per KV head: AVX2's decode_row_g4f; MHA over NZ) and
+ * prefill (dense and paged), bf16 / f32 / fp8 q and K / V with descales, strided out
+ * with garbage padding, empty requests and rows that see no key (code 0), padding tokens,
+ * output_scale as [] and [1], and a head dim the SIMD kernels hand to the reference */
+static void test_fp8_out(void) {
+    const lk_dtype ots[2] = {LK_F8E4M3, LK_F8E5M2};
+    const float oscs[4] = {0.01f, 0.37f, 1.0f, 0.002f};
+    int n = 0;
+    for (int o = 0; o < 2; o++)
+        for (int shape = 0; shape < 8; shape++) {
+            acase c = base_case();
+            c.ot = ots[o], c.osc = oscs[n % 4], c.osc_0d = n % 3 == 1, c.causal = 1;
+            n++;
+            if (shape == 0) { /* decode paged GQA 4, 1-4 queries, several chunks */
+                c.B = 3, c.ql[0] = 1, c.ql[1] = 4, c.ql[2] = 2, c.kl[0] = 700, c.kl[1] = 9, c.kl[2] = 37;
+                c.Hq = 8, c.Hk = 2, c.Dqk = c.Dv = 128, c.paged = 1, c.name = "decode paged gqa4";
+            } else if (shape == 1) { /* decode GQA 4, e4m3 K / e5m2 V, descales, ND pages of 7 */
+                c.B = 2, c.ql[0] = 3, c.ql[1] = 1, c.kl[0] = 530, c.kl[1] = 41, c.Hq = 8, c.Hk = 2, c.Dqk = 64;
+                c.Dv = 32, c.paged = 1, c.bs = 7, c.kt = LK_F8E4M3, c.mixv = 1, c.vt = LK_F8E5M2, c.desc = 4;
+                c.name = "decode gqa4 fp8 K/V";
+            } else if (shape == 2) { /* decode MHA over NZ, fp8 q and K/V */
+                c.B = 2, c.ql[0] = 1, c.ql[1] = 2, c.kl[0] = 65, c.kl[1] = 130, c.Hq = c.Hk = 3, c.Dqk = 64;
+                c.Dv = 96, c.paged = 1, c.layout = LK_KV_NZ, c.qt = LK_F8E4M3, c.kt = LK_F8E4M3, c.desc = 3;
+                c.name = "decode MHA NZ fp8";
+            } else if (shape == 3) { /* prefill dense GQA 2, f32 */
+                c.ql[0] = 40, c.kl[0] = 90, c.Hq = 4, c.Hk = 2, c.qt = c.kt = LK_F32, c.name = "prefill dense";
+            } else if (shape == 4) { /* prefill paged, e5m2 K/V with per-head descales */
+                c.B = 2, c.ql[0] = 19, c.ql[1] = 40, c.kl[0] = 150, c.kl[1] = 41, c.Hq = 8, c.Hk = 2;
+                c.Dqk = c.Dv = 128, c.paged = 1, c.kt = LK_F8E5M2, c.desc = 3, c.name = "prefill paged e5m2 K/V";
+            } else if (shape == 5) { /* mixed batch: empty requests, no-key rows, padding, strided */
+                c.B = 5;
+                int64_t ql[5] = {3, 0, 17, 1, 0}, kl[5] = {3, 9, 0, 30, 0};
+                memcpy(c.ql, ql, sizeof ql), memcpy(c.kl, kl, sizeof kl);
+                c.pad_tokens = 2, c.pad = 1, c.lse_t = 1, c.Hq = 4, c.Hk = 2, c.paged = o, c.name = "mixed batch strided";
+            } else if (shape == 6) { /* decode with an empty request, padding tokens, strided, window */
+                c.B = 3, c.ql[0] = 1, c.ql[1] = 3, c.ql[2] = 2, c.kl[0] = 0, c.kl[1] = 530, c.kl[2] = 2, c.wl = 100;
+                c.Hq = 8, c.Hk = 2, c.Dqk = c.Dv = 64, c.paged = 1, c.kt = LK_F8E4M3, c.desc = 2, c.pad = 1;
+                c.pad_tokens = 1, c.name = "decode empty request strided";
+            } else { /* head dim 20: the reference path on every ISA; q > k causal: masked rows */
+                c.ql[0] = 20, c.kl[0] = 5, c.Dqk = c.Dv = 20, c.name = "head dim 20, q > k causal";
+            }
+            free(run_case(&c));
+        }
+    /* page sizes: NZ and HND give the bits of ND with an fp8 out too */
+    for (int decode = 0; decode <= 1; decode++) {
+        acase c = base_case();
+        c.B = 2, c.ql[0] = decode ? 1 : 19, c.ql[1] = decode ? 2 : 40, c.kl[0] = 150, c.kl[1] = 41, c.causal = 1;
+        c.paged = 1, c.bs = 16, c.Hq = 8, c.Hk = 2, c.Dqk = c.Dv = 128, c.ot = LK_F8E4M3, c.osc = 0.05f;
+        tu_seed(3000 + decode);
+        c.name = "fp8 out paged ND";
+        double *nd = run_case(&c);
+        tu_seed(3000 + decode);
+        c.layout = LK_KV_NZ, c.name = "fp8 out paged NZ";
+        double *nz = run_case(&c);
+        int64_t nv = (c.ql[0] + c.ql[1]) * c.Hq * c.Dv;
+        tu_check(memcmp(nd, nz, sizeof(double) * (size_t)nv) == 0, "attn fp8 out %s: NZ bit-identical to ND",
+                 decode ? "decode" : "prefill");
+        free(nd), free(nz);
+    }
+}
+
+/* fp8 out special values, every ISA, decode (GQA 4 x 128: g4f on AVX2) and prefill (8
+ * causal queries over 40 keys), e4m3 and e5m2 outs:
+ *  - a tiny output_scale (1e-30): every value beyond the max saturates to +-max
+ *  - an e4m3 NaN code in V (key 21, KV head 1, dim 37): that dim's code is NaN for the
+ *    rows of KV head 1 that see key 21, every other code matches ref within one code
+ *  - an e5m2 inf code in V (same place): that dim saturates to +max where it is seen */
+static void test_fp8_out_special(void) {
+    enum { HQ = 8, HK = 2, D = 128, K = 40, T = 8 };
+    static uint8_t k8[K][HK][D], v8[K][HK][D], out[T][HQ][D], ref[T][HQ][D];
+    static uint16_t q[T][HQ][D];
+    tu_seed(99);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HQ; h++)
+            for (int d = 0; d < D; d++) q[t][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int vf = 0; vf < 2; vf++) /* V e4m3 / e5m2 */
+        for (int of = 0; of < 2; of++) /* out e4m3 / e5m2 */
+            for (int prefill = 0; prefill <= 1; prefill++) {
+                lk_dtype vt = vf ? LK_F8E5M2 : LK_F8E4M3, ot = of ? LK_F8E5M2 : LK_F8E4M3;
+                for (int j = 0; j < K; j++)
+                    for (int h = 0; h < HK; h++)
+                        for (int d = 0; d < D; d++)
+                            k8[j][h][d] = (uint8_t)(0x30 + tu_rand() % 12), v8[j][h][d] = (uint8_t)(tu_rand() % 0x70) |
+                                                                                   (uint8_t)(tu_rand() % 2 ? 0x80 : 0);
+                int tq = prefill ? T : 1;
+                int32_t cq[2] = {0, tq}, ck[2] = {0, K};
+                lk_tensor tk = lk_tensor_make(k8, LK_F8E4M3, 3, (int64_t[]){K, HK, D});
+                lk_tensor tv = lk_tensor_make(v8, vt, 3, (int64_t[]){K, HK, D});
+                lk_tensor ttq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){tq, HQ, D});
+                lk_tensor to = lk_tensor_make(out, ot, 3, (int64_t[]){tq, HQ, D});
+                lk_tensor tr = lk_tensor_make(ref, ot, 3, (int64_t[]){tq, HQ, D});
+                lk_tensor tcq = lk_tensor_make(cq, LK_I32, 1, (int64_t[]){2}), tck = lk_tensor_make(ck, LK_I32, 1, (int64_t[]){2});
+                lk_attn_params p = lk_attn_params_default(0.08f);
+                p.causal = 1;
+                float tiny = 1e-30f, osc = 0.01f;
+                lk_tensor tt = lk_tensor_make(&tiny, LK_F32, 1, (int64_t[]){1}), ts = lk_tensor_make(&osc, LK_F32, 1, (int64_t[]){1});
+                uint8_t mx = f8_maxcode(ot);
+                /* saturation */
+                for (int ii = 0; ii < ni; ii++) {
+                    lk_set_isa(isas[ii]);
+                    lk_status st = lk_flash_attn_varlen_scaled(&to, NULL, &ttq, &tk, &tv, &tcq, &tck, NULL, NULL, &p, &tt);
+                    int bad = 0;
+                    static float ov[T][HQ][D];
+                    lk_tensor tf = lk_tensor_make(ov, LK_F32, 3, (int64_t[]){tq, HQ, D});
+                    lk_flash_attn_varlen(&tf, NULL, &ttq, &tk, &tv, &tcq, &tck, NULL, NULL, &p);
+                    for (int t = 0; t < tq; t++)
+                        for (int h = 0; h < HQ; h++)
+                            for (int d = 0; d < D; d++) {
+                                float v = ov[t][h][d];
+                                uint8_t want = v == 0.0f ? (signbit(v) ? 0x80 : 0x00) : (uint8_t)((v < 0 ? 0x80 : 0) | mx);
+                                bad += st != LK_OK || out[t][h][d] != want;
+                            }
+                    tu_check(bad == 0, "attn fp8 out %s %s V, %s out, %s: output_scale 1e-30 saturates every value to "
+                             "+-max (%d wrong)", lk_isa_name(isas[ii]), lk_dtype_name(vt), lk_dtype_name(ot),
+                             prefill ? "prefill" : "decode", bad);
+                }
+                /* NaN (e4m3 V) / inf (e5m2 V) at key 21, KV head 1, dim 37 */
+                v8[21][1][37] = vf ? 0x7c : 0x7f;
+                lk_set_isa(LK_ISA_REF);
+                lk_status s0 = lk_flash_attn_varlen_scaled(&tr, NULL, &ttq, &tk, &tv, &tcq, &tck, NULL, NULL, &p, &ts);
+                for (int ii = 0; ii < ni; ii++) {
+                    lk_set_isa(isas[ii]);
+                    memset(out, 0x55, sizeof out);
+                    lk_status st = lk_flash_attn_varlen_scaled(&to, NULL, &ttq, &tk, &tv, &tcq, &tck, NULL, NULL, &p, &ts);
+                    int ok = s0 == LK_OK && st == LK_OK;
+                    for (int t = 0; t < tq; t++)
+                        for (int h = 0; h < HQ; h++)
+                            for (int d = 0; d < D; d++) {
+                                /* query t sees keys j <= t + K - tq */
+                                int hit = h >= HQ / HK && d == 37 && 21 <= t + K - tq;
+                                uint8_t g = out[t][h][d], r = ref[t][h][d];
+                                if (hit) ok &= vf ? g == mx && r == mx : f8_nan(ot, g) && f8_nan(ot, r);
+                                else ok &= !f8_nan(ot, g) && f8_close(ot, g, f8_dec(ot, r), f8_slack(f8_dec(ot, r) * 0.01, 0.01));
+                            }
+                    tu_check(ok, "attn fp8 out %s %s, %s out: an %s V code reaches its dim of the rows that see it as %s "
+                             "only", lk_isa_name(isas[ii]), prefill ? "prefill" : "decode", lk_dtype_name(ot),
+                             vf ? "inf" : "NaN", vf ? "+max (saturated)" : "a NaN code");
+                }
+            }
+    lk_set_isa(lk_isa_best());
+}
+
+/* bad output_scale / out combinations: named, status as the contract says, every buffer
+ * (out, lse, K, the block table, the scale) bit-identical */
+static void test_fp8_out_bad(void) {
+    acase c = base_case();
+    c.B = 2, c.ql[0] = 1, c.ql[1] = 3, c.kl[0] = 20, c.kl[1] = 5, c.Hq = 4, c.Hk = 2, c.paged = 1, c.bs = 4;
+    c.ot = LK_F8E4M3, c.osc = 0.1f, c.pad = 1;
+    abufs z;
+    build(&c, &z);
+    lk_attn_params p = params_of(&c);
+    tu_buf fo = tu_alloc(LK_BF16, 3, (int64_t[]){z.Tq, c.Hq, c.Dv}, 1);
+    tu_buf sc[10] = {tu_alloc(LK_F32, 1, (int64_t[]){1}, 0), tu_alloc(LK_F32, 1, (int64_t[]){1}, 0),
+                     tu_alloc(LK_F32, 1, (int64_t[]){1}, 0), tu_alloc(LK_F32, 1, (int64_t[]){1}, 0),
+                     tu_alloc(LK_F32, 1, (int64_t[]){2}, 0), tu_alloc(LK_F32, 2, (int64_t[]){1, 1}, 0),
+                     tu_alloc(LK_F32, 3, (int64_t[]){1, 1, 1}, 0), tu_alloc(LK_F16, 1, (int64_t[]){1}, 0),
+                     tu_alloc(LK_F8E4M3, 1, (int64_t[]){1}, 0), tu_alloc(LK_I32, 1, (int64_t[]){1}, 0)};
+    const double vals[10] = {0.0, -1.0, NAN, INFINITY, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0};
+    const lk_status want[10] = {LK_ERR_VALUE, LK_ERR_VALUE, LK_ERR_VALUE, LK_ERR_VALUE, LK_ERR_SHAPE,
+                                LK_ERR_SHAPE, LK_ERR_RANK,  LK_ERR_DTYPE, LK_ERR_DTYPE, LK_ERR_DTYPE};
+    for (int i = 0; i < 10; i++)
+        for (int64_t e = 0; e < tu_numel(&sc[i]); e++) tu_set(&sc[i], e, vals[i]);
+    tu_buf good = tu_alloc(LK_F32, 1, (int64_t[]){1}, 0);
+    tu_set(&good, 0, 0.1);
+#define SNAP() tu_snapshot(&z.out), tu_snapshot(&z.lse), tu_snapshot(&z.k), tu_snapshot(&z.table), tu_snapshot(&fo)
+#define INTACT() (tu_intact(&z.out) && tu_intact(&z.lse) && tu_intact(&z.k) && tu_intact(&z.table) && tu_intact(&fo))
+#define SCALED(OUT, OS) \
+    lk_flash_attn_varlen_scaled(OUT, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t, &p, OS)
+    for (int i = 0; i < 10; i++) {
+        SNAP();
+        tu_snapshot(&sc[i]);
+        lk_status st = SCALED(&z.out.t, &sc[i].t);
+        tu_check(st == want[i] && strstr(lk_last_error(), "lk_flash_attn_varlen_scaled: output_scale") && INTACT() &&
+                 tu_intact(&sc[i]), "attn fp8 out: bad output_scale case %d -> %s (%s)", i, lk_status_str(st),
+                 lk_last_error());
+    }
+#define EXPECT(W, A, S, CALL)                                                                               \
+    do {                                                                                                    \
+        SNAP();                                                                                             \
+        lk_status st_ = CALL;                                                                               \
+        tu_check(st_ == (S) && strstr(lk_last_error(), A) && INTACT(), "attn fp8 out: %s -> %s (%s)", W,     \
+                 lk_status_str(st_), lk_last_error());                                                      \
+    } while (0)
+    EXPECT("fp8 out without output_scale", "lk_flash_attn_varlen_scaled: output_scale", LK_ERR_NULL,
+           SCALED(&z.out.t, NULL));
+    EXPECT("bf16 out with output_scale", "lk_flash_attn_varlen_scaled: out", LK_ERR_DTYPE, SCALED(&fo.t, &good.t));
+    EXPECT("fp8 out through lk_flash_attn_varlen", "lk_flash_attn_varlen: out", LK_ERR_DTYPE,
+           lk_flash_attn_varlen(&z.out.t, &z.lse.t, &z.q.t, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t, &p));
+    /* output_scale inside lse and inside out (a valid value there) */
+    float *l0 = (float *)z.lse.t.data;
+    l0[0] = 0.5f;
+    memcpy(z.out.t.data, &(float){0.5f}, sizeof(float));
+    lk_tensor in_lse = lk_tensor_make(l0, LK_F32, 1, (int64_t[]){1});
+    lk_tensor in_out = lk_tensor_make(z.out.t.data, LK_F32, 1, (int64_t[]){1});
+    EXPECT("output_scale inside lse", "output_scale", LK_ERR_ALIAS, SCALED(&z.out.t, &in_lse));
+    EXPECT("output_scale inside out", "output_scale", LK_ERR_ALIAS, SCALED(&z.out.t, &in_out));
+#undef EXPECT
+    /* empty work still validates output_scale */
+    lk_tensor o0 = z.out.t, l0t = z.lse.t, q0 = z.q.t;
+    int32_t *cu = (int32_t *)z.cuq.t.data;
+    o0.shape[0] = l0t.shape[0] = q0.shape[0] = 0;
+    int32_t keep[3] = {cu[0], cu[1], cu[2]};
+    cu[0] = cu[1] = cu[2] = 0;
+    lk_status st0 = lk_flash_attn_varlen_scaled(&o0, &l0t, &q0, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t,
+                                                &p, &sc[2].t);
+    lk_status st1 = lk_flash_attn_varlen_scaled(&o0, &l0t, &q0, &z.k.t, &z.v.t, &z.cuq.t, NULL, &z.used.t, &z.table.t,
+                                                &p, &good.t);
+    cu[0] = keep[0], cu[1] = keep[1], cu[2] = keep[2];
+    tu_check(st0 == LK_ERR_VALUE && st1 == LK_OK, "attn fp8 out: 0 tokens validates output_scale (NaN -> %s), a good "
+             "one -> %s", lk_status_str(st0), lk_status_str(st1));
+#undef SCALED
+#undef INTACT
+#undef SNAP
+    for (int i = 0; i < 10; i++) tu_free(&sc[i]);
+    tu_free(&good), tu_free(&fo);
+    free_bufs(&z);
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -1147,6 +1474,9 @@ int main(void) {
     test_fp8_paged();
     test_fp8_codes();
     test_fp8_bad_descales();
+    test_fp8_out();
+    test_fp8_out_special();
+    test_fp8_out_bad();
     test_threads();
     test_bad_inputs();
     test_alibi_bad();

@@ -965,6 +965,92 @@ static void test_attention_bf16_decode(void) {
  * in sum). Then the special values: a NaN code of a visible key makes its query rows
  * NaN (that KV head's), a NaN V code of a key the causal mask hides reaches only the
  * queries that see it (in its dim), e5m2's inf in K makes the row NaN, and descales scale exactly. */
+/* flash attention into an fp8 out (lk_flash_attn_varlen_scaled), every ISA, decode (1
+ * query, 4 query heads per KV head x 16 dims: AVX2's GQA decode loop) and prefill (5
+ * queries), e4m3 and e5m2 outs. One key (P = 1, l = 1), so out = that key's V row
+ * exactly and each code must be fp8(v / output_scale) of the reference converter:
+ *  - the rounding order: a true f32 division. With output_scale 63/32, v = 2.091796875
+ *    (e4m3) and 2.21484375 (e5m2) divide to the ties 1.0625 / 1.125 exactly, which round to
+ *    even (0x38 / 0x3c); v * (1 / output_scale) lands one f32 ulp above the tie and would
+ *    round up (0x39 / 0x3d)
+ *  - beyond the max and +-inf saturate to +-max; NaN stays NaN; 0 gives code 0; the
+ *    smallest subnormal is kept
+ *  - no visible key (and padding rows past the last request): code 0, lse -inf */
+static int f8_is_nan(int e5m2, uint8_t c) { return e5m2 ? (c & 0x7f) > 0x7c : (c & 0x7f) == 0x7f; }
+
+static void test_attention_fp8_out(void) {
+    enum { T = 6, H = 4, DH = 16 };
+    static float q[T][H][DH], k[1][1][DH], v[1][1][DH], lse[T][H];
+    static uint8_t out[T][H][DH];
+    const float osc = 63.0f / 32.0f;
+    const float vals[DH] = {2.091796875f, -2.091796875f, 2.21484375f, -2.21484375f, 2e5f, -1e6f, INFINITY,
+                            -INFINITY, NAN, 0.0f, 0x1p-9f * osc, 0x1p-16f * osc, 0.3f, -0.7f, 5.5f, 1e-3f};
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < DH; d++) q[t][h][d] = 0.1f * (float)((t + h + d) % 5) - 0.2f;
+    for (int d = 0; d < DH; d++) k[0][0][d] = 0.25f, v[0][0][d] = vals[d];
+    lk_tensor tk = t3(k, LK_F32, 1, 1, DH), tv = t3(v, LK_F32, 1, 1, DH), tos = t1((void *)&osc, LK_F32, 1);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int of = 0; of < 2; of++)
+            for (int prefill = 0; prefill <= 1; prefill++) {
+                lk_dtype ot = of ? LK_F8E5M2 : LK_F8E4M3;
+                uint8_t mx = of ? 0x7b : 0x7e;
+                int tq = prefill ? 5 : 1; /* row tq (and up to T - 1) is padding past cu_q[B] */
+                int32_t cq[2] = {0, tq}, ck[2] = {0, 1}, ck0[2] = {0, 0};
+                lk_tensor tq_ = t3(q, LK_F32, T, H, DH), to = lk_tensor_make(out, ot, 3, (int64_t[]){T, H, DH});
+                lk_tensor tl = t2(lse, LK_F32, T, H), tcq = t1(cq, LK_I32, 2), tck = t1(ck, LK_I32, 2), tck0 = t1(ck0, LK_I32, 2);
+                lk_attn_params p = lk_attn_params_default(0.5f);
+                memset(out, 0x55, sizeof out);
+                lk_status st = lk_flash_attn_varlen_scaled(&to, &tl, &tq_, &tk, &tv, &tcq, &tck, NULL, NULL, &p, &tos);
+                int ok = st == LK_OK, exact = 1;
+                for (int t = 0; t < T; t++)
+                    for (int h = 0; h < H; h++)
+                        for (int d = 0; d < DH; d++) {
+                            uint8_t g = out[t][h][d];
+                            if (t >= tq) { /* padding row */
+                                ok &= g == 0x00 && lse[t][h] == -INFINITY;
+                                continue;
+                            }
+                            float y = vals[d] / osc;
+                            uint8_t w = of ? lk_f32_to_f8e5m2(y) : lk_f32_to_f8e4m3(y);
+                            exact &= isnan(vals[d]) ? f8_is_nan(of, g) : g == w;
+                        }
+                /* the hand-computed codes of row 0, head 0 */
+                const uint8_t *r = out[0][0];
+                ok &= of ? r[2] == 0x3c && r[3] == 0xbc : r[0] == 0x38 && r[1] == 0xb8; /* the ties */
+                ok &= r[4] == mx && r[5] == (0x80 | mx) && r[6] == mx && r[7] == (0x80 | mx);
+                ok &= f8_is_nan(of, r[8]) && r[9] == 0x00;
+                ok &= of ? r[11] == 0x01 : r[10] == 0x01; /* 2^-16 (e5m2), 2^-9 (e4m3): the smallest subnormal */
+                tu_check(ok && exact, "%s flash_attn_varlen_scaled %s out %s: fp8(v / output_scale) with a true f32 "
+                         "division (ties to even where v * (1 / s) rounds up), +-max for values beyond it and +-inf, "
+                         "NaN kept, 0 -> 0, subnormals kept; padding rows 0 / lse -inf", lk_isa_name(isas[ii]),
+                         lk_dtype_name(ot), prefill ? "prefill" : "decode");
+                /* no key: code 0, lse -inf */
+                memset(out, 0x55, sizeof out);
+                st = lk_flash_attn_varlen_scaled(&to, &tl, &tq_, &tk, &tv, &tcq, &tck0, NULL, NULL, &p, &tos);
+                ok = st == LK_OK;
+                for (int t = 0; t < T; t++)
+                    for (int h = 0; h < H; h++) {
+                        ok &= lse[t][h] == -INFINITY;
+                        for (int d = 0; d < DH; d++) ok &= out[t][h][d] == 0x00;
+                    }
+                tu_check(ok, "%s flash_attn_varlen_scaled %s out %s: a row that sees no key gets code 0 and lse -inf",
+                         lk_isa_name(isas[ii]), lk_dtype_name(ot), prefill ? "prefill" : "decode");
+                /* a NaN score (NaN q) makes the row's codes NaN and its lse NaN */
+                float keep = q[0][1][3];
+                q[0][1][3] = NAN;
+                st = lk_flash_attn_varlen_scaled(&to, &tl, &tq_, &tk, &tv, &tcq, &tck, NULL, NULL, &p, &tos);
+                ok = st == LK_OK && isnan(lse[0][1]) && isfinite(lse[0][0]);
+                for (int d = 0; d < DH; d++) ok &= f8_is_nan(of, out[0][1][d]);
+                q[0][1][3] = keep;
+                tu_check(ok, "%s flash_attn_varlen_scaled %s out %s: a NaN score makes the row's codes NaN (lse NaN)",
+                         lk_isa_name(isas[ii]), lk_dtype_name(ot), prefill ? "prefill" : "decode");
+            }
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 static void test_attention_fp8(void) {
     enum { T = 24, HQ = 4, HK = 2, DH = 64, HQX = 8 };
     static float x_k[T][HK][DH], x_v[T][HK][DH], q[T][HQ][DH], out[T][HQ][DH], qx[T][HQX][DH], outx[T][HQX][DH];
@@ -1338,6 +1424,7 @@ int main(void) {
     test_attention_bf16();
     test_attention_bf16_decode();
     test_attention_fp8();
+    test_attention_fp8_out();
     test_mla();
     test_mla_fp8();
     test_mla_decode();

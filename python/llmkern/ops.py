@@ -794,7 +794,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_softmax_lse=False, out=None, seqused_k=None, kv_layout="ND",
                            scheduler_metadata=None, num_splits=0, fa_version=None, q_v=None,
                            q_descale=None, k_descale=None, v_descale=None, s_aux=None,
-                           kv_cache_dtype="auto"):
+                           kv_cache_dtype="auto", output_scale=None):
     """flash-attention's varlen attention. q [Tq, Hq, Dqk]; dense k [Tk, Hk, Dqk],
     v [Tk, Hk, Dv] with cu_seqlens_k, or paged caches with block_table [B, pages] and
     seqused_k [B] (cu_seqlens_k None; kv_layout 'ND' or 'NZ'). Returns out [Tq, Hq, Dv]
@@ -811,7 +811,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     [num_seqs, Hk] as vLLM expands them; dequantized = fp8 * descale, applied to the
     scores and outputs inside the kernel; ignored for a q, k or v that is not fp8).
     kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' views uint8 K/V buffers (as vLLM
-    allocates caches) as that fp8 type. An fp8 NZ cache is [blocks, Hk*D/32, bs, 32]."""
+    allocates caches) as that fp8 type. An fp8 NZ cache is [blocks, Hk*D/32, bs, 32].
+    output_scale (vLLM's fused output quantization; a number or a one-element f32
+    tensor): out is fp8 and holds fp8(attention / output_scale) (one f32 division,
+    saturated to the finite range, NaN kept; rows that see no key 0). out may be given as
+    float8_e4m3fn / float8_e5m2 (torch, ml_dtypes) or a uint8 buffer taken as e4m3, as
+    merge_attn_states(output_scale=) takes its output; None allocates an e4m3 out
+    (torch.float8_e4m3fn; NumPy: ml_dtypes.float8_e4m3fn, or uint8 without ml_dtypes).
+    lse stays f32."""
     if dropout_p:
         raise NotImplementedError("dropout_p: only 0.0 (inference) is supported")
     # vLLM's vllm_flash_attn keywords: scheduling hints are ignored, the rest refused
@@ -842,7 +849,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             vt = 32 if (f8 is not None or _fp8_code(v) is not None) else 16
             hk = k.shape[1] * kt // dqk
             dv = v.shape[1] * vt // hk if hk else dqk
-        if _fp8_code(q) is not None:
+        if output_scale is not None:  # the fp8 out of vLLM's fused output quantization
+            out = _fp8_like(q, (tq, hq, dv))
+        elif _fp8_code(q) is not None:
             out = (__import__("torch").empty((tq, hq, dv), dtype=_fp8_out_like(q, v)) if L.is_torch(q)
                    else np.empty((tq, hq, dv), dtype=_fp8_out_like(q, v)))
         else:
@@ -857,10 +866,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     keep = None
     if isinstance(params, tuple):
         params, keep = params
-    s = L.flash_attn_varlen(_out(out, "out"), _tview(lse, "lse"), _view(q, "q"), L.fp8_view(k, "k", f8),
-                            L.fp8_view(v, "v", f8), _view(cu_seqlens_q, "cu_seqlens_q"),
-                            _view(cu_seqlens_k, "cu_seqlens_k"), _view(seqused_k, "seqused_k"),
-                            _view(block_table, "block_table"), params)
+    args = (_tview(lse, "lse"), _view(q, "q"), L.fp8_view(k, "k", f8), L.fp8_view(v, "v", f8),
+            _view(cu_seqlens_q, "cu_seqlens_q"), _view(cu_seqlens_k, "cu_seqlens_k"), _view(seqused_k, "seqused_k"),
+            _view(block_table, "block_table"), params)
+    if output_scale is not None:
+        output_scale = _scale_in(output_scale, "output_scale")
+        s = L.flash_attn_varlen_scaled(_fp8_out(out, "out"), *args, _view(output_scale, "output_scale"))
+    else:
+        s = L.flash_attn_varlen(_out(out, "out"), *args)
     del keep
     if s:
         _raise(s)
@@ -884,12 +897,22 @@ def _fresh_copy(x):
     return np.array(x, order="C", copy=True)
 
 
-def _tokens_view(x, name, writable=False):
+def _tokens_view(x, name, writable=False, uint8_e4m3=False):
     """[B, S, H, D] -> the packed [B * S, H, D] view (ValueError naming x if the batch
-    and sequence dims cannot merge without a copy)."""
+    and sequence dims cannot merge without a copy). uint8_e4m3: a uint8 buffer is taken
+    as e4m3 (an fp8 out, as _fp8_out takes one)."""
     if writable:
         L._writable(x, name)
-    p, dt, shape, st = L.info(x, name)
+    if uint8_e4m3 and L._is_uint8(x):
+        if isinstance(x, np.ndarray):
+            p, shape, st = L._np_data(x), x.shape, x.strides  # itemsize 1: byte strides
+        else:
+            if not x.is_cpu:
+                raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+            p, shape, st = x.data_ptr(), x.shape, x.stride()
+        dt = L.F8E4M3
+    else:
+        p, dt, shape, st = L.info(x, name)
     if len(shape) != 4:
         raise ValueError("%s: shape %s, expected [batch, seqlen, heads, head_dim]" % (name, tuple(shape)))
     shape, st = _merge_lead(tuple(shape), tuple(st), name)
@@ -971,7 +994,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                             softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, out=None, q_descale=None, k_descale=None,
-                            v_descale=None, kv_cache_dtype="auto"):
+                            v_descale=None, kv_cache_dtype="auto", output_scale=None):
     """flash-attention's decode entry point. q [B, s_q, Hq, D]; k_cache, v_cache dense
     [B_cache, S, Hk, D] (request b uses row cache_batch_idx[b], default b) or paged
     [num_blocks, block_size, Hk, D] with block_table [B, max_blocks]; cache_seqlens (int or
@@ -995,7 +1018,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     row its attention dequantizes them with (one write per request where the rows differ).
     Those descales are checked before the append (f32; [], [1], [Hk] or [B, Hk]; finite
     and > 0: LlmkernError LK_ERR_DTYPE / LK_ERR_SHAPE / LK_ERR_VALUE naming them), and an
-    error after it puts the slots' old bytes back, as for 16/32-bit caches."""
+    error after it puts the slots' old bytes back, as for 16/32-bit caches.
+    output_scale (a number or a one-element f32 tensor): an fp8 out holding
+    fp8(attention / output_scale), as flash_attn_varlen_func (out given as float8 or a
+    uint8 buffer taken as e4m3; None allocates e4m3)."""
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     if (k is None) != (v is None):
@@ -1092,7 +1118,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             softmax_scale = 1.0 / math.sqrt(D)
         dv = int(v_cache.shape[-1])
         if out is None:
-            if _fp8_code(q) is not None:
+            if output_scale is not None:  # the fp8 out of vLLM's fused output quantization
+                out = _fp8_like(q, (B, sq, Hq, dv))
+            elif _fp8_code(q) is not None:
                 out = (__import__("torch").empty((B, sq, Hq, dv), dtype=_fp8_out_like(q, v_cache)) if L.is_torch(q)
                        else np.empty((B, sq, Hq, dv), dtype=_fp8_out_like(q, v_cache)))
             else:
@@ -1110,11 +1138,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cu_q = _side(q, (np.arange(B + 1) * sq).astype(np.int32))
         used, tab = _side(q, total.astype(np.int32)), _side(q, table)
         lse2 = None if lse is None else lse.reshape(B * sq, Hq)
-        st = L.flash_attn_varlen(_tokens_view(out, "out", True), None if lse2 is None else _view(lse2, "lse"),
-                                 _tokens_view(qq, "q"), L.fp8_view(k_cache, "k_cache", f8),
-                                 L.fp8_view(v_cache, "v_cache", f8),
-                                 _view(cu_q, "cu_seqlens_q"), None, _view(used, "cache_seqlens"),
-                                 _view(tab, "block_table"), params)
+        args = (None if lse2 is None else _view(lse2, "lse"),
+                _tokens_view(qq, "q"), L.fp8_view(k_cache, "k_cache", f8), L.fp8_view(v_cache, "v_cache", f8),
+                _view(cu_q, "cu_seqlens_q"), None, _view(used, "cache_seqlens"), _view(tab, "block_table"), params)
+        if output_scale is not None:
+            output_scale = _scale_in(output_scale, "output_scale")
+            st = L.flash_attn_varlen_scaled(_tokens_view(out, "out", True, uint8_e4m3=True), *args,
+                                            _view(output_scale, "output_scale"))
+        else:
+            st = L.flash_attn_varlen(_tokens_view(out, "out", True), *args)
         del keep
         if st:
             _raise(st)

@@ -156,8 +156,11 @@ def _varlen_dv(q, k, v, block_table, kv_layout, kv_cache_dtype="auto"):
     return v.shape[-1]
 
 
-def _out_dtype(q, v, kv_cache_dtype="auto"):
-    """out is allocated like q; for an fp8 q like v, or bf16 when v is fp8 too"""
+def _out_dtype(q, v, kv_cache_dtype="auto", output_scale=None):
+    """out is allocated like q; for an fp8 q like v, or bf16 when v is fp8 too; with an
+    output_scale float8_e4m3fn (vLLM's fused output quantization)"""
+    if output_scale is not None:
+        return torch.float8_e4m3fn
     if q.dtype not in _FP8_TORCH:
         return q.dtype
     return torch.bfloat16 if _is_f8(v, kv_cache_dtype) else v.dtype
@@ -165,21 +168,21 @@ def _out_dtype(q, v, kv_cache_dtype="auto"):
 
 def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, block_table=None, softmax_scale=None,
                  causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, kv_layout="ND",
-                 q_descale=None, k_descale=None, v_descale=None, kv_cache_dtype="auto"):
+                 q_descale=None, k_descale=None, v_descale=None, kv_cache_dtype="auto", output_scale=None):
     out, lse = _ops.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, 0, 0, softmax_scale=softmax_scale,
                                            causal=causal, window_size=tuple(window_size), softcap=softcap,
                                            alibi_slopes=alibi_slopes, block_table=block_table,
                                            return_softmax_lse=True, seqused_k=seqused_k, kv_layout=kv_layout,
                                            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                           kv_cache_dtype=kv_cache_dtype)
+                                           kv_cache_dtype=kv_cache_dtype, output_scale=output_scale)
     return out, lse
 
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, block_table=None, softmax_scale=None,
                  causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, kv_layout="ND",
-                 q_descale=None, k_descale=None, v_descale=None, kv_cache_dtype="auto"):
+                 q_descale=None, k_descale=None, v_descale=None, kv_cache_dtype="auto", output_scale=None):
     dv = _varlen_dv(q, k, v, block_table, kv_layout, kv_cache_dtype)
-    return (q.new_empty((q.shape[0], q.shape[1], dv), dtype=_out_dtype(q, v, kv_cache_dtype)),
+    return (q.new_empty((q.shape[0], q.shape[1], dv), dtype=_out_dtype(q, v, kv_cache_dtype, output_scale)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
@@ -187,28 +190,29 @@ _register("flash_attn_varlen_func",
           "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k=None, "
           "Tensor? block_table=None, float? softmax_scale=None, bool causal=False, int[] window_size=[-1, -1], "
           "float softcap=0.0, Tensor? alibi_slopes=None, str kv_layout=\"ND\", Tensor? q_descale=None, "
-          "Tensor? k_descale=None, Tensor? v_descale=None, str kv_cache_dtype=\"auto\") -> (Tensor, Tensor)",
+          "Tensor? k_descale=None, Tensor? v_descale=None, str kv_cache_dtype=\"auto\", "
+          "Tensor? output_scale=None) -> (Tensor, Tensor)",
           _varlen_impl, _varlen_fake)
 
 
 def _kvcache_impl(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                   cache_batch_idx=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                   softcap=0.0, rotary_interleaved=True, alibi_slopes=None, q_descale=None, k_descale=None,
-                  v_descale=None, kv_cache_dtype="auto"):
+                  v_descale=None, kv_cache_dtype="auto", output_scale=None):
     out, lse = _ops.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, None, block_table,
         softmax_scale, causal, tuple(window_size), softcap, rotary_interleaved, alibi_slopes,
         return_softmax_lse=True, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-        kv_cache_dtype=kv_cache_dtype)
+        kv_cache_dtype=kv_cache_dtype, output_scale=output_scale)
     return out, lse.contiguous()
 
 
 def _kvcache_fake(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                   cache_batch_idx=None, block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                   softcap=0.0, rotary_interleaved=True, alibi_slopes=None, q_descale=None, k_descale=None,
-                  v_descale=None, kv_cache_dtype="auto"):
+                  v_descale=None, kv_cache_dtype="auto", output_scale=None):
     B, sq, Hq = q.shape[0], q.shape[1], q.shape[2]
-    return (q.new_empty((B, sq, Hq, v_cache.shape[-1]), dtype=_out_dtype(q, v_cache, kv_cache_dtype)),
+    return (q.new_empty((B, sq, Hq, v_cache.shape[-1]), dtype=_out_dtype(q, v_cache, kv_cache_dtype, output_scale)),
             q.new_empty((B, Hq, sq), dtype=torch.float32))
 
 
@@ -218,7 +222,7 @@ _register("flash_attn_with_kvcache",
           "Tensor? cache_batch_idx=None, Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
           "int[] window_size=[-1, -1], float softcap=0.0, bool rotary_interleaved=True, "
           "Tensor? alibi_slopes=None, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
-          "str kv_cache_dtype=\"auto\") -> (Tensor, Tensor)",
+          "str kv_cache_dtype=\"auto\", Tensor? output_scale=None) -> (Tensor, Tensor)",
           _kvcache_impl, _kvcache_fake)
 
 

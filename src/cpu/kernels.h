@@ -158,6 +158,11 @@ typedef struct {
      * A zero-initialised lk_scale (p NULL: internal callers such as the MLA strategies)
      * reads as 1 (lk_attn_desc). */
     lk_scale qd, kd, vd;
+    /* ---- fp8 out (since 0.3, lk_flash_attn_varlen_scaled): every out element is stored
+     * fp8(value / out_scale), value the f32 vd * o / l a float out would round (one f32
+     * division, then the src/core/fp8.h converter; the SIMD stores through lkv_store,
+     * bit-identical). Read only when out is fp8 (internal callers leave it 0). */
+    float out_scale;
 } lk_attn_args;
 
 /* descale of request b, KV head kh (1 where s->p is NULL) */

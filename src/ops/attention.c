@@ -5,13 +5,17 @@
  * include/llmkern.h; maths in docs/ops.md. fp8 (since 0.3): q, k, v may be
  * f8e4m3 / f8e5m2 (paged fp8 caches through lk_paged_init8: NZ tiles 32 wide), with
  * params.q/k/v_descale validated by lk_scale_init ([], [1], [Hk], [B, Hk]) into the
- * kernel arguments (1 for a tensor that is not fp8).
+ * kernel arguments (1 for a tensor that is not fp8). lk_flash_attn_varlen_scaled (since
+ * 0.3): the same with an fp8 out and output_scale (validated here like
+ * lk_merge_attn_states_scaled's: one f32 element, finite and > 0), passed to the kernels
+ * as out_scale.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/half.h"
+#include "../cpu/fp8_quant.h"
 #include "../cpu/kernels.h"
 
 lk_attn_params lk_attn_params_default(float scale) {
@@ -92,11 +96,22 @@ static lk_status check_overlaps(const lk_tensor *w, const char *wn, const lk_ten
     return LK_OK;
 }
 
+/* out: f32/f16/bf16, or with an output_scale fp8 (and only fp8) */
+static lk_status check_out(const lk_tensor *out, const lk_tensor *oscale) {
+    if (!oscale) return lk_check_float(out, "out", 3, 3);
+    lk_status s = lk_check_view(out, "out", 3, 3);
+    if (s) return s;
+    if (!lk_is_fp8(out->dtype))
+        return lk_fail(LK_ERR_DTYPE, "out: dtype %s with output_scale (only an fp8 out is scaled: f8e4m3, f8e5m2)",
+                       lk_dtype_name(out->dtype));
+    return LK_OK;
+}
+
 static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *out,
                             const lk_tensor *lse, const lk_tensor *q, const lk_tensor *k,
                             const lk_tensor *v, const lk_tensor *cu_q, const lk_tensor *cu_k,
                             const lk_tensor *used, const lk_tensor *table,
-                            const lk_attn_params *p) {
+                            const lk_attn_params *p, const lk_tensor *oscale) {
     lk_status s;
     if (!p) return lk_fail(LK_ERR_NULL, "params: NULL");
     if (!isfinite(p->scale)) return lk_fail(LK_ERR_VALUE, "params.scale: must be finite, got %g", (double)p->scale);
@@ -106,7 +121,7 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
         return lk_fail(LK_ERR_VALUE, "params.window: values must be >= -1, got (%lld, %lld)",
                        (long long)p->window_left, (long long)p->window_right);
     if ((s = lk_check_float8(q, "q", 3, 3))) return s;
-    if ((s = lk_check_float(out, "out", 3, 3))) return s;
+    if ((s = check_out(out, oscale))) return s;
     if ((s = lk_check_index(cu_q, "cu_seqlens_q", 1, 1))) return s;
     int64_t Tq = q->shape[0], Hq = q->shape[1], Dqk = q->shape[2], Dv = out->shape[2];
     if (out->shape[0] != Tq || out->shape[1] != Hq)
@@ -193,13 +208,16 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
     if (!lk_is_fp8(q->dtype)) lk_scale_init(&a->qd, NULL, B, Hk, "q_descale");
     if (!lk_is_fp8(k->dtype)) lk_scale_init(&a->kd, NULL, B, Hk, "k_descale");
     if (!lk_is_fp8(v->dtype)) lk_scale_init(&a->vd, NULL, B, Hk, "v_descale");
-    const lk_tensor *ins[10] = {q, k, v, cu_q, cu_k, used, table, p->q_descale, p->k_descale, p->v_descale};
-    const char *names[10] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
-                             "q_descale", "k_descale", "v_descale"};
-    if ((s = check_overlaps(out, "out", ins, names, 10))) return s;
+    /* fp8 out (lk_flash_attn_varlen_scaled): output_scale [1] / [] f32, finite and > 0 */
+    a->out_scale = 1.0f;
+    if (oscale && (s = lk_q_scale_in(oscale, "output_scale", &a->out_scale))) return s;
+    const lk_tensor *ins[11] = {q, k, v, cu_q, cu_k, used, table, p->q_descale, p->k_descale, p->v_descale, oscale};
+    const char *names[11] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+                             "q_descale", "k_descale", "v_descale", "output_scale"};
+    if ((s = check_overlaps(out, "out", ins, names, 11))) return s;
     if (lse) {
         if ((s = lk_check_no_self_overlap(lse, "lse"))) return s;
-        if ((s = check_overlaps(lse, "lse", ins, names, 10))) return s;
+        if ((s = check_overlaps(lse, "lse", ins, names, 11))) return s;
         if ((s = lk_check_disjoint(lse, "lse", out, "out"))) return s;
     }
     if (p->alibi_slopes) {
@@ -250,12 +268,10 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
     return LK_OK;
 }
 
-lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
-                               const lk_tensor *k, const lk_tensor *v, const lk_tensor *cu_seqlens_q,
-                               const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
-                               const lk_tensor *block_table, const lk_attn_params *params) {
-    lk_clear_error();
-    lk_set_op("lk_flash_attn_varlen");
+static lk_status attn_run(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q, const lk_tensor *k,
+                          const lk_tensor *v, const lk_tensor *cu_seqlens_q, const lk_tensor *cu_seqlens_k,
+                          const lk_tensor *seqused_k, const lk_tensor *block_table, const lk_attn_params *params,
+                          const lk_tensor *output_scale) {
     if (!out || !q || !k || !v || !cu_seqlens_q)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL",
                        !out ? "out" : !q ? "q" : !k ? "k" : !v ? "v" : "cu_seqlens_q");
@@ -263,10 +279,32 @@ lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse, const
     memset(&a, 0, sizeof a);
     idx_copies cp = {0};
     lk_status s = check_attn(&a, &cp, out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                             block_table, params);
+                             block_table, params, output_scale);
     if (s == LK_OK && lk_numel(out) > 0) s = lk_kernels()->flash_attn(&a);
     else if (s == LK_OK && lse && lk_numel(lse) > 0) s = lk_kernels()->flash_attn(&a);
     free_copies(&cp);
     if (s == LK_ERR_NOMEM && !lk_last_error()[0]) lk_fail(s, "out of memory for scratch buffers");
     return s;
+}
+
+lk_status lk_flash_attn_varlen(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
+                               const lk_tensor *k, const lk_tensor *v, const lk_tensor *cu_seqlens_q,
+                               const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
+                               const lk_tensor *block_table, const lk_attn_params *params) {
+    lk_clear_error();
+    lk_set_op("lk_flash_attn_varlen");
+    return attn_run(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, params, NULL);
+}
+
+/* ---- fp8 output (since 0.3): vLLM's attention forward with output_scale ---- */
+lk_status lk_flash_attn_varlen_scaled(const lk_tensor *out, const lk_tensor *lse, const lk_tensor *q,
+                                      const lk_tensor *k, const lk_tensor *v, const lk_tensor *cu_seqlens_q,
+                                      const lk_tensor *cu_seqlens_k, const lk_tensor *seqused_k,
+                                      const lk_tensor *block_table, const lk_attn_params *params,
+                                      const lk_tensor *output_scale) {
+    lk_clear_error();
+    lk_set_op("lk_flash_attn_varlen_scaled");
+    if (!output_scale && out && out->ndim >= 0 && lk_is_fp8(out->dtype))
+        return lk_fail(LK_ERR_NULL, "output_scale: tensor pointer is NULL (an fp8 out needs its scale)");
+    return attn_run(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, params, output_scale);
 }

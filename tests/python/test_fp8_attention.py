@@ -2,7 +2,9 @@
 q / K / V with q_descale, k_descale, v_descale (vLLM's names): uint8 caches viewed through
 kv_cache_dtype, ml_dtypes float8 arrays, torch float8 tensors; descales as numbers,
 [1], [Hk] and vLLM's expanded [num_seqs, Hk]; against a float64 attention of the
-dequantized values (code * descale), paged and dense, and bad descales."""
+dequantized values (code * descale), paged and dense, and bad descales. fp8 outs with
+output_scale (vLLM's fused output quantization): float64 within one code, the unfused form
+bit for bit, allocation, uint8 outs, bad scales, torch and the custom ops."""
 import math
 
 import numpy as np
@@ -423,3 +425,221 @@ def test_kvcache_append_fp8_errors_restore_cache(rng, lib):
     knp = kn.numpy() if torch is not None else kn
     np.testing.assert_array_equal(got[1, 5:8], quantize(knp[1], np.array([1.0, 2.0])[None, :, None], "fp8"))
     np.testing.assert_array_equal(got[0, 2:5], quantize(knp[0], np.array([0.5, 0.25])[None, :, None], "fp8"))
+
+
+# ---------------------------------------------------------------- fp8 out (output_scale)
+# vLLM's fused output quantization: out = fp8(attention / output_scale). Compared with a
+# float64 attention quantized by ml_dtypes' converter (clipped: the saturation), within
+# one code, and bit for bit with the unfused form: the f32 out of the same call divided by
+# output_scale in f32 and converted by ml_dtypes / torch (both round to nearest even).
+
+FMAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def f8_codes(y, t):
+    """uint8 codes of fp8(y), y f32 (or float64 rounded to f32 first), clipped to the
+    finite range as the converter saturates"""
+    m = np.float32(FMAX[np.dtype(t).name])
+    return np.clip(np.asarray(y, np.float32), -m, m).astype(t).view(np.uint8)
+
+
+def code_order(c):
+    """sign-magnitude codes as ordered integers (+0 and -0 both 0)"""
+    c = np.asarray(c, np.int32)
+    return np.where(c & 0x80, -(c & 0x7f), c & 0x7f)
+
+
+def assert_within_one_code(got_codes, want64, osc, t):
+    """each code within one code of the codes of [w - e, w + e], w = want64 / osc, e the
+    f32 attention tolerance 3e-5 (1 + |want64|) in output_scale units"""
+    w = want64 / osc
+    e = 3e-5 * (1 + np.abs(want64)) / osc
+    o, lo, hi = code_order(got_codes), code_order(f8_codes(w - e, t)), code_order(f8_codes(w + e, t))
+    assert np.all((o >= lo - 1) & (o <= hi + 1))
+
+
+def paged_case(rng, kls, qls, Hq=8, Hk=2, D=64, bs=16):
+    """f32 q and paged f32 K/V (uniform in [-1, 1), unused slots random too), with the
+    float64 K / V per request for ref_attn"""
+    B = len(kls)
+    cu_q = np.concatenate([[0], np.cumsum(qls)]).astype(np.int32)
+    pages = [(k + bs - 1) // bs for k in kls]
+    NB = sum(pages) + 2
+    kc = rng.uniform(-1, 1, (NB, bs, Hk, D)).astype(np.float32)
+    vc = rng.uniform(-1, 1, (NB, bs, Hk, D)).astype(np.float32)
+    perm = rng.permutation(NB)
+    table = np.full((B, max(pages) + 1), -1, np.int32)
+    K, V, nxt = [], [], 0
+    for b in range(B):
+        table[b, :pages[b]] = perm[nxt:nxt + pages[b]]
+        idx = [(perm[nxt + j // bs], j % bs) for j in range(kls[b])]
+        K.append(np.array([kc[p, s] for p, s in idx], np.float64).reshape(kls[b], Hk, D))
+        V.append(np.array([vc[p, s] for p, s in idx], np.float64).reshape(kls[b], Hk, D))
+        nxt += pages[b]
+    q = rng.uniform(-1, 1, (cu_q[-1], Hq, D)).astype(np.float32)
+    return q, kc, vc, cu_q, table, K, V
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("qls", [[1, 1, 2], [3, 9, 20]])  # decode (GQA 4) and prefill
+@pytest.mark.parametrize("scale_form", ["number", "one", "zero_d"])
+def test_attn_output_scale_numpy(rng, fmt, qls, scale_form):
+    t = getattr(ml(), fmt)
+    kls = [40, 0, 530]  # request 1 sees no key: code 0
+    B, Hq, Hk, D = 3, 8, 2, 64
+    q, kc, vc, cu_q, table, K, V = paged_case(rng, kls, qls, Hq, Hk, D)
+    osc = np.float32(0.0125)
+    sarg = {"number": float(osc), "one": np.array([osc], np.float32), "zero_d": np.array(osc, np.float32)}[scale_form]
+    kw = dict(softmax_scale=0.125, causal=True, block_table=table, seqused_k=np.array(kls, np.int32))
+    out, lse = lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, max(qls), max(kls), return_softmax_lse=True,
+                                         out=np.empty((cu_q[-1], Hq, D), t), output_scale=sarg, **kw)
+    assert out.dtype == t and lse.dtype == np.float32
+    f32, lse32 = lk.flash_attn_varlen_func(q, kc, vc, cu_q, None, max(qls), max(kls), return_softmax_lse=True, **kw)
+    # the unfused form, bit for bit; lse unscaled
+    np.testing.assert_array_equal(out.view(np.uint8), f8_codes(f32 / osc, t))
+    np.testing.assert_array_equal(lse, lse32)
+    # float64
+    ones = np.ones((B, Hk))
+    want = ref_attn(q.astype(np.float64), K, V, cu_q, kls, 0.125, True, ones, ones, ones)
+    assert_within_one_code(out.view(np.uint8), want, np.float64(osc), t)
+    assert (out.view(np.uint8)[cu_q[1]:cu_q[2]] == 0).all() and np.isneginf(lse[:, cu_q[1]:cu_q[2]]).all()
+    # the codes spread over several binades (|attention| / 0.0125 up to about 80)
+    assert len(np.unique(out.view(np.uint8))) > 50
+
+
+def test_attn_output_scale_allocates_and_uint8(rng):
+    """out None with output_scale: an e4m3 out (ml_dtypes float8_e4m3fn); a uint8 out is
+    taken as e4m3, as merge_attn_states(output_scale=) takes its output"""
+    t = ml().float8_e4m3fn
+    q = rng.uniform(-1, 1, (5, 4, 32)).astype(np.float32)
+    k = rng.uniform(-1, 1, (9, 2, 32)).astype(np.float32)
+    v = rng.uniform(-4, 4, (9, 2, 32)).astype(np.float32)
+    cq, ck = np.array([0, 2, 5], np.int32), np.array([0, 4, 9], np.int32)
+    a = lk.flash_attn_varlen_func(q, k, v, cq, ck, 3, 5, causal=True, output_scale=0.02)
+    assert a.dtype == t and a.shape == (5, 4, 32)
+    u8 = np.full((5, 4, 32), 0x55, np.uint8)
+    r = lk.flash_attn_varlen_func(q, k, v, cq, ck, 3, 5, causal=True, output_scale=0.02, out=u8)
+    assert r is u8
+    np.testing.assert_array_equal(u8, a.view(np.uint8))
+    f32 = lk.flash_attn_varlen_func(q, k, v, cq, ck, 3, 5, causal=True)
+    np.testing.assert_array_equal(u8, f8_codes(f32 / np.float32(0.02), t))
+    # a tiny scale saturates every value to +-448 (0x7e / 0xfe)
+    sat = lk.flash_attn_varlen_func(q, k, v, cq, ck, 3, 5, causal=True, output_scale=1e-30)
+    assert set(np.unique(sat.view(np.uint8))) <= {0x7e, 0xfe}
+
+
+@pytest.mark.parametrize("bad, err", [(0.0, "output_scale"), (-1.0, "output_scale"), (float("nan"), "output_scale"),
+                                      (float("inf"), "output_scale"), (np.ones(2, np.float32), "output_scale"),
+                                      (np.ones(1, np.float16), "output_scale")])
+def test_attn_output_scale_bad_named_nothing_written(rng, bad, err):
+    t = ml().float8_e4m3fn
+    q = rng.uniform(-1, 1, (3, 2, 16)).astype(np.float32)
+    k = rng.uniform(-1, 1, (4, 1, 16)).astype(np.float32)
+    cq, ck = np.array([0, 3], np.int32), np.array([0, 4], np.int32)
+    out = np.full((3, 2, 16), 0x55, np.uint8).view(t)
+    with pytest.raises((lk.LlmkernError, TypeError), match=err):
+        lk.flash_attn_varlen_func(q, k, k, cq, ck, 3, 4, out=out, output_scale=bad)
+    assert (out.view(np.uint8) == 0x55).all()
+
+
+def test_attn_output_scale_out_dtype_rules(rng):
+    """an fp8 out needs output_scale; a float out refuses one (both named, nothing written)"""
+    t = ml().float8_e4m3fn
+    q = rng.uniform(-1, 1, (3, 2, 16)).astype(np.float32)
+    k = rng.uniform(-1, 1, (4, 1, 16)).astype(np.float32)
+    cq, ck = np.array([0, 3], np.int32), np.array([0, 4], np.int32)
+    o8 = np.full((3, 2, 16), 0x55, np.uint8).view(t)
+    with pytest.raises(lk.LlmkernError, match="out"):
+        lk.flash_attn_varlen_func(q, k, k, cq, ck, 3, 4, out=o8)
+    assert (o8.view(np.uint8) == 0x55).all()
+    of = np.full((3, 2, 16), 7.0, np.float32)
+    with pytest.raises(lk.LlmkernError, match="out: dtype f32 with output_scale"):
+        lk.flash_attn_varlen_func(q, k, k, cq, ck, 3, 4, out=of, output_scale=0.5)
+    assert (of == 7.0).all()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_output_scale_numpy(rng, paged):
+    """flash_attn_with_kvcache(output_scale=): its own f32 result quantized, bit for bit;
+    a uint8 out taken as e4m3; the appended slots written as without output_scale"""
+    t = ml().float8_e5m2
+    B, Hq, Hk, D, S = 2, 8, 2, 32, 24
+    q = rng.uniform(-1, 1, (B, 2, Hq, D)).astype(np.float32)
+    kn, vn = rng.uniform(-1, 1, (B, 1, Hk, D)).astype(np.float32), rng.uniform(-1, 1, (B, 1, Hk, D)).astype(np.float32)
+    if paged:
+        kc, vc = rng.uniform(-1, 1, (6, 8, Hk, D)).astype(np.float32), rng.uniform(-1, 1, (6, 8, Hk, D)).astype(np.float32)
+        extra = {"block_table": np.array([[4, 1, 2], [0, 5, 3]], np.int32)}
+    else:
+        kc, vc = rng.uniform(-1, 1, (B, S, Hk, D)).astype(np.float32), rng.uniform(-1, 1, (B, S, Hk, D)).astype(np.float32)
+        extra = {}
+    lens = np.array([11, 3], np.int32)
+    kc2, vc2 = kc.copy(), vc.copy()
+    f32 = lk.flash_attn_with_kvcache(q, kc2, vc2, kn, vn, cache_seqlens=lens, causal=True, **extra)
+    o8 = np.empty((B, 2, Hq, D), t)
+    r, lse = lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, out=o8,
+                                        return_softmax_lse=True, output_scale=np.array([0.05], np.float32), **extra)
+    assert r is o8 and lse.dtype == np.float32
+    np.testing.assert_array_equal(o8.view(np.uint8), f8_codes(f32 / np.float32(0.05), t))
+    np.testing.assert_array_equal(kc, kc2)
+    np.testing.assert_array_equal(vc, vc2)
+    u8 = np.empty((B, 2, Hq, D), np.uint8)
+    lk.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens + 1, causal=True, out=u8, output_scale=0.05, **extra)
+    np.testing.assert_array_equal(u8, f8_codes(f32 / np.float32(0.05), ml().float8_e4m3fn))
+    a = lk.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens + 1, causal=True, output_scale=0.05, **extra)
+    assert a.dtype == ml().float8_e4m3fn
+    np.testing.assert_array_equal(a.view(np.uint8), u8)
+
+
+@pytest.mark.parametrize("ot", ["float8_e4m3fn", "float8_e5m2"])
+def test_torch_attn_output_scale(rng, ot):
+    """torch: float8 outs (given, or allocated e4m3 by the custom ops) with an output_scale
+    tensor, bit for bit torch's own conversion of the f32 out / output_scale, fp8 K/V with
+    descales; flash_attn_with_kvcache too; float64 within one code"""
+    torch = torch_or_skip()
+    import llmkern.torch  # noqa: F401
+    t8 = getattr(torch, ot)
+    B, Hq, Hk, D, bs, NB = 2, 8, 2, 64, 16, 6
+    kcu = torch.from_numpy(codes(rng, (NB, bs, Hk, D), "fp8"))
+    vcu = torch.from_numpy(codes(rng, (NB, bs, Hk, D), "fp8"))
+    kc, vc = kcu.view(torch.float8_e4m3fn), vcu.view(torch.float8_e4m3fn)
+    table = torch.tensor([[3, 1, 5], [0, 2, 4]], dtype=torch.int32)
+    used = torch.tensor([40, 33], dtype=torch.int32)
+    for ql in (1, 6):  # decode, prefill
+        cu = torch.tensor([0, ql, 2 * ql], dtype=torch.int32)
+        q = torch.from_numpy(rng.uniform(-1, 1, (2 * ql, Hq, D)).astype(np.float32)).to(torch.bfloat16)
+        kw = dict(softmax_scale=0.125, causal=True, block_table=table, seqused_k=used, k_descale=0.8, v_descale=1.5)
+        osc = torch.tensor([0.01])
+        out = torch.empty(2 * ql, Hq, D, dtype=t8)
+        lk.flash_attn_varlen_func(q, kc, vc, cu, None, ql, 40, out=out, output_scale=osc, **kw)
+        f32 = lk.flash_attn_varlen_func(q, kc, vc, cu, None, ql, 40, out=torch.empty(2 * ql, Hq, D), **kw)
+        m = FMAX[ot]
+        want = (f32 / osc).clamp(-m, m).to(t8)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+        K = [deq(np.concatenate([kcu.numpy()[p] for p in table[b].tolist()])[:used[b]], "fp8") for b in range(B)]
+        V = [deq(np.concatenate([vcu.numpy()[p] for p in table[b].tolist()])[:used[b]], "fp8") for b in range(B)]
+        ones = np.ones((B, Hk))
+        w64 = ref_attn(q.float().numpy().astype(np.float64), K, V, cu.numpy(), used.tolist(), 0.125, True,
+                       ones, ones * np.float32(0.8), ones * np.float32(1.5))
+        assert_within_one_code(out.view(torch.uint8).numpy(), w64, 0.01, getattr(ml(), ot))
+        # the custom op: an e4m3 out allocated, the same codes as the binding's e4m3 out
+        o3, lse3 = torch.ops.llmkern.flash_attn_varlen_func(q, kc, vc, cu, None, used, table, 0.125, True, [-1, -1],
+                                                            0.0, None, "ND", None, torch.tensor([0.8]),
+                                                            torch.tensor([1.5]), "auto", osc)
+        assert o3.dtype == torch.float8_e4m3fn and lse3.dtype == torch.float32
+        e4 = lk.flash_attn_varlen_func(q, kc, vc, cu, None, ql, 40, output_scale=osc, **kw)
+        assert e4.dtype == torch.float8_e4m3fn
+        assert torch.equal(o3.view(torch.uint8), e4.view(torch.uint8))
+    # flash_attn_with_kvcache, dense f32 cache
+    q4 = torch.from_numpy(rng.uniform(-1, 1, (2, 1, 4, 32)).astype(np.float32))
+    k4 = torch.from_numpy(rng.uniform(-1, 1, (2, 12, 1, 32)).astype(np.float32))
+    lens = torch.tensor([12, 5], dtype=torch.int32)
+    f32 = lk.flash_attn_with_kvcache(q4, k4, k4, cache_seqlens=lens, causal=True)
+    o8 = torch.empty(2, 1, 4, 32, dtype=t8)
+    lk.flash_attn_with_kvcache(q4, k4, k4, cache_seqlens=lens, causal=True, out=o8, output_scale=torch.tensor([0.01]))
+    want = (f32 / 0.01).clamp(-FMAX[ot], FMAX[ot]).to(t8)
+    assert torch.equal(o8.view(torch.uint8), want.view(torch.uint8))
+    o5, _ = torch.ops.llmkern.flash_attn_with_kvcache(q4, k4, k4, cache_seqlens=lens, causal=True,
+                                                      output_scale=torch.tensor([0.01]))
+    assert o5.dtype == torch.float8_e4m3fn
+    with pytest.raises(lk.LlmkernError, match="output_scale"):
+        lk.flash_attn_with_kvcache(q4, k4, k4, cache_seqlens=lens, out=o8, output_scale=torch.tensor([-1.0]))

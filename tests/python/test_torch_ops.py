@@ -105,6 +105,8 @@ def cases():
     c.append(("flash_attn_varlen_func", (rn(T, H, D), kc, vc, cu, None),
               {"seqused_k": torch.tensor([7, 3], dtype=torch.int32), "block_table": torch.tensor([[4, 1], [0, 5]], dtype=torch.int32),
                "causal": True, "window_size": [4, 0]}))
+    c.append(("flash_attn_varlen_func", (rn(T, H, D), rn(T, Hk, D), rn(T, Hk, D), cu, cu),
+              {"causal": True, "output_scale": torch.tensor([0.05])}))  # fp8 out (e4m3)
     c.append(("flash_attn_with_kvcache", (rn(2, 1, H, D), rn(3, 16, Hk, D), rn(3, 16, Hk, D)),
               {"k": rn(2, 1, Hk, D), "v": rn(2, 1, Hk, D), "cache_seqlens": torch.tensor([5, 0], dtype=torch.int32),
                "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32), "causal": True,

@@ -11,7 +11,9 @@
  * (request, KV head): the dot is taken on the codes' values and multiplied by
  * q_descale * k_descale with the scale, the output sum by v_descale.
  * A row that sees no key gets out = 0 and lse = -inf; query rows outside every request
- * (padding) likewise. Two passes over the scores (max, then exp-sum and PV); dot
+ * (padding) likewise. An fp8 out (lk_flash_attn_varlen_scaled) stores
+ * fp8(value / out_scale): value the f32 a float out would round, one f32 division, then
+ * the src/core/fp8.h converter (so those rows get code 0). Two passes over the scores (max, then exp-sum and PV); dot
  * products and sums in double. Keys are addressed through lk_attn_key_off, so dense,
  * paged ND and paged NZ K/V are the same loop. No threads.
  */
@@ -24,8 +26,10 @@
 static void store_row(const lk_attn_args *a, int64_t t, int64_t h, const double *acc, double l,
                       double m, double vd) {
     const lk_tensor *o = &a->out;
+    int fp8 = lk_is_fp8(o->dtype);
     for (int64_t d = 0; d < a->Dv; d++) {
         float v = l > 0 || isnan(l) ? (float)(vd * acc[d] / l) : 0.0f;
+        if (fp8) v = v / a->out_scale; /* f32 division, then the fp8 conversion of the store */
         lk_store_f(o->data, o->dtype, t * o->stride[0] + h * o->stride[1] + d * o->stride[2], v);
     }
     if (a->has_lse) {

@@ -54,7 +54,9 @@
  * (store_out_row's v_descale); on the AVX512_BF16 build fp8 rows are widened to bf16 in
  * registers (f8_to_bf16) and take the bf16 dot-product paths, elsewhere they are loaded
  * through the vector layer's fp8 -> f32 conversion (AVX2's GQA loop: lkv_load_f8_raw).
- * fp8 NZ tiles are 32 wide (TILE).
+ * fp8 NZ tiles are 32 wide (TILE). An fp8 out (lk_flash_attn_varlen_scaled) is written
+ * only by store_out_row (fp8(value / out_scale), lkv_store's fp8 form) and
+ * zero_padding_rows (code 0); P stays f32 for it (the bf16 P.V paths need a bf16 out).
  *
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
  * a multiple of 16, 32 for fp8), head dims a multiple of 8 (a last partial vector where
@@ -190,7 +192,10 @@ static void load_q_row(const lk_attn_args *a, int64_t t, int64_t h, float scale,
     }
 }
 
-/* out[t, h] = vd * o / l (vd: the v_descale of the row's request and KV head) */
+/* out[t, h] = vd * o / l (vd: the v_descale of the row's request and KV head); an fp8
+ * out (lk_flash_attn_varlen_scaled) gets fp8(that f32 value / out_scale): one f32
+ * division, then the vector layer's fp8 store (bit for bit src/core/fp8.h's converter,
+ * which the scalar tail and strided rows use) */
 static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const float *o,
                           lk_online_state st, float vd) {
     const lk_tensor *out = &a->out;
@@ -199,7 +204,20 @@ static void store_out_row(const lk_attn_args *a, int64_t t, int64_t h, const flo
      * infinite V value in the accumulator (0 * inf) */
     lkv_m keep = lkv_m_first(st.l == 0.0f ? 0 : LKV_W);
     int64_t off = t * out->stride[0] + h * out->stride[1], D = a->Dv;
-    if (out->stride[2] == 1) {
+    if (lk_is_fp8(out->dtype)) {
+        float os = a->out_scale;
+        if (out->stride[2] == 1) {
+            char *p = (char *)out->data + off; /* 1-byte elements */
+            lkv_f32 vi = lkv_set1(inv), vs = lkv_set1(os);
+            int64_t d = 0;
+            for (; d + LKV_W <= D; d += LKV_W)
+                lkv_store(p + d, out->dtype, lkv_div(lkv_maskz(keep, lkv_mul(lkv_loadu(o + d), vi)), vs));
+            for (; d < D; d++) lk_store_f(p, out->dtype, d, (st.l == 0.0f ? 0.0f : o[d] * inv) / os);
+        } else {
+            for (int64_t d = 0; d < D; d++)
+                lk_store_f(out->data, out->dtype, off + d * out->stride[2], (st.l == 0.0f ? 0.0f : o[d] * inv) / os);
+        }
+    } else if (out->stride[2] == 1) {
         int64_t es = lk_esize(out->dtype);
         char *p = (char *)out->data + off * es;
         lkv_f32 vi = lkv_set1(inv);
@@ -1641,7 +1659,7 @@ static int simd_layout_ok(const lk_attn_args *a) {
     return 1;
 }
 
-/* rows outside every request: out = 0, lse = -inf */
+/* rows outside every request: out = 0 (an fp8 out: code 0, fp8(0 / out_scale)), lse = -inf */
 static void zero_padding_rows(const lk_attn_args *a) {
     const lk_tensor *out = &a->out;
     for (int64_t t = 0; t < a->q.shape[0]; t++) {
