@@ -1263,11 +1263,13 @@ static void scale_row(float *o, int64_t D, float alpha) {
 /* ---- the f32 GQA block loop (AVX2): decode_row_g4's shape on f32 FMAs
  * The query heads of a KV head go in groups of 4, then 2, then 1 (group_size); head dims
  * multiples of 2W. Per block of DB keys, KV head and group: each K row converted once for
- * the group (2W dims per step into two vectors, 2 accumulators a head, q read from L1),
- * the sums reduced side by side (lkv_hsum4_store) into key-major scores S[j][h]; one online-softmax step over
- * W heads per vector (P kept in f32, in S); then per 2W dims of V the 4 heads' 8
- * accumulators start from alpha * O and take every key of the block (V converted once
- * for the 4), stored once. Row dims are converted in the order of load2_raw: bf16 even /
+ * the group (2W dims per step into two vectors, q read from L1; a group of 4: one key at
+ * a time, 2 accumulators a head; of 2 or 1: 12 / ng keys at a time, one accumulator per
+ * key and head, so that 12 FMA chains hide the FMA latency), the sums reduced side by
+ * side (lkv_hsum4_store) into key-major scores S[j][h]; one online-softmax step over
+ * W heads per vector (P kept in f32, in S); then per 4 / ng pieces of 2W dims of V the
+ * group's 8 accumulators start from alpha * O and take every key of the block (V
+ * converted once for the group), stored once. Row dims are converted in the order of load2_raw: bf16 even /
  * odd within 2W dims (q permuted alike once per row, O put back at the row's end), other
  * dtypes in order. fp8 K/V by F16C (lkv_load_f8_raw): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
@@ -1306,12 +1308,57 @@ static inline lkv_c32 row_e4m3_nan(lkv_c32 acc, const char *p, int64_t cs, int64
  * 1): ng of the group starting at head g0 of the G */
 static inline int group_size(int64_t G, int64_t g0) { return G - g0 >= 4 ? 4 : G - g0 >= 2 ? 2 : 1; }
 
+/* S[t][g] (rows sr apart) = f * q_g . k_t for the ng (2 or 1) heads of q (rows D apart) and
+ * the nk keys of k (2W-dim pieces at chunk offsets, cs elements apart): one accumulator
+ * per (key, head), ng * nk of them (12 at most: FMA chains enough to hide its latency) */
+LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t cs,
+                                  lk_dtype kt, float f, float *S, int64_t sr) {
+    const int64_t es = lk_esize(kt);
+    lkv_f32 acc[12];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[i] = lkv_zero();
+    for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
+#pragma GCC unroll 12
+        for (int t = 0; t < nk; t++) {
+            lkv_f32 k0, k1;
+            load2_raw(k[t] + chunk_off(d0, cs, es), kt, &k0, &k1);
+#pragma GCC unroll 4
+            for (int g = 0; g < ng; g++) {
+                acc[t * ng + g] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[t * ng + g]);
+                acc[t * ng + g] = lkv_fma(lkv_loadu(q + g * D + d0 + LKV_W), k1, acc[t * ng + g]);
+            }
+        }
+    }
+    float r[12]; /* 4 (key, head) sums at a time, i = t ng + g */
+#pragma GCC unroll 3
+    for (int i = 0; i < ng * nk; i += 4) lkv_hsum4_store(r + i, f, acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+    for (int i = 0; i < ng * nk; i++) S[(i / ng) * sr + i % ng] = r[i];
+}
+
 /* S[jj][h0 + g] = scores of the block's nb keys for the ng (4, 2 or 1) heads h0 + g, K rows
  * k [nb] (2W-dim pieces at chunk offsets, cs elements apart); the next block's rows kn
- * [nn] prefetched into L2, one per key */
+ * [nn] prefetched into L2, one per key. 4 heads: one key at a time, two accumulators per
+ * head (the halves of each 2W); fewer: 12 / ng keys at a time, then 4 / ng, then one, by
+ * scores_keys (a key's sums are the same in each). */
 LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char *const *k, int64_t nb, int64_t cs,
                                    lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
     const int64_t es = lk_esize(kt);
+    if (ng < 4) {
+        int64_t jj = 0;
+        for (; jj + 12 / ng <= nb; jj += 12 / ng) {
+            for (int64_t t = jj; t < jj + 12 / ng && t < nn; t++) prefetch_row_l2(kn[t], cs, D, es);
+            scores_keys(q, D, ng, 12 / ng, k + jj, cs, kt, f, S + jj * sr, sr);
+        }
+        for (; jj + 4 / ng <= nb; jj += 4 / ng) {
+            for (int64_t t = jj; t < jj + 4 / ng && t < nn; t++) prefetch_row_l2(kn[t], cs, D, es);
+            scores_keys(q, D, ng, 4 / ng, k + jj, cs, kt, f, S + jj * sr, sr);
+        }
+        for (; jj < nb; jj++) {
+            if (jj < nn) prefetch_row_l2(kn[jj], cs, D, es);
+            scores_keys(q, D, ng, 1, k + jj, cs, kt, f, S + jj * sr, sr);
+        }
+        return;
+    }
     for (int64_t jj = 0; jj < nb; jj++) {
         if (jj < nn) prefetch_row_l2(kn[jj], cs, D, es);
         lkv_f32 acc[4][2];
@@ -1321,15 +1368,13 @@ LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char
             lkv_f32 k0, k1;
             load2_raw(k[jj] + chunk_off(d0, cs, es), kt, &k0, &k1);
 #pragma GCC unroll 4
-            for (int g = 0; g < ng; g++) {
+            for (int g = 0; g < 4; g++) {
                 acc[g][0] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[g][0]);
                 acc[g][1] = lkv_fma(lkv_loadu(q + g * D + d0 + LKV_W), k1, acc[g][1]);
             }
         }
-        float t[4];
-        lkv_hsum4_store(ng == 4 ? S + jj * sr : t, f, lkv_add(acc[0][0], acc[0][1]), lkv_add(acc[1][0], acc[1][1]),
+        lkv_hsum4_store(S + jj * sr, f, lkv_add(acc[0][0], acc[0][1]), lkv_add(acc[1][0], acc[1][1]),
                         lkv_add(acc[2][0], acc[2][1]), lkv_add(acc[3][0], acc[3][1]));
-        if (ng < 4) memcpy(S + jj * sr, t, sizeof(float) * (size_t)ng);
     }
 }
 
@@ -1385,41 +1430,48 @@ LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, 
     }
 }
 
-/* o_g = A[g] o_g + sum_j P[j][g] v_j for the ng (4, 2 or 1) heads g of o (rows D apart,
- * g4f_dim order), P rows sr apart, V rows v [nb] (2W-dim pieces at chunk offsets, cs
- * elements apart); the next block's V rows vn [nn] prefetched into L2, one per key */
-LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_t sr, const float *A,
-                             const char *const *v, int64_t nb, int64_t cs, lk_dtype dt, const char *const *vn,
-                             int64_t nn) {
+/* o_g[d0, d0 + nd 2W) = A[g] o_g + sum_j P[j][g] v_j there, for the ng heads g of o (rows
+ * D apart), nd 2W-dim pieces from d0: ng * nd * 2 accumulators (8: FMA chains enough to
+ * hide its latency); P rows sr apart, V rows v [nb] (pieces at chunk offsets, cs elements
+ * apart); the next block's V rows vn [nn] prefetched into L2 when d0 is 0 */
+LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0, const float *P, int64_t sr,
+                                const lkv_f32 *al, const char *const *v, int64_t nb, int64_t cs, lk_dtype dt,
+                                const char *const *vn, int64_t nn) {
     const int64_t es = lk_esize(dt);
-    lkv_f32 al[4];
+    lkv_f32 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * ng * nd; i++) /* i = (g nd + c) 2 + half */
+        acc[i] = lkv_mul(lkv_loadu(o + (i / (2 * nd)) * D + d0 + (i % (2 * nd)) * LKV_W), al[i / (2 * nd)]);
+    for (int64_t jj = 0; jj < nb; jj++) {
+        if (d0 == 0 && jj < nn) prefetch_row_l2(vn[jj], cs, D, es);
 #pragma GCC unroll 4
-    for (int g = 0; g < ng; g++) al[g] = lkv_set1(A[g]);
-    for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
-        const int64_t off = chunk_off(d0, cs, es);
-        lkv_f32 acc[4][2];
-#pragma GCC unroll 4
-        for (int g = 0; g < ng; g++) {
-            acc[g][0] = lkv_mul(lkv_loadu(o + g * D + d0), al[g]);
-            acc[g][1] = lkv_mul(lkv_loadu(o + g * D + d0 + LKV_W), al[g]);
-        }
-        for (int64_t jj = 0; jj < nb; jj++) {
-            if (d0 == 0 && jj < nn) prefetch_row_l2(vn[jj], cs, D, es);
+        for (int c = 0; c < nd; c++) {
             lkv_f32 v0, v1;
-            load2_raw(v[jj] + off, dt, &v0, &v1);
+            load2_raw(v[jj] + chunk_off(d0 + c * 2 * LKV_W, cs, es), dt, &v0, &v1);
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 lkv_f32 p = lkv_set1(P[jj * sr + g]);
-                acc[g][0] = lkv_fma(p, v0, acc[g][0]);
-                acc[g][1] = lkv_fma(p, v1, acc[g][1]);
+                acc[(g * nd + c) * 2] = lkv_fma(p, v0, acc[(g * nd + c) * 2]);
+                acc[(g * nd + c) * 2 + 1] = lkv_fma(p, v1, acc[(g * nd + c) * 2 + 1]);
             }
         }
-#pragma GCC unroll 4
-        for (int g = 0; g < ng; g++) {
-            lkv_storeu(o + g * D + d0, acc[g][0]);
-            lkv_storeu(o + g * D + d0 + LKV_W, acc[g][1]);
-        }
     }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * ng * nd; i++) lkv_storeu(o + (i / (2 * nd)) * D + d0 + (i % (2 * nd)) * LKV_W, acc[i]);
+}
+
+/* o_g = A[g] o_g + sum_j P[j][g] v_j for the ng (4, 2 or 1) heads g of o (rows D apart,
+ * g4f_dim order): 4 / ng pieces of 2W dims at a time, then one */
+LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_t sr, const float *A,
+                             const char *const *v, int64_t nb, int64_t cs, lk_dtype dt, const char *const *vn,
+                             int64_t nn) {
+    const int nd = 4 / ng;
+    lkv_f32 al[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < ng; g++) al[g] = lkv_set1(A[g]);
+    int64_t d0 = 0;
+    for (; d0 + nd * 2 * LKV_W <= D; d0 += nd * 2 * LKV_W) pv_pieces(o, D, ng, nd, d0, P, sr, al, v, nb, cs, dt, vn, nn);
+    for (; d0 < D; d0 += 2 * LKV_W) pv_pieces(o, D, ng, 1, d0, P, sr, al, v, nb, cs, dt, vn, nn);
 }
 
 /* the keys [lo, hi] of one query row of request b on the g4f path: states st [Hq], o
