@@ -60,25 +60,6 @@ static int fp8_close(lk_dtype dt, double y, float q, double rel) {
 
 static lk_tensor one_scale(float *v) { return lk_tensor_make(v, LK_F32, 1, (int64_t[]){1}); }
 
-/* a copy of a buffer's whole allocation, to restore before each ISA's call */
-typedef struct {
-    unsigned char *bytes;
-    size_t n;
-} saved;
-static saved save(const tu_buf *b) {
-    saved s = {malloc(b->bytes), b->bytes};
-    memcpy(s.bytes, b->base, b->bytes);
-    return s;
-}
-static void restore(tu_buf *b, const saved *s) { memcpy(b->base, s->bytes, s->n); }
-static int same(const tu_buf *b, const saved *s) { return memcmp(b->base, s->bytes, s->n) == 0; }
-
-/* x [R, D] of dtype xt: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1
- * (stored transposed) */
-static tu_buf alloc2(lk_dtype dt, int64_t R, int64_t D, int layout) {
-    if (layout == 2) return tu_alloc_perm(dt, 2, (int64_t[]){R, D}, (int[]){1, 0}, 0);
-    return tu_alloc(dt, 2, (int64_t[]){R, D}, layout == 1);
-}
 
 /* input values: uniform in [-amp, amp], a few zeros, and specials when asked */
 static void fill_x(tu_buf *x, double amp, int specials) {
@@ -105,7 +86,7 @@ static lk_status quant_call(int mode, const lk_tensor *out, const lk_tensor *x, 
 
 static void quant_case(int mode, lk_dtype xt, lk_dtype ot, int64_t R, int64_t D, int layout, int scale2d,
                        float ubv, int specials) {
-    tu_buf x = alloc2(xt, R, D, layout), out = alloc2(ot, R, D, layout == 2 ? 1 : layout);
+    tu_buf x = tu_alloc_rows(xt, R, D, layout), out = tu_alloc_rows(ot, R, D, layout == 2 ? 1 : layout);
     fill_x(&x, 3.0, specials);
     tu_buf sc = mode == Q_TOKEN ? tu_alloc(LK_F32, scale2d ? 2 : 1, (int64_t[]){R, 1}, 1)
                                 : tu_alloc(LK_F32, 1, (int64_t[]){1}, 0);
@@ -113,17 +94,17 @@ static void quant_case(int mode, lk_dtype xt, lk_dtype ot, int64_t R, int64_t D,
     float ubs = ubv;
     lk_tensor ub = one_scale(&ubs);
     tu_snapshot(&out);
-    saved o0 = save(&out), s0 = save(&sc);
-    saved oref = {0}, sref = {0};
+    tu_saved o0 = tu_save(&out), s0 = tu_save(&sc);
+    tu_saved oref = {0}, sref = {0};
     int okall = 1, f64 = 1;
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
-        restore(&out, &o0);
-        restore(&sc, &s0);
+        tu_restore(&out, &o0);
+        tu_restore(&sc, &s0);
         lk_status s = quant_call(mode, &out.t, &x.t, &sc.t, ubv > 0 ? &ub : NULL);
         if (!tu_check(s == LK_OK, "%s quant %s: %s", lk_isa_name(isas[ii]), QNAME[mode], lk_last_error())) continue;
         if (ii == 0) {
-            oref = save(&out), sref = save(&sc);
+            oref = tu_save(&out), sref = tu_save(&sc);
             /* ref vs float64 */
             f64 &= tu_outside_intact(&out);
             double tmax = 0;
@@ -157,7 +138,7 @@ static void quant_case(int mode, lk_dtype xt, lk_dtype ot, int64_t R, int64_t D,
                 }
             }
         } else
-            okall &= same(&out, &oref) && same(&sc, &sref);
+            okall &= tu_same(&out, &oref) && tu_same(&sc, &sref);
     }
     tu_check(f64, "quant %s %s -> %s R=%lld D=%lld layout=%d%s%s: ref within half an fp8 step of float64, scale "
              "as the formula", QNAME[mode], lk_dtype_name(xt), lk_dtype_name(ot), (long long)R, (long long)D, layout,
@@ -250,8 +231,8 @@ static lk_status norm_call(int kind, const lk_tensor *out, const lk_tensor *x, c
 static void norm_case(int kind, lk_dtype xt, lk_dtype rt, lk_dtype wt, lk_dtype ot, int64_t R, int64_t D,
                       int layout, int weightless, float ubv) {
     int has_res = kind == N_FUSED || kind == N_TOKEN_RES, tok = kind >= N_TOKEN;
-    tu_buf x = alloc2(xt, R, D, layout), out = alloc2(ot, R, D, layout == 2 ? 0 : layout);
-    tu_buf res = alloc2(rt, R, D, layout == 1 ? 0 : layout);
+    tu_buf x = tu_alloc_rows(xt, R, D, layout), out = tu_alloc_rows(ot, R, D, layout == 2 ? 0 : layout);
+    tu_buf res = tu_alloc_rows(rt, R, D, layout == 1 ? 0 : layout);
     tu_buf w = tu_alloc(wt, 1, &D, 1);
     fill_x(&x, 2.0, 0);
     tu_fill_uniform(&res, -2, 2);
@@ -262,19 +243,19 @@ static void norm_case(int kind, lk_dtype xt, lk_dtype rt, lk_dtype wt, lk_dtype 
     lk_tensor ub = one_scale(&ubs);
     double *res0 = tu_values(&res);
     tu_snapshot(&out), tu_snapshot(&res);
-    saved o0 = save(&out), s0 = save(&sc), r0 = save(&res), oref = {0}, sref = {0}, rref = {0};
+    tu_saved o0 = tu_save(&out), s0 = tu_save(&sc), r0 = tu_save(&res), oref = {0}, sref = {0}, rref = {0};
     int okall = 1, f64 = 1;
     double rel = 1e-5 + 3e-8 * (double)D;
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
-        restore(&out, &o0), restore(&sc, &s0), restore(&res, &r0);
+        tu_restore(&out, &o0), tu_restore(&sc, &s0), tu_restore(&res, &r0);
         lk_status s = norm_call(kind, &out.t, &x.t, weightless ? NULL : &w.t, &res.t, &sc.t, eps, ubv > 0 ? &ub : NULL);
         if (!tu_check(s == LK_OK, "%s %s: %s", lk_isa_name(isas[ii]), NNAME[kind], lk_last_error())) continue;
         if (ii > 0) {
-            okall &= same(&out, &oref) && same(&sc, &sref) && same(&res, &rref);
+            okall &= tu_same(&out, &oref) && tu_same(&sc, &sref) && tu_same(&res, &rref);
             continue;
         }
-        oref = save(&out), sref = save(&sc), rref = save(&res);
+        oref = tu_save(&out), sref = tu_save(&sc), rref = tu_save(&res);
         f64 &= tu_outside_intact(&out) && tu_outside_intact(&res);
         for (int64_t r = 0; r < R; r++) {
             double *v = malloc(sizeof(double) * (size_t)(D ? D : 1)), ss = 0, m = 0;
@@ -370,18 +351,18 @@ static void merge_case(lk_dtype st, lk_dtype ot, int64_t T, int64_t H, int64_t D
     float scv = 0.02f;
     lk_tensor sc = one_scale(&scv);
     tu_snapshot(&out);
-    saved o0 = save(&out), l0 = save(&lo), oref = {0}, lref = {0};
+    tu_saved o0 = tu_save(&out), l0 = tu_save(&lo), oref = {0}, lref = {0};
     int okall = 1, f64 = 1;
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
-        restore(&out, &o0), restore(&lo, &l0);
+        tu_restore(&out, &o0), tu_restore(&lo, &l0);
         lk_status s = lk_merge_attn_states_scaled(&out.t, &lo.t, &a.t, &la.t, &b.t, &lb.t, &sc);
         if (!tu_check(s == LK_OK, "%s merge_scaled: %s", lk_isa_name(isas[ii]), lk_last_error())) continue;
         if (ii > 0) {
-            okall &= same(&out, &oref) && same(&lo, &lref);
+            okall &= tu_same(&out, &oref) && tu_same(&lo, &lref);
             continue;
         }
-        oref = save(&out), lref = save(&lo);
+        oref = tu_save(&out), lref = tu_save(&lo);
         f64 &= tu_outside_intact(&out);
         for (int64_t r = 0; r < T * H; r++) {
             double ea = tu_get(&la, r), eb = tu_get(&lb, r);
@@ -420,14 +401,14 @@ static void test_threads(void) {
     tu_buf out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, D}, 0), w = tu_alloc(LK_BF16, 1, &D, 0);
     tu_buf sc = tu_alloc(LK_F32, 1, &R, 0);
     tu_fill_uniform(&x, -3, 3), tu_fill_uniform(&res, -3, 3), tu_fill_uniform(&w, -1, 1);
-    saved r0 = save(&res);
+    tu_saved r0 = tu_save(&res);
     tu_buf o8 = tu_alloc(LK_I8, 2, (int64_t[]){R, D}, 0);
     for (int op = 0; op < 5; op++) {
-        saved first[3] = {{0}};
+        tu_saved first[3] = {{0}};
         int ok = 1;
         for (int th = 1; th <= 4; th++) {
             lk_set_num_threads(th);
-            restore(&res, &r0);
+            tu_restore(&res, &r0);
             float s1 = 0.01f;
             lk_tensor one = one_scale(&s1);
             lk_status s = op == 0 ? lk_dynamic_scaled_fp8_quant(&out.t, &x.t, &one)
@@ -437,8 +418,8 @@ static void test_threads(void) {
                                   : lk_fused_add_rms_norm_static_fp8_quant(&out.t, &x.t, &res.t, &w.t, &one, 1e-6f);
             tu_buf *o = op == 3 ? &o8 : &out;
             ok &= s == LK_OK;
-            if (th == 1) first[0] = save(o), first[1] = save(&sc), first[2] = save(&res);
-            else ok &= same(o, &first[0]) && same(&sc, &first[1]) && same(&res, &first[2]);
+            if (th == 1) first[0] = tu_save(o), first[1] = tu_save(&sc), first[2] = tu_save(&res);
+            else ok &= tu_same(o, &first[0]) && tu_same(&sc, &first[1]) && tu_same(&res, &first[2]);
         }
         lk_set_num_threads(0);
         tu_check(ok, "fp8 activation op %d: 1-4 threads bitwise identical (out, scales, residual)", op);

@@ -46,24 +46,6 @@ static int code_close(double y, double azp, double q, double rel) {
     return q == rint(q) && q >= -128 && q <= 127 && fabs(q - c) <= slack;
 }
 
-/* a copy of a buffer's whole allocation, to restore before each ISA's call */
-typedef struct {
-    unsigned char *bytes;
-    size_t n;
-} saved;
-static saved save(const tu_buf *b) {
-    saved s = {malloc(b->bytes), b->bytes};
-    memcpy(s.bytes, b->base, b->bytes);
-    return s;
-}
-static void restore(tu_buf *b, const saved *s) { memcpy(b->base, s->bytes, s->n); }
-static int same(const tu_buf *b, const saved *s) { return memcmp(b->base, s->bytes, s->n) == 0; }
-
-/* x [R, D] of dtype xt: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1 */
-static tu_buf alloc2(lk_dtype dt, int64_t R, int64_t D, int layout) {
-    if (layout == 2) return tu_alloc_perm(dt, 2, (int64_t[]){R, D}, (int[]){1, 0}, 0);
-    return tu_alloc(dt, 2, (int64_t[]){R, D}, layout == 1);
-}
 
 /* ---------------------------------------------------------------- the grid */
 
@@ -112,7 +94,7 @@ static int check_f64(int path, const tu_buf *x, const tu_buf *out, const tu_buf 
 }
 
 static void quant_case(int path, lk_dtype xt, int64_t R, int64_t D, int layout, int scale2d, int specials) {
-    tu_buf x = alloc2(xt, R, D, layout), out = alloc2(LK_I8, R, D, layout == 2 ? 1 : layout);
+    tu_buf x = tu_alloc_rows(xt, R, D, layout), out = tu_alloc_rows(LK_I8, R, D, layout == 2 ? 1 : layout);
     tu_fill_uniform(&x, -3, 3);
     int64_t n = R * D;
     if (n > 2) tu_set(&x, n / 2, 0.0);
@@ -126,18 +108,18 @@ static void quant_case(int path, lk_dtype xt, int64_t R, int64_t D, int layout, 
     int32_t azp = path == S_ASYM ? -37 + (int32_t)(D % 50) : 0;
     if (!dyn) tu_set(&sc, 0, scale), tu_set(&zp, 0, azp);
     tu_snapshot(&out), tu_snapshot(&sc), tu_snapshot(&zp);
-    saved o0 = save(&out), s0 = save(&sc), z0 = save(&zp), oref = {0}, sref = {0}, zref = {0};
+    tu_saved o0 = tu_save(&out), s0 = tu_save(&sc), z0 = tu_save(&zp), oref = {0}, sref = {0}, zref = {0};
     int okall = 1, f64 = 1;
     for (int ii = 0; ii < ni; ii++) {
         lk_set_isa(isas[ii]);
-        restore(&out, &o0), restore(&sc, &s0), restore(&zp, &z0);
+        tu_restore(&out, &o0), tu_restore(&sc, &s0), tu_restore(&zp, &z0);
         lk_status s = quant_call(path, &out.t, &x.t, &sc.t, &zp.t);
         if (!tu_check(s == LK_OK, "%s int8 quant %s: %s", lk_isa_name(isas[ii]), PN[path], lk_last_error())) continue;
         if (ii > 0) {
-            okall &= same(&out, &oref) && same(&sc, &sref) && same(&zp, &zref);
+            okall &= tu_same(&out, &oref) && tu_same(&sc, &sref) && tu_same(&zp, &zref);
             continue;
         }
-        oref = save(&out), sref = save(&sc), zref = save(&zp);
+        oref = tu_save(&out), sref = tu_save(&sc), zref = tu_save(&zp);
         f64 &= tu_outside_intact(&out) && tu_outside_intact(&sc) && tu_outside_intact(&zp);
         if (!dyn) f64 &= tu_intact(&sc) && tu_intact(&zp);
         if (path == D_SYM) f64 &= tu_intact(&zp);
@@ -265,14 +247,14 @@ static void test_threads(void) {
     int32_t z1 = 5;
     lk_tensor one = lk_tensor_make(&s1, LK_F32, 1, (int64_t[]){1}), tz = lk_tensor_make(&z1, LK_I32, 1, (int64_t[]){1});
     for (int path = 0; path < NPATH; path++) {
-        saved first[3] = {{0}};
+        tu_saved first[3] = {{0}};
         int ok = 1;
         for (int th = 1; th <= 4; th++) {
             lk_set_num_threads(th);
             lk_status s = path < D_SYM ? quant_call(path, &out.t, &x.t, &one, &tz) : quant_call(path, &out.t, &x.t, &sc.t, &zp.t);
             ok &= s == LK_OK;
-            if (th == 1) first[0] = save(&out), first[1] = save(&sc), first[2] = save(&zp);
-            else ok &= same(&out, &first[0]) && same(&sc, &first[1]) && same(&zp, &first[2]);
+            if (th == 1) first[0] = tu_save(&out), first[1] = tu_save(&sc), first[2] = tu_save(&zp);
+            else ok &= tu_same(&out, &first[0]) && tu_same(&sc, &first[1]) && tu_same(&zp, &first[2]);
         }
         lk_set_num_threads(0);
         tu_check(ok, "int8 quant %s: 1-4 threads bitwise identical (out, scales, zero points)", PN[path]);

@@ -72,6 +72,19 @@ int64_t tu_randint(int64_t lo, int64_t hi) {
 
 #define GUARD 64 /* bytes of garbage before and after */
 
+tu_buf tu_alloc_rows(lk_dtype dt, int64_t R, int64_t D, int layout) {
+    if (layout == 2) return tu_alloc_perm(dt, 2, (int64_t[]){R, D}, (int[]){1, 0}, 0);
+    return tu_alloc(dt, 2, (int64_t[]){R, D}, layout == 1);
+}
+
+tu_saved tu_save(const tu_buf *b) {
+    tu_saved s = {malloc(b->bytes), b->bytes};
+    memcpy(s.bytes, b->base, b->bytes);
+    return s;
+}
+void tu_restore(tu_buf *b, const tu_saved *s) { memcpy(b->base, s->bytes, s->n); }
+int tu_same(const tu_buf *b, const tu_saved *s) { return memcmp(b->base, s->bytes, s->n) == 0; }
+
 tu_buf tu_alloc_perm(lk_dtype dt, int ndim, const int64_t *shape, const int *perm, int pad) {
     tu_buf b;
     memset(&b, 0, sizeof b);

@@ -51,6 +51,19 @@ tu_buf tu_alloc(lk_dtype dt, int ndim, const int64_t *shape, int pad);
  * i-th outermost), e.g. perm {1, 0} for a transposed 2-D view. */
 tu_buf tu_alloc_perm(lk_dtype dt, int ndim, const int64_t *shape, const int *perm, int pad);
 void tu_free(tu_buf *b);
+/* a [R, D] view: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1 (stored
+ * transposed) */
+tu_buf tu_alloc_rows(lk_dtype dt, int64_t R, int64_t D, int layout);
+/* a copy of a buffer's whole allocation (padding included), to restore before each
+ * ISA's call and to tell that a call wrote nothing; tu_save's copy is malloc'ed (free
+ * .bytes) */
+typedef struct {
+    unsigned char *bytes;
+    size_t n;
+} tu_saved;
+tu_saved tu_save(const tu_buf *b);
+void tu_restore(tu_buf *b, const tu_saved *s);
+int tu_same(const tu_buf *b, const tu_saved *s);
 int64_t tu_numel(const tu_buf *b);
 /* element offset (in elements) of logical flat index i */
 int64_t tu_offset(const lk_tensor *t, int64_t i);

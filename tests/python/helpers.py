@@ -34,6 +34,21 @@ def f64(x):
     return np.asarray(x, np.float64)
 
 
+def rope_ref(x, pos, cos, sin, interleaved):
+    """x [n, H, D] as float64 rotated at positions pos [n] (flash-attention's rotary of the
+    first 2 * cos.shape[1] dims; GPT-J pairs when interleaved, else NeoX)"""
+    x = f64(x).copy()
+    rot = 2 * cos.shape[1]
+    c, s_ = f64(cos)[pos][:, None, :], f64(sin)[pos][:, None, :]
+    if interleaved:
+        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
+        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s_, b * c + a * s_
+    else:
+        a, b = x[..., :rot // 2].copy(), x[..., rot // 2:rot].copy()
+        x[..., :rot // 2], x[..., rot // 2:rot] = a * c - b * s_, b * c + a * s_
+    return x
+
+
 def to_nz(nd):
     """Logical ND page cache [num_blocks, block_size, C] (or [.., H, D]) -> the physical
     NZ buffer [num_blocks, C/16, block_size, 16] (SPEC: element c of slot s of page p at

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import llmkern as lk
-from helpers import NP_DTYPES, close, f64, rand, torch_or_skip
+from helpers import NP_DTYPES, close, f64, rand, rope_ref, torch_or_skip
 from test_attention import paged_from_dense, ref_attention, ref_merge, varlen_inputs
 from test_rope_cache import cos_sin, ref_rope
 
@@ -440,20 +440,6 @@ def ref_decode(q, kseq, vseq, scale, causal, window=(-1, -1), softcap=0.0, slope
         out[ok, h] = (e @ vseq[:, kh])[ok] / tot[ok]
         lse[h, ok] = (m[:, 0] + np.log(np.where(tot[:, 0] > 0, tot[:, 0], 1)))[ok]
     return out, lse
-
-
-def rope_ref(x, pos, cos, sin, interleaved):
-    """x [n, H, D] f64 rotated at positions pos [n] (flash-attention's rotary: first rot dims)."""
-    x = f64(x).copy()
-    rot = 2 * cos.shape[1]
-    c, s_ = f64(cos)[pos][:, None, :], f64(sin)[pos][:, None, :]
-    if interleaved:
-        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
-        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s_, b * c + a * s_
-    else:
-        a, b = x[..., :rot // 2].copy(), x[..., rot // 2:rot].copy()
-        x[..., :rot // 2], x[..., rot // 2:rot] = a * c - b * s_, b * c + a * s_
-    return x
 
 
 @pytest.mark.parametrize("paged", [False, True])

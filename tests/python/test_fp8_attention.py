@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llmkern as lk
-from helpers import torch_or_skip
+from helpers import rope_ref, torch_or_skip
 
 
 def ml():
@@ -227,21 +227,6 @@ def test_torch_kvcache_fp8(rng):
 # ---------------------------------------------------------------- appends to fp8 caches
 
 
-def rope64(x, pos, cos, sin, interleaved):
-    """x [n, H, D] float64 rotated at positions pos [n] (flash-attention's rotary of the
-    first 2 * cos.shape[1] dims; GPT-J pairs when interleaved, else NeoX)"""
-    x = np.array(x, np.float64)
-    rot = 2 * cos.shape[1]
-    c, s_ = np.asarray(cos, np.float64)[pos][:, None, :], np.asarray(sin, np.float64)[pos][:, None, :]
-    if interleaved:
-        a, b = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
-        x[..., 0:rot:2], x[..., 1:rot:2] = a * c - b * s_, b * c + a * s_
-    else:
-        a, b = x[..., :rot // 2].copy(), x[..., rot // 2:rot].copy()
-        x[..., :rot // 2], x[..., rot // 2:rot] = a * c - b * s_, b * c + a * s_
-    return x
-
-
 def quantize(x32, descale, kv):
     """the reference fp8 converter: uint8 codes of fp8(f32(x) / f32(descale)), saturated"""
     m = np.float32(57344.0 if kv == "fp8_e5m2" else 448.0)
@@ -329,10 +314,10 @@ def kvcache_append_case(rng, torch, paged, rotary, kv, typed, form, kdt=None):
         if rotary is None:
             np.testing.assert_array_equal(ks[n:], quantize(knf[b], kd[b][None, :, None], kv))
         else:  # rotated in the input dtype first: half an fp8 step (+ that rounding) of the float64 rotation
-            y = rope64(knf[b], n + np.arange(s_new), cos, sin, rotary) / kd[b][None, :, None]
+            y = rope_ref(knf[b], n + np.arange(s_new), cos, sin, rotary) / kd[b][None, :, None]
             assert within_half_step(ks[n:], y, kv, 2.0 ** -8 if kdt is not None else 1e-5)
         # attention over the dequantized cache (the codes as stored) against float64
-        qb = q[b].astype(np.float64) if rotary is None else rope64(q[b], n + np.arange(sq), cos, sin, rotary)
+        qb = q[b].astype(np.float64) if rotary is None else rope_ref(q[b], n + np.arange(sq), cos, sin, rotary)
         want = ref_attn(qb, [deq(ks, kv)], [deq(vs, kv)], np.array([0, sq]), [n + s_new], np.float64(np.float32(1 / math.sqrt(D))), True,
                         np.ones((1, Hk)), kd[b:b + 1], vd[b:b + 1])
         assert np.abs(out[b] - want).max() <= 3e-5 * (1 + np.abs(want).max())

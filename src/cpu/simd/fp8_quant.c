@@ -18,18 +18,6 @@
 
 #include "fp8_store.h"
 
-static float row_absmax(const char *x, lk_dtype dt, int64_t D) {
-    int64_t es = lk_esize(dt), i = 0;
-    lkv_f32 m0 = lkv_zero(), m1 = m0;
-    for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {
-        m0 = lkq_absmax(m0, lkv_load(x + i * es, dt));
-        m1 = lkq_absmax(m1, lkv_load(x + (i + LKV_W) * es, dt));
-    }
-    if (i + LKV_W <= D) m0 = lkq_absmax(m0, lkv_load(x + i * es, dt)), i += LKV_W;
-    if (i < D) m1 = lkq_absmax(m1, lkv_load_part(x + i * es, dt, D - i)); /* zero-filled lanes */
-    return lkv_hmax(lkv_max(m0, m1));
-}
-
 static void quant_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, int64_t D, float s) {
     int64_t es = lk_esize(xt), i = 0;
     lkv_f32 vs = lkv_set1(s);
@@ -49,7 +37,7 @@ static void absmax_rows(void *ctx, int64_t r0, int64_t r1) {
     int64_t D = x->shape[x->ndim - 1];
     lk_rowit xi;
     lk_rowit_init(&xi, x, 1, r0);
-    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi)) c->rowmax[r] = row_absmax(lk_at(x, xi.off), x->dtype, D);
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi)) c->rowmax[r] = lkq_row_absmax(lk_at(x, xi.off), x->dtype, D);
 }
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -66,7 +54,7 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
         char *orow = lk_at(out, oi.off);   // [D]
         float s = c->s;
         if (a->mode == LK_Q_TOKEN) {
-            s = lk_q_scale(row_absmax(xr, x->dtype, D), a->ub, out->dtype);
+            s = lk_q_scale(lkq_row_absmax(xr, x->dtype, D), a->ub, out->dtype);
             ((float *)a->scales.data)[si.off] = s;
             lk_rowit_next(&si);
         }

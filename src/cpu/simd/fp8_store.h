@@ -5,6 +5,8 @@
  *                               layer's fp8 store, bit for bit the src/core/fp8.h converter
  *                               the reference uses (tests/vec_check.c)
  *   lkq_absmax(m, v)            lane-wise max(m, |v|), NaN lanes of v ignored
+ *   lkq_row_absmax(x, dt, D)    max |x[i]| over a row of D values of dtype dt, NaN ignored
+ *                               (also the int8 kernels' src/cpu/simd/int8_quant.c)
  */
 #ifndef LK_SIMD_FP8_STORE_H
 #define LK_SIMD_FP8_STORE_H
@@ -21,6 +23,18 @@ LK_ALWAYS_INLINE void lkq_store_fp8(void *p, lk_dtype dt, lkv_f32 v, int64_t n) 
  * operand for a NaN; the NEON form is a > m ? a : m) */
 LK_ALWAYS_INLINE lkv_f32 lkq_absmax(lkv_f32 m, lkv_f32 v) {
     return lkv_max(lkv_andnot(lkv_set1(-0.0f), v), m);
+}
+
+static inline float lkq_row_absmax(const char *x, lk_dtype dt, int64_t D) {
+    int64_t es = lk_esize(dt), i = 0;
+    lkv_f32 m0 = lkv_zero(), m1 = m0;
+    for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {
+        m0 = lkq_absmax(m0, lkv_load(x + i * es, dt));
+        m1 = lkq_absmax(m1, lkv_load(x + (i + LKV_W) * es, dt));
+    }
+    if (i + LKV_W <= D) m0 = lkq_absmax(m0, lkv_load(x + i * es, dt)), i += LKV_W;
+    if (i < D) m1 = lkq_absmax(m1, lkv_load_part(x + i * es, dt, D - i)); /* zero-filled lanes */
+    return lkv_hmax(lkv_max(m0, m1));
 }
 
 #endif

@@ -77,18 +77,6 @@ static void quant_row(int8_t *o, const char *x, lk_dtype xt, int64_t D, const lk
 #undef QROW_DT
 }
 
-static float row_absmax(const char *x, lk_dtype dt, int64_t D) {
-    int64_t es = lk_esize(dt), i = 0;
-    lkv_f32 m0 = lkv_zero(), m1 = m0;
-    for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {
-        m0 = lkq_absmax(m0, lkv_load(x + i * es, dt));
-        m1 = lkq_absmax(m1, lkv_load(x + (i + LKV_W) * es, dt));
-    }
-    if (i + LKV_W <= D) m0 = lkq_absmax(m0, lkv_load(x + i * es, dt)), i += LKV_W;
-    if (i < D) m1 = lkq_absmax(m1, lkv_load_part(x + i * es, dt, D - i)); /* zero-filled lanes */
-    return lkv_hmax(lkv_max(m0, m1));
-}
-
 /* min and max of a row, NaN ignored (lkv_min / lkv_max return the second operand where
  * the first is NaN, on every ISA); +inf / -inf when the row has no non-NaN value */
 static void row_minmax(const char *x, lk_dtype dt, int64_t D, float *mn, float *mx) {
@@ -130,7 +118,7 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
                 lk_i8q_asym(mn, mx, &sc, &p);
                 ((int32_t *)a->azps.data)[zi.off] = p.azp;
                 lk_rowit_next(&zi);
-            } else lk_i8q_sym(row_absmax(xr, x->dtype, D), &sc, &p);
+            } else lk_i8q_sym(lkq_row_absmax(xr, x->dtype, D), &sc, &p);
             ((float *)a->scales.data)[si.off] = sc;
             lk_rowit_next(&si);
         }
