@@ -1269,9 +1269,9 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * side (lkv_hsum4_store) into key-major scores S[j][h]; one online-softmax step over
  * W heads per vector (P kept in f32, in S); then per 4 / ng pieces of 2W dims of V the
  * group's 8 accumulators start from alpha * O and take every key of the block (V
- * converted once for the group), stored once. Row dims are converted in the order of load2_raw: bf16 even /
- * odd within 2W dims (q permuted alike once per row, O put back at the row's end), other
- * dtypes in order. fp8 K/V by F16C (lkv_load_f8_raw): e4m3 is read as value / 256, the
+ * converted once for the group), stored once. Row dims are converted in the order of
+ * load2_raw: bf16 even / odd within 2W dims (q permuted alike once per row, O put back at
+ * the row's end), other dtypes in order. fp8 K/V by F16C (lkv_load_f8_raw): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
  * value, found per block by byte maxima (lkv_e4m3_nan_acc) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
@@ -1314,7 +1314,7 @@ static inline int group_size(int64_t G, int64_t g0) { return G - g0 >= 4 ? 4 : G
 LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t cs,
                                   lk_dtype kt, float f, float *S, int64_t sr) {
     const int64_t es = lk_esize(kt);
-    lkv_f32 acc[12];
+    lkv_f32 acc[12]; /* all zeroed: the last lkv_hsum4_store may read unused ones */
 #pragma GCC unroll 12
     for (int i = 0; i < 12; i++) acc[i] = lkv_zero();
     for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
@@ -1335,6 +1335,18 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
     for (int i = 0; i < ng * nk; i++) S[(i / ng) * sr + i % ng] = r[i];
 }
 
+/* scores_keys over the keys [jj, nb) of a block nk at a time while nk are left (the next
+ * block's rows kn [nn] of those keys prefetched into L2); the first key not done */
+LK_ALWAYS_INLINE int64_t scores_keys_from(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t nb,
+                                          int64_t cs, lk_dtype kt, float f, float *S, int64_t sr,
+                                          const char *const *kn, int64_t nn, int64_t jj) {
+    for (; jj + nk <= nb; jj += nk) {
+        for (int64_t t = jj; t < jj + nk && t < nn; t++) prefetch_row_l2(kn[t], cs, D, lk_esize(kt));
+        scores_keys(q, D, ng, nk, k + jj, cs, kt, f, S + jj * sr, sr);
+    }
+    return jj;
+}
+
 /* S[jj][h0 + g] = scores of the block's nb keys for the ng (4, 2 or 1) heads h0 + g, K rows
  * k [nb] (2W-dim pieces at chunk offsets, cs elements apart); the next block's rows kn
  * [nn] prefetched into L2, one per key. 4 heads: one key at a time, two accumulators per
@@ -1344,19 +1356,9 @@ LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char
                                    lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
     const int64_t es = lk_esize(kt);
     if (ng < 4) {
-        int64_t jj = 0;
-        for (; jj + 12 / ng <= nb; jj += 12 / ng) {
-            for (int64_t t = jj; t < jj + 12 / ng && t < nn; t++) prefetch_row_l2(kn[t], cs, D, es);
-            scores_keys(q, D, ng, 12 / ng, k + jj, cs, kt, f, S + jj * sr, sr);
-        }
-        for (; jj + 4 / ng <= nb; jj += 4 / ng) {
-            for (int64_t t = jj; t < jj + 4 / ng && t < nn; t++) prefetch_row_l2(kn[t], cs, D, es);
-            scores_keys(q, D, ng, 4 / ng, k + jj, cs, kt, f, S + jj * sr, sr);
-        }
-        for (; jj < nb; jj++) {
-            if (jj < nn) prefetch_row_l2(kn[jj], cs, D, es);
-            scores_keys(q, D, ng, 1, k + jj, cs, kt, f, S + jj * sr, sr);
-        }
+        int64_t jj = scores_keys_from(q, D, ng, 12 / ng, k, nb, cs, kt, f, S, sr, kn, nn, 0);
+        jj = scores_keys_from(q, D, ng, 4 / ng, k, nb, cs, kt, f, S, sr, kn, nn, jj);
+        scores_keys_from(q, D, ng, 1, k, nb, cs, kt, f, S, sr, kn, nn, jj);
         return;
     }
     for (int64_t jj = 0; jj < nb; jj++) {
