@@ -744,6 +744,17 @@ static void test_mla(void) {
                 for (int d = 0; d < MDV; d++) ok &= fabsf(mout[t][0][d] - mbase[t][0][d]) <= 1e-5f;
             tu_check(ok, "%s mla %s: an inf in v of a current key never reaches the queries the causal mask hides "
                          "it from", isa, sn);
+            mla_fill();
+
+            /* a visible key of finite score far below the row maximum (s - m ~ -250: its weight
+             * 0 in f32) with an inf in v: the element is not finite on any ISA or strategy
+             * (0 * inf or tiny * inf, as flash_attn); other requests unaffected */
+            mv[0][0][1] = INFINITY, mk[0][0][MDN] = -2000.0f, mq[0][0][MDN] = 1.0f;
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(3, 5, 0);
+            for (int t = 0; t < 3; t++) ok &= !isfinite(mout[t][0][1]);
+            tu_check(ok, "%s mla %s: an inf in v of a visible key whose weight underflows makes its element "
+                         "non-finite (as flash_attn)", isa, sn);
         }
     }
 }

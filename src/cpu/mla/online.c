@@ -50,11 +50,22 @@ static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, i
     return bad != 0;
 }
 
+/* 1 when q . k (D dims of dt, summed again in f32) is -inf: tells a key scored -inf from
+ * one whose weight exp(s - m) only underflowed to 0 */
+static int scored_neginf(lk_dtype dt, const void *q, const void *k, int64_t D) {
+    float s = 0.0f;
+    for (int64_t d = 0; d < D; d++)
+        s += dt == LK_BF16 ? lk_bf16_to_f32(((const uint16_t *)q)[d]) * lk_bf16_to_f32(((const uint16_t *)k)[d])
+                           : ((const float *)q)[d] * ((const float *)k)[d];
+    return s == -INFINITY;
+}
+
 /* one block of kb keys for rows [r0, nq): S, softmax step, O += P V. When V holds an inf
- * or NaN, P V skips the keys of weight 0 (hidden by the causal mask, or scored -inf): 0 *
- * inf would make the row NaN although such a key never counts (as flash_attn); that
- * block's P V is then a plain loop in f32 (rare: non-finite values), blocks of finite
- * values keep the one GEMM. */
+ * or NaN, P V skips the keys of weight 0 that never count (hidden by the causal mask, or
+ * scored -inf): 0 * inf would make the row NaN (as flash_attn); a visible key of finite
+ * score whose weight underflowed to 0 does count (0 * inf = NaN, as flash_attn's SIMD
+ * path: docs/numerics.md). That block's P V is then a plain loop in f32 (rare:
+ * non-finite values), blocks of finite values keep the one GEMM. */
 static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, int64_t nq, int64_t Dqk,
                            int64_t Dv, const void *K, int64_t ldk, const void *V, int64_t ldv, int64_t kb,
                            int causal, int64_t lim0, float *S, uint16_t *P16, float *O, int64_t ldo,
@@ -71,7 +82,9 @@ static lk_status key_block(lk_dtype dt, const void *Q, int64_t ldq, int64_t r0, 
         float *o = O + (r0 + i) * ldo; // [Dv]
         for (int64_t c = 0; c < kb; c++) {
             float p = P ? lk_bf16_to_f32(P[i * LK_MLA_KB + c]) : S[i * LK_MLA_KB + c];
-            if (p == 0.0f) continue;
+            if (p == 0.0f && ((causal && c > lim0 + r0 + i) ||
+                              scored_neginf(dt, row_at(dt, Q, r0 + i, ldq), row_at(dt, K, c, ldk), Dqk)))
+                continue;
             const void *vr = row_at(dt, V, c, ldv);
             for (int64_t d = 0; d < Dv; d++)
                 o[d] += p * (dt == LK_BF16 ? lk_bf16_to_f32(((const uint16_t *)vr)[d]) : ((const float *)vr)[d]);
