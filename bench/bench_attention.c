@@ -2,7 +2,8 @@
  * flash_attn_varlen: prefill 1 x 2048 x 2048 causal (16 heads x 128; 32 q / 8 kv heads),
  * the MLA shape (192/128, 16 heads, 2048 prefix + 512 new tokens), and decode 1 query x
  * 4096 keys x 32 heads x 128, paged (page 16), batch 1 and 8; fp8 (e4m3 / e5m2) caches
- * beside bf16 ones (decode rows count fp8 bytes) and their in-process A/B.
+ * beside bf16 ones (decode rows count fp8 bytes), a prefill row writing an fp8 out
+ * (flash_attn_varlen_scaled, marked ">f8") and the fp8 vs bf16 decode A/B.
  * Prefill rows: GFLOP/s of effective work 4 * Sq * Sk * D * H (causal-halved) against the
  * FMA peak of each ISA, or for all-bf16 inputs the bf16 dot peak where bench_flops_kind
  * says so. Decode rows: GB/s of K/V read against the read bandwidth.
@@ -22,12 +23,20 @@ typedef struct {
     lk_tensor out, q, k, v, cuq, cuk, used, table;
     int paged;
     lk_attn_params p;
+    const lk_tensor *oscale; /* fp8 out: its output_scale (lk_flash_attn_varlen_scaled), else NULL */
 } attn_ctx;
+
+static lk_status attn_call(const attn_ctx *c, const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
+                           const lk_tensor *v, const lk_tensor *cuq, const lk_tensor *cuk, const lk_tensor *used,
+                           const lk_tensor *table) {
+    const lk_tensor *ck = c->paged ? NULL : cuk, *u = c->paged ? used : NULL, *t = c->paged ? table : NULL;
+    if (c->oscale) return lk_flash_attn_varlen_scaled(out, NULL, q, k, v, cuq, ck, u, t, &c->p, c->oscale);
+    return lk_flash_attn_varlen(out, NULL, q, k, v, cuq, ck, u, t, &c->p);
+}
 
 static void run_attn(void *vc) {
     attn_ctx *c = vc;
-    lk_flash_attn_varlen(&c->out, NULL, &c->q, &c->k, &c->v, &c->cuq, c->paged ? NULL : &c->cuk,
-                         c->paged ? &c->used : NULL, c->paged ? &c->table : NULL, &c->p);
+    (void)attn_call(c, &c->out, &c->q, &c->k, &c->v, &c->cuq, &c->cuk, &c->used, &c->table);
 }
 
 /* max error over the variants of the output's last `rows` queries of request 0 (heads
@@ -53,8 +62,7 @@ static double check_tail(attn_ctx *c, int64_t q_len, int64_t k_len, int64_t Hq, 
     table.shape[0] = 1;
     lk_isa isa = lk_isa_current();
     lk_set_isa(LK_ISA_REF);
-    lk_status s = lk_flash_attn_varlen(&tref, NULL, &q, &k, &v, &tcuq, c->paged ? NULL : &tcuk,
-                                       c->paged ? &tused : NULL, c->paged ? &table : NULL, &c->p);
+    lk_status s = attn_call(c, &tref, &q, &k, &v, &tcuq, &tcuk, &tused, &table);
     lk_set_isa(isa);
     double err = 0;
     if (s != LK_OK) {
@@ -77,16 +85,21 @@ static double check_tail(attn_ctx *c, int64_t q_len, int64_t k_len, int64_t Hq, 
 }
 
 static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t Dqk, int64_t Dv,
-                         lk_dtype kvt, const char *label) {
-    /* one request: S new queries over P + S keys, causal (bottom-right) */
+                         lk_dtype kvt, lk_dtype outt, const char *label) {
+    /* one request: S new queries over P + S keys, causal (bottom-right); out of outt (fp8:
+     * lk_flash_attn_varlen_scaled with output_scale 1 / 64, out ~ [-1, 1] in codes up to 64;
+     * called directly, not through bench_api: a --lib variant times this build's) */
     int64_t Sk = P + S;
     attn_ctx c;
     memset(&c, 0, sizeof c);
-    void *q = bench_alloc(LK_BF16, S * Hq * Dqk, -1, 1), *out = bench_alloc(LK_BF16, S * Hq * Dv, 0, 0);
+    void *q = bench_alloc(LK_BF16, S * Hq * Dqk, -1, 1), *out = bench_alloc(outt, S * Hq * Dv, 0, 0);
     void *k = bench_alloc(kvt, Sk * Hk * Dqk, -1, 1), *v = bench_alloc(kvt, Sk * Hk * Dv, -1, 1);
     int32_t cuq[2] = {0, (int32_t)S}, cuk[2] = {0, (int32_t)Sk};
     c.q = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){S, Hq, Dqk});
-    c.out = lk_tensor_make(out, LK_BF16, 3, (int64_t[]){S, Hq, Dv});
+    c.out = lk_tensor_make(out, outt, 3, (int64_t[]){S, Hq, Dv});
+    float os = 1.0f / 64;
+    lk_tensor tos = lk_tensor_make(&os, LK_F32, 0, NULL);
+    if (outt == LK_F8E4M3 || outt == LK_F8E5M2) c.oscale = &tos; /* 0.3: only for the fp8-out row */
     c.k = lk_tensor_make(k, kvt, 3, (int64_t[]){Sk, Hk, Dqk});
     c.v = lk_tensor_make(v, kvt, 3, (int64_t[]){Sk, Hk, Dv});
     c.cuq = lk_tensor_make(cuq, LK_I32, 1, (int64_t[]){2});
@@ -237,10 +250,10 @@ void bench_attention(void) {
                       ? "flash_attn_varlen (prefill: ceiling = bf16 dot peak for bf16 K/V on avx512, else f32 "
                         "FMA peak; decode: ceiling = read bandwidth)"
                       : "flash_attn_varlen (prefill: ceiling = f32 FMA peak; decode: ceiling = read bandwidth)");
-    prefill_case(2048, 0, 16, 16, 128, 128, LK_BF16, "1x2048^2 c 16h x128");
-    prefill_case(2048, 0, 16, 16, 128, 128, LK_F16, "1x2048^2 c 16h x128");
-    prefill_case(2048, 0, 32, 8, 128, 128, LK_BF16, "1x2048^2 c 32/8h x128");
-    prefill_case(512, 2048, 16, 16, 192, 128, LK_BF16, "MLA 512+2048p 16h 192/128");
+    prefill_case(2048, 0, 16, 16, 128, 128, LK_BF16, LK_BF16, "1x2048^2 c 16h x128");
+    prefill_case(2048, 0, 16, 16, 128, 128, LK_F16, LK_BF16, "1x2048^2 c 16h x128");
+    prefill_case(2048, 0, 32, 8, 128, 128, LK_BF16, LK_BF16, "1x2048^2 c 32/8h x128");
+    prefill_case(512, 2048, 16, 16, 192, 128, LK_BF16, LK_BF16, "MLA 512+2048p 16h 192/128");
     decode_case(1, 4096, 32, 32, 128, 16, LK_BF16);
     decode_case(8, 4096, 32, 32, 128, 16, LK_BF16);
     decode_case(8, 4096, 32, 8, 128, 16, LK_BF16); /* GQA, Llama-3-8B's heads */
@@ -249,6 +262,8 @@ void bench_attention(void) {
     decode_case(8, 4096, 32, 8, 128, 16, LK_F8E4M3);
     decode_case(8, 4096, 32, 8, 128, 16, LK_F8E5M2);
     decode_case(8, 4096, 32, 32, 128, 16, LK_F8E4M3);
-    prefill_case(2048, 0, 32, 8, 128, 128, LK_F8E4M3, "1x2048^2 c 32/8h x128");
+    prefill_case(2048, 0, 32, 8, 128, 128, LK_F8E4M3, LK_BF16, "1x2048^2 c 32/8h x128");
+    /* the same with an fp8 out (flash_attn_varlen_scaled: out / output_scale to e4m3) */
+    prefill_case(2048, 0, 32, 8, 128, 128, LK_F8E4M3, LK_F8E4M3, "1x2048^2 c 32/8h x128 >f8");
     decode_ab_fp8(8, 4096, 32, 8, 128, 16, LK_F8E4M3);
 }
