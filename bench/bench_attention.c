@@ -26,6 +26,8 @@ typedef struct {
     const lk_tensor *oscale; /* fp8 out: its output_scale (lk_flash_attn_varlen_scaled), else NULL */
 } attn_ctx;
 
+/* lk_flash_attn_varlen, or with c->oscale its _scaled form; the latter is called directly,
+ * not through bench_api (a --lib variant times this build's) */
 static lk_status attn_call(const attn_ctx *c, const lk_tensor *out, const lk_tensor *q, const lk_tensor *k,
                            const lk_tensor *v, const lk_tensor *cuq, const lk_tensor *cuk, const lk_tensor *used,
                            const lk_tensor *table) {
@@ -87,8 +89,7 @@ static double check_tail(attn_ctx *c, int64_t q_len, int64_t k_len, int64_t Hq, 
 static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t Dqk, int64_t Dv,
                          lk_dtype kvt, lk_dtype outt, const char *label) {
     /* one request: S new queries over P + S keys, causal (bottom-right); out of outt (fp8:
-     * lk_flash_attn_varlen_scaled with output_scale 1 / 64, out ~ [-1, 1] in codes up to 64;
-     * called directly, not through bench_api: a --lib variant times this build's) */
+     * lk_flash_attn_varlen_scaled with output_scale 1 / 64, out ~ [-1, 1] in codes up to 64) */
     int64_t Sk = P + S;
     attn_ctx c;
     memset(&c, 0, sizeof c);

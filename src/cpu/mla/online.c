@@ -54,9 +54,7 @@ static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, i
  * one whose weight exp(s - m) only underflowed to 0 */
 static int scored_neginf(lk_dtype dt, const void *q, const void *k, int64_t D) {
     float s = 0.0f;
-    for (int64_t d = 0; d < D; d++)
-        s += dt == LK_BF16 ? lk_bf16_to_f32(((const uint16_t *)q)[d]) * lk_bf16_to_f32(((const uint16_t *)k)[d])
-                           : ((const float *)q)[d] * ((const float *)k)[d];
+    for (int64_t d = 0; d < D; d++) s += lk_load_f(q, dt, d) * lk_load_f(k, dt, d);
     return s == -INFINITY;
 }
 
