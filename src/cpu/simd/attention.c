@@ -53,7 +53,7 @@
  * (qk_scale: scale * q_descale * k_descale per request and KV head) and the output
  * (store_out_row's v_descale); on the AVX512_BF16 build fp8 rows are widened to bf16 in
  * registers (f8_to_bf16) and take the bf16 dot-product paths, elsewhere they are loaded
- * through the vector layer's fp8 -> f32 conversion (AVX2's GQA loop: lkv_load_f8_raw).
+ * through the vector layer's fp8 -> f32 conversion (AVX2's GQA loop: lkv_load2_f8_raw).
  * fp8 NZ tiles are 32 wide (TILE). An fp8 out (lk_flash_attn_varlen_scaled) is written
  * only by store_out_row (fp8(value / out_scale), lkv_store's fp8 form) and
  * zero_padding_rows (code 0); P stays f32 for it (the bf16 P.V paths need a bf16 out).
@@ -1271,7 +1271,7 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * group's 8 accumulators start from alpha * O and take every key of the block (V
  * converted once for the group), stored once. Row dims are converted in the order of
  * load2_raw: bf16 even / odd within 2W dims (q permuted alike once per row, O put back at
- * the row's end), other dtypes in order. fp8 K/V by F16C (lkv_load_f8_raw): e4m3 is read as value / 256, the
+ * the row's end), other dtypes in order. fp8 K/V by F16C (lkv_load2_f8_raw): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
  * value, found per block by byte maxima (lkv_e4m3_nan_acc) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
@@ -1286,7 +1286,7 @@ static inline int g4f_dim(int e, lk_dtype dt) {
  * with its NaN code finite */
 LK_ALWAYS_INLINE void load2_raw(const char *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
     if (dt == LK_BF16) lkv_bf16_load_eo(p, a, b);
-    else if (lk_is_fp8(dt)) *a = lkv_load_f8_raw(p, dt), *b = lkv_load_f8_raw(p + LKV_W, dt);
+    else if (lk_is_fp8(dt)) lkv_load2_f8_raw(p, dt, a, b);
     else *a = lkv_load(p, dt), *b = lkv_load(p + LKV_W * lk_esize(dt), dt);
 }
 

@@ -340,6 +340,19 @@ static inline __m128i lkv__f8_half(__m128i c, lk_dtype dt) {
 static inline lkv_f32 lkv_load_f8_raw(const void *p, lk_dtype dt) {
     return _mm256_cvtph_ps(lkv__f8_half(_mm_loadl_epi64((const __m128i *)p), dt));
 }
+/* 2W codes at p as lkv_load_f8_raw's two vectors (codes [0, W) in a, [W, 2W) in b) from
+ * one 16-byte load: e5m2's words by byte unpacks, e4m3's by one widening of all 16 */
+static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
+    __m128i c = _mm_loadu_si128((const __m128i *)p);
+    if (dt == LK_F8E5M2) {
+        *a = _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), c));
+        *b = _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), c));
+        return;
+    }
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xbfff));
+    *a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
 static inline lkv_f32 lkv__f8_load_f16c(__m128i c, lk_dtype dt) {
     __m128i h = lkv__f8_half(c, dt);
     if (dt == LK_F8E5M2) return _mm256_cvtph_ps(h);
