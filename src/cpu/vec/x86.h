@@ -329,23 +329,20 @@ static inline lkv_half lkv__high_half(lkv_bits v) { return _mm256_extracti128_si
  * left 7 puts its 7 magnitude bits under f16's exponent bias (S.0EEEE.MMM0000000, the
  * copy of the sign in bit 14 masked off): the f16 is value / 256 exactly, normal and
  * subnormal codes alike, except the NaN code S.1111.111, which reads as 1.875.
- * lkv_load_f8_raw stops there (the f32 of those f16s: callers scale by 256 and treat the
- * NaN code themselves); lkv__f8_load_f16c turns the NaN code's f16 into the quiet NaN
+ * lkv_load2_f8_raw stops there (2W codes from one 16-byte load, the f32 of those f16s in
+ * two vectors: callers scale by 256 and treat the NaN code themselves; e4m3's 16 codes
+ * widened at once); lkv__f8_load_f16c turns the NaN code's f16 into the quiet NaN
  * S.11111.1000000000 (its f32 is sign | 0x7fc00000, fp8.h's) and multiplies by 256. */
 #define LKV_F8_F16C 1
 static inline __m128i lkv__f8_half(__m128i c, lk_dtype dt) {
     if (dt == LK_F8E5M2) return _mm_unpacklo_epi8(_mm_setzero_si128(), c);
     return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(c), 7), _mm_set1_epi16((short)0xbfff));
 }
-static inline lkv_f32 lkv_load_f8_raw(const void *p, lk_dtype dt) {
-    return _mm256_cvtph_ps(lkv__f8_half(_mm_loadl_epi64((const __m128i *)p), dt));
-}
-/* 2W codes at p as lkv_load_f8_raw's two vectors (codes [0, W) in a, [W, 2W) in b) from
- * one 16-byte load: e5m2's words by byte unpacks, e4m3's by one widening of all 16 */
+/* codes [0, W) at p in a, [W, 2W) in b */
 static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
     __m128i c = _mm_loadu_si128((const __m128i *)p);
     if (dt == LK_F8E5M2) {
-        *a = _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), c));
+        *a = _mm256_cvtph_ps(lkv__f8_half(c, dt));
         *b = _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), c));
         return;
     }
