@@ -4,6 +4,13 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 BENCH_ARGS ?=
+# the sanitizer build emulates AVX-512 on an x86 CPU with AVX2 and without AVX-512
+# (cmake -DLLMKERN_EMULATE_AVX512=ON, src/cpu/vec/x86_emu.h): the avx512 and avx512bf16
+# rows' kernels then run, against the reference and under ASan/UBSan, on every machine
+# that runs the tests; where the CPU has AVX-512 both builds run it natively
+ASAN_EMULATE_AVX512 ?= $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && ! grep -qw avx512bw /proc/cpuinfo && echo ON || echo OFF)
+ASAN_CMAKE = cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON \
+  -DLLMKERN_BUILD_BENCH=OFF -DLLMKERN_EMULATE_AVX512=$(ASAN_EMULATE_AVX512) >/dev/null
 
 .PHONY: all deps build run test test-plain test-sanitize bench clean arm-deps build-arm test-arm
 
@@ -27,7 +34,7 @@ test-plain: build
 	./tests/run.sh $(BUILD)
 
 test-sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
+	$(ASAN_CMAKE)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/run.sh $(ASAN_BUILD)
 
@@ -42,7 +49,7 @@ test-sanitize: deps
 # build + every C test under qemu-aarch64, ref and neon), one grand total at the end
 TEST_SUITES = python=LLMKERN_PY_INSTALL=1 ./scripts/test_python.sh $(BUILD)|install=./tests/install_check.sh $(BUILD)|fuzz=$(MAKE) --no-print-directory fuzz-smoke|arm=$(MAKE) --no-print-directory test-arm
 test: build
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON -DLLMKERN_BUILD_BENCH=OFF >/dev/null
+	$(ASAN_CMAKE)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 LLMKERN_EXTRA_SUITES="$(TEST_SUITES)" ./tests/run.sh $(BUILD) $(ASAN_BUILD)
 

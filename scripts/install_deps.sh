@@ -8,6 +8,9 @@ command -v gcc >/dev/null || need+=(gcc)
 command -v python3 >/dev/null || need+=(python3)
 # oneDNN (the MLA prefix prefill's GEMMs: bf16 matmul, f32 sgemm): libdnnl.so + dnnl.h
 dpkg -s libdnnl-dev >/dev/null 2>&1 || need+=(libdnnl-dev)
+# SIMDe (headers only; x86): the sanitizer build's AVX-512 emulation on CPUs without it
+# (Makefile ASAN_EMULATE_AVX512, src/cpu/vec/x86_emu.h)
+case "$(uname -m)" in x86_64|amd64) dpkg -s libsimde-dev >/dev/null 2>&1 || need+=(libsimde-dev) ;; esac
 # gcc's OpenMP runtime and the sanitizer runtimes ship with gcc on Debian (libgomp1,
 # libasan8, libubsan1); check them by linking a probe
 probe=$(mktemp -d)

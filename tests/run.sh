@@ -14,6 +14,7 @@ pass=0; fail=0; isa_note=""
 outdir=$(mktemp -d); trap 'rm -rf "$outdir"' EXIT
 for d in "${dirs[@]}"; do
   echo "=== tests in $d"
+  t0=$SECONDS; isa_note_d=""
   tests=()
   for t in "$d"/tests/test_*; do [ -x "$t" ] && tests+=("$t"); done
   k=0
@@ -31,7 +32,7 @@ for d in "${dirs[@]}"; do
     else out=$($runner "$t" 2>&1); rc=$?; fi
     k=$((k + 1))
     printf '%s\n' "$out" | grep -v '^  ok ' | grep -v '^  note: ISAs' | tail -n 40
-    n=$(printf '%s\n' "$out" | grep '^  note: ISAs' | head -n 1); [ -n "$n" ] && isa_note="$n"
+    n=$(printf '%s\n' "$out" | grep '^  note: ISAs' | head -n 1); [ -n "$n" ] && isa_note_d="$d:${n#  note:}"
     line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [ -z "$line" ]; then
       echo "$t: crashed or printed no summary (exit $rc)"; fail=$((fail + 1)); continue
@@ -44,6 +45,8 @@ for d in "${dirs[@]}"; do
     if $runner "$d/tests/readme_example"; then pass=$((pass + 1)); echo "readme_example: ok"
     else fail=$((fail + 1)); echo "readme_example: FAILED"; fi
   fi
+  echo "(tests in $d: $((SECONDS - t0)) s)"
+  [ -n "$isa_note_d" ] && isa_note="$isa_note  note: $isa_note_d"$'\n'
 done
 skip=0
 # extra suites whose closing line is added to the totals: LLMKERN_EXTRA_SUITES holds
@@ -53,8 +56,10 @@ for suite in "${suites[@]}"; do
   [ -n "$suite" ] || continue
   name=${suite%%=*}; cmd=${suite#*=}
   echo "=== $name"
+  t0=$SECONDS
   out=$(eval "$cmd" 2>&1); rc=$?
   printf '%s\n' "$out" | tail -n 15
+  echo "($name: $((SECONDS - t0)) s)"
   line=$(printf '%s\n' "$out" | grep -E '[0-9]+ passed' | tail -n 1)
   p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); p=${p:-0}
   f=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+'); f=${f:-0}
@@ -65,6 +70,6 @@ for suite in "${suites[@]}"; do
     echo "$name: exit $rc without a passing summary"; fail=$((fail + 1))
   fi
 done
-[ -n "$isa_note" ] && echo "$isa_note"
+[ -n "$isa_note" ] && printf '%s' "$isa_note"
 if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ $fail -eq 0 ]

@@ -49,8 +49,14 @@ int tu_finish(const char *file) {
         snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "",
                  lk_isa_name((lk_isa)i));
     }
+#if defined(LLMKERN_EMULATE_AVX512)
+    const char *emulated = " (avx512 and avx512bf16 emulated on AVX2)";
+#else
+    const char *emulated = "";
+#endif
     if (missing[0])
-        printf("  note: ISAs checked: %d of them; %s kernels not run (CPU or build lacks them)\n", n, missing);
+        printf("  note: ISAs checked: %d of them%s; %s kernels not run (CPU or build lacks them)\n", n, emulated,
+               missing);
     printf("%s: %d passed, %d failed\n", file, n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

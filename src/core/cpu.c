@@ -34,7 +34,7 @@ int lk_cpu_has_avx2(void) {
     return fma && f16c && avx && avx2;
 }
 
-int lk_cpu_has_avx512(void) {
+static int hw_avx512(void) {
     unsigned a, b, c, d;
     if (!lk_cpu_has_avx2()) return 0;
     if ((xgetbv0() & 0xe6) != 0xe6) return 0; /* opmask + ZMM hi256 + hi16 ZMM */
@@ -46,9 +46,9 @@ int lk_cpu_has_avx512(void) {
 /* the avx512bf16 row: AVX512_BF16 (dot products) and AVX512_VBMI (byte lookups of the
  * fp8 widening); Zen 4 / 5, Sapphire Rapids and later have both, Cooper Lake (BF16
  * without VBMI) runs the avx512 row */
-int lk_cpu_has_avx512bf16(void) {
+static int hw_avx512bf16(void) {
     unsigned a, b, c, d;
-    if (!lk_cpu_has_avx512()) return 0;
+    if (!hw_avx512()) return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((c >> 1) & 1)) return 0; /* AVX512_VBMI */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
@@ -75,14 +75,27 @@ static int os_amx_permitted(void) {
 #else
 static int os_amx_permitted(void) { return 0; } /* no tile permission to ask for: not used */
 #endif
-int lk_cpu_has_amx(void) {
+static int hw_amx(void) {
     unsigned a, b, c, d;
-    if (!lk_cpu_has_avx512bf16()) return 0;
+    if (!hw_avx512bf16()) return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!((d >> 24) & 1) || !((d >> 22) & 1)) return 0; /* AMX-TILE, AMX-BF16 */
     if ((xgetbv0() & 0x60000) != 0x60000) return 0;     /* XTILECFG + XTILEDATA */
     return os_amx_permitted();
 }
+
+#if defined(LLMKERN_EMULATE_AVX512)
+/* test builds (cmake -DLLMKERN_EMULATE_AVX512=ON): the avx512 and avx512bf16 rows are
+ * compiled for AVX2 with AVX-512 emulated (src/cpu/vec/x86_emu.h), so they run wherever
+ * AVX2 does; the amx row is not emulated and never runs */
+int lk_cpu_has_avx512(void) { return lk_cpu_has_avx2(); }
+int lk_cpu_has_avx512bf16(void) { return lk_cpu_has_avx2(); }
+int lk_cpu_has_amx(void) { return (void)hw_amx, 0; } /* hw_amx and the two above: unused here */
+#else
+int lk_cpu_has_avx512(void) { return hw_avx512(); }
+int lk_cpu_has_avx512bf16(void) { return hw_avx512bf16(); }
+int lk_cpu_has_amx(void) { return hw_amx(); }
+#endif
 #else
 int lk_cpu_has_avx2(void) { return 0; }
 int lk_cpu_has_avx512(void) { return 0; }

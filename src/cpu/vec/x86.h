@@ -14,7 +14,11 @@
 #ifndef LKV_X86_H
 #define LKV_X86_H
 
+#if defined(LKV_EMULATE) /* test builds: AVX-512 emulated on AVX2 (x86_emu.h) */
+#include "x86_emu.h"
+#else
 #include <immintrin.h>
+#endif
 #include <string.h>
 
 #include "../../core/half.h"
