@@ -84,68 +84,30 @@ static inline void lkv_emu_mm512_stream_si512(void *p, __m512i a) { memcpy(p, &a
 #define _mm512_stream_si512 lkv_emu_mm512_stream_si512
 
 /* ---- conversions ---- */
-/* VCVTDQ2PS: int32 -> f32 under the current rounding mode (C's conversion does the same) */
-static inline __m512 lkv_emu_mm512_cvtepi32_ps(__m512i a) {
-    int32_t e[16];
-    float r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) r[i] = (float)e[i];
-    __m512 v;
-    LKV_EMU_SET(v, r);
-    return v;
-}
+/* a conversion lane by lane: out lane i = conv(lane i of a), 16 lanes */
+#define LKV_EMU_CVT16(name, rt, ret, at, aet, conv) \
+    static inline rt name(at a) {                   \
+        aet e[16];                                  \
+        ret r[16];                                  \
+        LKV_EMU_GET(e, a);                          \
+        for (int i = 0; i < 16; i++) r[i] = conv(e[i]); \
+        rt v;                                       \
+        LKV_EMU_SET(v, r);                          \
+        return v;                                   \
+    }
 /* VCVTPS2DQ: f32 -> int32 under the current rounding mode (nearest even: no kernel changes
  * it); NaN and out-of-range values give the integer indefinite 0x80000000 */
-static inline __m512i lkv_emu_mm512_cvtps_epi32(__m512 a) {
-    float e[16];
-    int32_t r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) {
-        float x = nearbyintf(e[i]);
-        r[i] = (x >= -2147483648.0f && x < 2147483648.0f) ? (int32_t)x : INT32_MIN;
-    }
-    __m512i v;
-    LKV_EMU_SET(v, r);
-    return v;
+static inline int32_t lkv_emu_f32_i32(float f) {
+    float x = nearbyintf(f);
+    return (x >= -2147483648.0f && x < 2147483648.0f) ? (int32_t)x : INT32_MIN;
 }
-/* VPMOVDW / VPMOVDB: truncate each 32-bit lane to its low 16 / 8 bits */
-static inline __m256i lkv_emu_mm512_cvtepi32_epi16(__m512i a) {
-    int32_t e[16];
-    uint16_t r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) r[i] = (uint16_t)e[i];
-    __m256i v;
-    LKV_EMU_SET(v, r);
-    return v;
-}
-static inline __m128i lkv_emu_mm512_cvtepi32_epi8(__m512i a) {
-    int32_t e[16];
-    uint8_t r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) r[i] = (uint8_t)e[i];
-    __m128i v;
-    LKV_EMU_SET(v, r);
-    return v;
-}
-/* VPMOVZXWD / VPMOVZXBD: zero-extend 16 / 8-bit elements to 32 bits */
-static inline __m512i lkv_emu_mm512_cvtepu16_epi32(__m256i a) {
-    uint16_t e[16];
-    int32_t r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) r[i] = e[i];
-    __m512i v;
-    LKV_EMU_SET(v, r);
-    return v;
-}
-static inline __m512i lkv_emu_mm512_cvtepu8_epi32(__m128i a) {
-    uint8_t e[16];
-    int32_t r[16];
-    LKV_EMU_GET(e, a);
-    for (int i = 0; i < 16; i++) r[i] = e[i];
-    __m512i v;
-    LKV_EMU_SET(v, r);
-    return v;
-}
+#define LKV_EMU_AS(t) (t) /* C's conversion: int32 -> f32 rounds as VCVTDQ2PS; to narrower ints truncates as VPMOV*; widening zero-extends */
+LKV_EMU_CVT16(lkv_emu_mm512_cvtps_epi32, __m512i, int32_t, __m512, float, lkv_emu_f32_i32)
+LKV_EMU_CVT16(lkv_emu_mm512_cvtepi32_ps, __m512, float, __m512i, int32_t, LKV_EMU_AS(float))        /* VCVTDQ2PS */
+LKV_EMU_CVT16(lkv_emu_mm512_cvtepi32_epi16, __m256i, uint16_t, __m512i, int32_t, LKV_EMU_AS(uint16_t)) /* VPMOVDW */
+LKV_EMU_CVT16(lkv_emu_mm512_cvtepi32_epi8, __m128i, uint8_t, __m512i, int32_t, LKV_EMU_AS(uint8_t))   /* VPMOVDB */
+LKV_EMU_CVT16(lkv_emu_mm512_cvtepu16_epi32, __m512i, int32_t, __m256i, uint16_t, LKV_EMU_AS(int32_t)) /* VPMOVZXWD */
+LKV_EMU_CVT16(lkv_emu_mm512_cvtepu8_epi32, __m512i, int32_t, __m128i, uint8_t, LKV_EMU_AS(int32_t))   /* VPMOVZXBD */
 /* VCVTPH2PS / VCVTPS2PH: the two 256-bit halves through F16C (the same rounding and NaN
  * rules); imm is the rounding control, a constant at every call */
 static inline __m512 lkv_emu_mm512_cvtph_ps(__m256i a) {
