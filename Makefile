@@ -108,15 +108,19 @@ bench-torch: build
 #   make fuzz FUZZ_TIME=60   every harness for FUZZ_TIME seconds (FUZZ_JOBS at once)
 #   make fuzz-smoke          every harness for FUZZ_SMOKE_TIME (3) s, $(JOBS) at once: one
 #                            line each, then "N passed, M failed" (part of `make test`)
+#   make fuzz-emu FUZZ_TIME=60  as `make fuzz`, in $(FUZZ_EMU_BUILD), with the avx512 and
+#                            avx512bf16 rows emulated on AVX2 (SIMDe): the AVX-512 kernels
+#                            fuzzed on a CPU without AVX-512 (slow to build: ~15 min on 2 cores)
 # clang-14, libclang-rt-14-dev and libomp-14-dev are installed when missing.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TIME ?= 60
 FUZZ_SMOKE_TIME ?= 3
 FUZZ_JOBS ?= 1
+FUZZ_EMU_BUILD ?= build-fuzz-emu
 TSAN_BUILD ?= build-tsan
 VALGRIND_BUILD ?= build-valgrind
 
-.PHONY: clang-deps fuzz-build fuzz fuzz-smoke test-tsan test-valgrind
+.PHONY: clang-deps fuzz-build fuzz fuzz-smoke fuzz-emu test-tsan test-valgrind
 
 clang-deps:
 	@./scripts/install_clang_deps.sh
@@ -128,6 +132,13 @@ fuzz-build: clang-deps
 
 fuzz: fuzz-build
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(FUZZ_JOBS) ./scripts/fuzz.sh $(FUZZ_TIME)
+
+fuzz-emu: clang-deps
+	@./scripts/install_deps.sh
+	@mkdir -p $(FUZZ_EMU_BUILD)
+	@$(MAKE) --no-print-directory -f fuzz/Makefile FUZZ_BUILD=$(FUZZ_EMU_BUILD) FUZZ_EMULATE_AVX512=1 -j $(JOBS) \
+	  >$(FUZZ_EMU_BUILD)/build.log 2>&1 || (tail -n 40 $(FUZZ_EMU_BUILD)/build.log; exit 1)
+	@FUZZ_BUILD=$(FUZZ_EMU_BUILD) FUZZ_JOBS=$(FUZZ_JOBS) ./scripts/fuzz.sh $(FUZZ_TIME)
 
 fuzz-smoke: fuzz-build
 	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(JOBS) ./scripts/fuzz.sh $(FUZZ_SMOKE_TIME)

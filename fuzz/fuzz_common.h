@@ -627,6 +627,9 @@ static void fz_run(fz_world *w, fz_call_fn call, const void *attrs) {
     for (int i = 1; i <= (int)lk_isa_best() && ns < 8; i++)
         if (lk_set_isa((lk_isa)i) == LK_OK) simd[ns++] = (lk_isa)i;
     if (ns) best = simd[w->isa_pick % ns];
+    const char *force = getenv("FZ_ISA"); /* replay an input on another ISA: FZ_ISA=avx2 */
+    for (int i = 0; force && i < ns; i++)
+        if (!strcmp(lk_isa_name(simd[i]), force)) best = simd[i];
     lk_set_num_threads(w->threads);
     lk_set_isa(best);
     if (getenv("FZ_VERBOSE")) fz_dump(w);
