@@ -522,8 +522,10 @@ LK_API lk_status lk_mla_prefix_prefill(const lk_tensor *out, const lk_tensor *q,
                                        const lk_tensor *kv_b_proj, const lk_mla_params *params);
 
 /* What the last lk_mla_prefix_prefill call on this thread did (thread-local, valid until
- * the next call): "strategy=<name> (<auto | forced>) ..." followed by the internal ops
- * it ran with their sizes, one "; "-separated item each ("" after a failed call). */
+ * the next call): "strategy=<name> (<auto | forced>) ..." (then "fused instead: ..."
+ * where split_merge or concat hands inputs holding an inf or NaN to fused) followed by
+ * the internal ops it ran with their sizes, one "; "-separated item each ("" after a
+ * failed call). */
 LK_API const char *lk_mla_last_trace(void);
 /* "auto", "split_merge", "concat", "fused", "absorbed" ("unknown" otherwise) */
 LK_API const char *lk_mla_strategy_name(lk_mla_strategy s);

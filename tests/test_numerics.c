@@ -737,6 +737,21 @@ static void test_mla(void) {
             tu_check(ok, "%s mla %s: a -inf score weighs 0 (finite rows)", isa, sn);
             mla_fill();
 
+            /* request 1's current key 3 scores -inf for tokens 3 and 4 (k_rope +inf, q_rope < 0)
+             * and holds a NaN in v: weight 0, its value never reaches a row (split_merge and
+             * concat hand such inputs to fused; flash_attn alone would give 0 * NaN) */
+            for (int h = 0; h < MH; h++) mk[3][h][MDN] = INFINITY;
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++) mq[t][h][MDN] = -0.5f;
+            mv[3][0][1] = NAN, mv[3][1][4] = INFINITY;
+            st = mla_call(ST[si]);
+            ok = st == LK_OK && mla_rows(0, 3, 0);
+            for (int t = 3; t < 5; t++)
+                for (int h = 0; h < MH; h++)
+                    for (int d = 0; d < MDV; d++) ok &= isfinite(mout[t][h][d]);
+            tu_check(ok, "%s mla %s: a NaN / inf in v of a current key scored -inf never reaches a row", isa, sn);
+            mla_fill();
+
             mv[2][0][1] = INFINITY; /* v of request 0's current token 2: hidden from tokens 0, 1 */
             st = mla_call(ST[si]);
             ok = st == LK_OK && mla_rows(3, 5, 0) && !isfinite(mout[2][0][1]);

@@ -5,7 +5,9 @@
  *
  *   plan     the projection plan of the whole batch (lk_mla_plan_build with the batch's
  *            group size g): its unique pages feed the cost model and the trace
- *   choose   strategy = the forced one, or lk_mla_choose (cost.c) on the shape
+ *   choose   strategy = the forced one, or lk_mla_choose (cost.c) on the shape; split_merge
+ *            and concat hand inputs with an inf or NaN in q, k or a used cache entry to
+ *            fused (inputs_nonfinite: the contract for keys of weight 0)
  *   weights  the GEMM operands of the strategy (lk_mla_weights): kv_b_proj as it is where
  *            a GEMM takes it (bf16 or f32), else one f32 copy for the call
  *   waves    requests in waves of consecutive requests, each run by the strategy as
@@ -97,6 +99,68 @@ static int64_t run_waves(const lk_mla_args *a, lk_mla_strategy st, int64_t g, lk
     return waves;
 }
 
+/* ---------------------------------------------------------------- special values */
+
+/* 1 if one of the n elements of dtype dt at p (stride s elements) is inf or NaN: its
+ * exponent field all ones (fp8 e4m3: its NaN code S.1111.111, e4m3 has no inf) */
+#define NF_SCAN(T, M)                                                                  \
+    do {                                                                               \
+        const T *x = p;                                                                \
+        int any = 0;                                                                   \
+        if (s == 1)                                                                    \
+            for (int64_t i = 0; i < n; i++) any |= (x[i] & (M)) == (M);                \
+        else                                                                           \
+            for (int64_t i = 0; i < n; i++) any |= (x[i * s] & (M)) == (M);            \
+        return any;                                                                    \
+    } while (0)
+static int span_nonfinite(const void *p, lk_dtype dt, int64_t n, int64_t s) {
+    switch (dt) {
+    case LK_F32: NF_SCAN(uint32_t, 0x7f800000u);
+    case LK_F16: NF_SCAN(uint16_t, 0x7c00u);
+    case LK_BF16: NF_SCAN(uint16_t, 0x7f80u);
+    case LK_F8E4M3: NF_SCAN(uint8_t, 0x7fu);
+    case LK_F8E5M2: NF_SCAN(uint8_t, 0x7cu);
+    default: return 0;
+    }
+}
+
+/* 1 if an inf or NaN is in a row of t [T, H, D] of the batch's tokens */
+static int rows_nonfinite(const lk_mla_args *a, const lk_tensor *t) {
+    const char *base = t->data;
+    int64_t es = (int64_t)lk_dtype_size(t->dtype);
+    for (int64_t i = a->cu_q[0]; i < a->cu_q[a->B]; i++)
+        for (int64_t h = 0; h < a->H; h++)
+            if (span_nonfinite(base + (i * t->stride[0] + h * t->stride[1]) * es, t->dtype, t->shape[2], t->stride[2]))
+                return 1;
+    return 0;
+}
+
+/* 1 if an inf or NaN is in the D dims of slot `slot` of page `page` of cache c */
+static int entry_nonfinite(const lk_paged *c, int64_t page, int64_t slot) {
+    int64_t es = (int64_t)lk_dtype_size(c->dtype), step = c->layout == LK_KV_NZ ? c->tile : c->D;
+    for (int64_t d = 0; d < c->D; d += step)
+        if (span_nonfinite((const char *)c->data + lk_paged_off(c, page, slot, 0, d) * es, c->dtype,
+                           c->D - d < step ? c->D - d : step, c->s3))
+            return 1;
+    return 0;
+}
+
+/* 1 if q, k or a used cache entry holds an inf or NaN: then a score can be -inf (or the
+ * cache's values infinite) with a non-finite value in its key's V. The contract lets no
+ * value of a key of weight 0 reach a row; fused and absorbed skip such keys in P V, the
+ * flash_attn kernels under split_merge and concat would multiply 0 by it. */
+static int inputs_nonfinite(const lk_mla_args *a) {
+    if (rows_nonfinite(a, &a->q) || rows_nonfinite(a, &a->k)) return 1;
+    int64_t bs = a->lat.block_size;
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t j = 0; j < a->prefix[b]; j++) {
+            int64_t page = a->table[b * a->max_pages + j / bs];
+            if (entry_nonfinite(&a->lat, page, j % bs) || (!a->one_buffer && entry_nonfinite(&a->rope, page, j % bs)))
+                return 1;
+        }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- entry */
 
 lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) {
@@ -128,6 +192,10 @@ lk_status lk_mla_prefill_drive(const lk_mla_args *in, lk_mla_strategy strategy) 
                       lk_mla_strategy_name(st), 1e3 * cost[1], 1e3 * cost[2], 1e3 * cost[3], 1e3 * cost[4]);
     } else {
         lk_trace_item("strategy=%s (forced)", lk_mla_strategy_name(st));
+    }
+    if ((st == LK_MLA_SPLIT_MERGE || st == LK_MLA_CONCAT) && inputs_nonfinite(&a)) {
+        lk_trace_item("fused instead: inf or NaN in q, k or the cache (see docs/numerics.md)");
+        st = LK_MLA_FUSED;
     }
     if ((s = lk_mla_weights(&a, st, w_owned))) {
         lk_mla_plan_free(&plan);
