@@ -110,7 +110,7 @@ bench-torch: build
 #                            line each, then "N passed, M failed" (part of `make test`)
 #   make fuzz-emu FUZZ_TIME=60  as `make fuzz`, in $(FUZZ_EMU_BUILD), with the avx512 and
 #                            avx512bf16 rows emulated on AVX2 (SIMDe): the AVX-512 kernels
-#                            fuzzed on a CPU without AVX-512 (slow to build: ~15 min on 2 cores)
+#                            fuzzed on a CPU without AVX-512 (slow to build: ~7 min on 2 cores)
 # clang-14, libclang-rt-14-dev and libomp-14-dev are installed when missing.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TIME ?= 60

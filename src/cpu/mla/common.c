@@ -20,6 +20,33 @@
 #include "../../core/half.h"
 #include "mla.h"
 
+/* ---------------------------------------------------------------- special values */
+
+/* 1 if one of the n elements of dtype dt at p (stride s elements) is inf or NaN: its
+ * exponent field all ones (fp8 e4m3: its NaN code S.1111.111, e4m3 has no inf) */
+#define NF_SCAN(T, M)                                                                  \
+    do {                                                                               \
+        const T *x = p;                                                                \
+        int any = 0;                                                                   \
+        if (s == 1)                                                                    \
+            for (int64_t i = 0; i < n; i++) any |= (x[i] & (M)) == (M);                \
+        else                                                                           \
+            for (int64_t i = 0; i < n; i++) any |= (x[i * s] & (M)) == (M);            \
+        return any;                                                                    \
+    } while (0)
+int lk_mla_span_nonfinite(const void *p, lk_dtype dt, int64_t n, int64_t s) {
+    switch (dt) {
+    case LK_F32: NF_SCAN(uint32_t, 0x7f800000u);
+    case LK_F16: NF_SCAN(uint16_t, 0x7c00u);
+    case LK_BF16: NF_SCAN(uint16_t, 0x7f80u);
+    case LK_F8E4M3: NF_SCAN(uint8_t, 0x7fu);
+    case LK_F8E5M2: NF_SCAN(uint8_t, 0x7cu);
+    default: return 0;
+    }
+}
+
+#undef NF_SCAN
+
 /* ---------------------------------------------------------------- workspace */
 
 void *lk_mla_ws_get(const lk_mla_args *a, int slot, size_t bytes) {

@@ -101,36 +101,13 @@ static int64_t run_waves(const lk_mla_args *a, lk_mla_strategy st, int64_t g, lk
 
 /* ---------------------------------------------------------------- special values */
 
-/* 1 if one of the n elements of dtype dt at p (stride s elements) is inf or NaN: its
- * exponent field all ones (fp8 e4m3: its NaN code S.1111.111, e4m3 has no inf) */
-#define NF_SCAN(T, M)                                                                  \
-    do {                                                                               \
-        const T *x = p;                                                                \
-        int any = 0;                                                                   \
-        if (s == 1)                                                                    \
-            for (int64_t i = 0; i < n; i++) any |= (x[i] & (M)) == (M);                \
-        else                                                                           \
-            for (int64_t i = 0; i < n; i++) any |= (x[i * s] & (M)) == (M);            \
-        return any;                                                                    \
-    } while (0)
-static int span_nonfinite(const void *p, lk_dtype dt, int64_t n, int64_t s) {
-    switch (dt) {
-    case LK_F32: NF_SCAN(uint32_t, 0x7f800000u);
-    case LK_F16: NF_SCAN(uint16_t, 0x7c00u);
-    case LK_BF16: NF_SCAN(uint16_t, 0x7f80u);
-    case LK_F8E4M3: NF_SCAN(uint8_t, 0x7fu);
-    case LK_F8E5M2: NF_SCAN(uint8_t, 0x7cu);
-    default: return 0;
-    }
-}
-
 /* 1 if an inf or NaN is in a row of t [T, H, D] of the batch's tokens */
 static int rows_nonfinite(const lk_mla_args *a, const lk_tensor *t) {
     const char *base = t->data;
     int64_t es = (int64_t)lk_dtype_size(t->dtype);
     for (int64_t i = a->cu_q[0]; i < a->cu_q[a->B]; i++)
         for (int64_t h = 0; h < a->H; h++)
-            if (span_nonfinite(base + (i * t->stride[0] + h * t->stride[1]) * es, t->dtype, t->shape[2], t->stride[2]))
+            if (lk_mla_span_nonfinite(base + (i * t->stride[0] + h * t->stride[1]) * es, t->dtype, t->shape[2], t->stride[2]))
                 return 1;
     return 0;
 }
@@ -139,7 +116,7 @@ static int rows_nonfinite(const lk_mla_args *a, const lk_tensor *t) {
 static int entry_nonfinite(const lk_paged *c, int64_t page, int64_t slot) {
     int64_t es = (int64_t)lk_dtype_size(c->dtype), step = c->layout == LK_KV_NZ ? c->tile : c->D;
     for (int64_t d = 0; d < c->D; d += step)
-        if (span_nonfinite((const char *)c->data + lk_paged_off(c, page, slot, 0, d) * es, c->dtype,
+        if (lk_mla_span_nonfinite((const char *)c->data + lk_paged_off(c, page, slot, 0, d) * es, c->dtype,
                            c->D - d < step ? c->D - d : step, c->s3))
             return 1;
     return 0;

@@ -81,6 +81,10 @@ typedef struct lk_mla_args {
 void *lk_mla_ws_get(const lk_mla_args *a, int slot, size_t bytes);
 void lk_mla_ws_free(lk_mla_ws *ws);
 
+/* 1 if one of the n elements of dtype dt at p (stride s elements) is inf or NaN (fp8 e4m3:
+ * its NaN code); vectorised where s == 1 (common.c) */
+int lk_mla_span_nonfinite(const void *p, lk_dtype dt, int64_t n, int64_t s);
+
 /* ---------------------------------------------------------------- plan */
 
 typedef struct {

@@ -34,20 +34,11 @@ static const void *row_at(lk_dtype dt, const void *p, int64_t r, int64_t ld) {
     return (const char *)p + (size_t)(r * ld) * lk_esize(dt);
 }
 
-/* 1 when one of the kb x Dv values of V (rows ldv apart) is inf or NaN (exponent bits all
- * set; branch-free per row, so the compiler vectorizes it) */
+/* 1 when one of the kb x Dv values of V (rows ldv apart) is inf or NaN */
 static int nonfinite_rows(lk_dtype dt, const void *V, int64_t ldv, int64_t kb, int64_t Dv) {
-    unsigned bad = 0;
-    for (int64_t c = 0; c < kb && !bad; c++) {
-        if (dt == LK_BF16) {
-            const uint16_t *v = (const uint16_t *)V + c * ldv;
-            for (int64_t d = 0; d < Dv; d++) bad |= (v[d] & 0x7f80u) == 0x7f80u;
-        } else {
-            const uint32_t *v = (const uint32_t *)((const float *)V + c * ldv);
-            for (int64_t d = 0; d < Dv; d++) bad |= (v[d] & 0x7f800000u) == 0x7f800000u;
-        }
-    }
-    return bad != 0;
+    for (int64_t c = 0; c < kb; c++)
+        if (lk_mla_span_nonfinite(row_at(dt, V, c, ldv), dt, Dv, 1)) return 1;
+    return 0;
 }
 
 /* 1 when q . k (D dims of dt, summed again in f32) is -inf: tells a key scored -inf from
