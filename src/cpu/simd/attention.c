@@ -741,7 +741,11 @@ typedef struct {
 /* software prefetch: while a block of DB keys is scored, the next block's K and V rows
  * are prefetched into L2, a whole block ahead (a hardware prefetcher stops at each 4 KiB
  * page and each scattered cache page; per-row L1 prefetches a few rows ahead left the
- * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead) */
+ * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead).
+ * The AVX2 g4f loops spread them among the loads of the current block (a K row per key
+ * of 4 heads, else a line per piece of 2W dims; V a line per piece), never many rows at
+ * once: a burst of tens of prefetches fills the miss buffers and the loads behind it
+ * wait (GQA bf16 decode 12 % faster spread out) */
 
 /* out[jj] = the byte offset of head 0, dim 0 of key j0 + jj of request b in cache c, jj < n
  * (lk_attn_key_off with one division per call: the page and slot walked key by key) */
@@ -1308,11 +1312,19 @@ static inline lkv_c32 row_e4m3_nan(lkv_c32 acc, const char *p, int64_t cs, int64
  * 1): ng of the group starting at head g0 of the G */
 static inline int group_size(int64_t G, int64_t g0) { return G - g0 >= 4 ? 4 : G - g0 >= 2 ? 2 : 1; }
 
+/* whether dim d of a row (16-dim chunks cs elements apart) starts a 64-byte line of it:
+ * the lines a prefetch_row_l2 of the row takes */
+static inline int starts_line(int64_t d, int64_t cs, int64_t es) {
+    return cs == TILE(es) ? d * es % 64 == 0 : d % TILE(es) == 0;
+}
+
 /* S[t][g] (rows sr apart) = f * q_g . k_t for the ng (2 or 1) heads of q (rows D apart) and
  * the nk keys of k (2W-dim pieces at chunk offsets, cs elements apart): one accumulator
- * per (key, head), ng * nk of them (12 at most: FMA chains enough to hide its latency) */
+ * per (key, head), ng * nk of them (12 at most: FMA chains enough to hide its latency);
+ * the next block's rows kn [nn] of these keys prefetched into L2 a line per piece, not in
+ * a burst before (a burst of prefetches stalls the loads behind it) */
 LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t cs,
-                                  lk_dtype kt, float f, float *S, int64_t sr) {
+                                  lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
     const int64_t es = lk_esize(kt);
     lkv_f32 acc[12]; /* all zeroed: the last lkv_hsum4_store may read unused ones */
 #pragma GCC unroll 12
@@ -1320,6 +1332,7 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
     for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
 #pragma GCC unroll 12
         for (int t = 0; t < nk; t++) {
+            if (t < nn && starts_line(d0, cs, es)) lkv_prefetch_l2(kn[t] + chunk_off(d0, cs, es));
             lkv_f32 k0, k1;
             load2_raw(k[t] + chunk_off(d0, cs, es), kt, &k0, &k1);
 #pragma GCC unroll 4
@@ -1336,14 +1349,11 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
 }
 
 /* scores_keys over the keys [jj, nb) of a block nk at a time while nk are left (the next
- * block's rows kn [nn] of those keys prefetched into L2); the first key not done */
+ * block's rows kn [nn] of those keys prefetched into L2 as it goes); the first key not done */
 LK_ALWAYS_INLINE int64_t scores_keys_from(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t nb,
                                           int64_t cs, lk_dtype kt, float f, float *S, int64_t sr,
                                           const char *const *kn, int64_t nn, int64_t jj) {
-    for (; jj + nk <= nb; jj += nk) {
-        for (int64_t t = jj; t < jj + nk && t < nn; t++) prefetch_row_l2(kn[t], cs, D, lk_esize(kt));
-        scores_keys(q, D, ng, nk, k + jj, cs, kt, f, S + jj * sr, sr);
-    }
+    for (; jj + nk <= nb; jj += nk) scores_keys(q, D, ng, nk, k + jj, cs, kt, f, S + jj * sr, sr, kn + jj, nn - jj);
     return jj;
 }
 
@@ -1435,7 +1445,9 @@ LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, 
 /* o_g[d0, d0 + nd 2W) = A[g] o_g + sum_j P[j][g] v_j there, for the ng heads g of o (rows
  * D apart), nd 2W-dim pieces from d0: ng * nd * 2 accumulators (8: FMA chains enough to
  * hide its latency); P rows sr apart, V rows v [nb] (pieces at chunk offsets, cs elements
- * apart); the next block's V rows vn [nn] prefetched into L2 when d0 is 0 */
+ * apart); the lines of the next block's V rows vn [nn] that these pieces cover prefetched
+ * into L2 as the keys go (spread over the pieces: all at once stalled the loads, 9 % of a
+ * bf16 decode) */
 LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0, const float *P, int64_t sr,
                                 const lkv_f32 *al, const char *const *v, int64_t nb, int64_t cs, lk_dtype dt,
                                 const char *const *vn, int64_t nn) {
@@ -1445,9 +1457,10 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
     for (int i = 0; i < 2 * ng * nd; i++) /* i = (g nd + c) 2 + half */
         acc[i] = lkv_mul(lkv_loadu(o + (i / (2 * nd)) * D + d0 + (i % (2 * nd)) * LKV_W), al[i / (2 * nd)]);
     for (int64_t jj = 0; jj < nb; jj++) {
-        if (d0 == 0 && jj < nn) prefetch_row_l2(vn[jj], cs, D, es);
 #pragma GCC unroll 4
         for (int c = 0; c < nd; c++) {
+            if (jj < nn && starts_line(d0 + c * 2 * LKV_W, cs, es))
+                lkv_prefetch_l2(vn[jj] + chunk_off(d0 + c * 2 * LKV_W, cs, es));
             lkv_f32 v0, v1;
             load2_raw(v[jj] + chunk_off(d0 + c * 2 * LKV_W, cs, es), dt, &v0, &v1);
 #pragma GCC unroll 4
