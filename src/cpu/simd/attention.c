@@ -1321,8 +1321,8 @@ static inline int starts_line(int64_t d, int64_t cs, int64_t es) {
 /* S[t][g] (rows sr apart) = f * q_g . k_t for the ng (2 or 1) heads of q (rows D apart) and
  * the nk keys of k (2W-dim pieces at chunk offsets, cs elements apart): one accumulator
  * per (key, head), ng * nk of them (12 at most: FMA chains enough to hide its latency);
- * the next block's rows kn [nn] of these keys prefetched into L2 a line per piece, not in
- * a burst before (a burst of prefetches stalls the loads behind it) */
+ * the next block's rows kn [nn] of these keys prefetched into L2 a line per piece (see
+ * "software prefetch" above) */
 LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t cs,
                                   lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
     const int64_t es = lk_esize(kt);
@@ -1446,8 +1446,7 @@ LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, 
  * D apart), nd 2W-dim pieces from d0: ng * nd * 2 accumulators (8: FMA chains enough to
  * hide its latency); P rows sr apart, V rows v [nb] (pieces at chunk offsets, cs elements
  * apart); the lines of the next block's V rows vn [nn] that these pieces cover prefetched
- * into L2 as the keys go (spread over the pieces: all at once stalled the loads, 9 % of a
- * bf16 decode) */
+ * into L2 as the keys go (see "software prefetch" above) */
 LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0, const float *P, int64_t sr,
                                 const lkv_f32 *al, const char *const *v, int64_t nb, int64_t cs, lk_dtype dt,
                                 const char *const *vn, int64_t nn) {
