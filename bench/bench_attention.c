@@ -229,9 +229,12 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
         qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
         double ma = ta[REPS / 2], mb = tb[REPS / 2];
         /* the compute floor: 4 flops per (query head, key, dim) (q . k and p v) at the
-         * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs */
+         * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs
+         * (amx: the fp8 decode's tile products, at the tile peak) */
         lk_isa isa = BENCH.isa[vi];
-        double peak = isa == LK_ISA_AVX512BF16 || isa == LK_ISA_AMX ? BENCH.bf16_gflops : BENCH.isa_fma[vi];
+        double peak = isa == LK_ISA_AMX && BENCH.amx_gflops > 0 ? BENCH.amx_gflops
+                      : isa == LK_ISA_AVX512BF16 || isa == LK_ISA_AMX ? BENCH.bf16_gflops
+                                                                      : BENCH.isa_fma[vi];
         double flops = 4.0 * (double)B * K * H * D;
         printf("  A/B %s %s vs bf16 on %s (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), "
                "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s); "

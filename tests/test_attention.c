@@ -708,8 +708,9 @@ static void test_decode_g4(void) {
 
 /* decode with head dims multiples of 16 (the f32 block loop on AVX2, decode_row_g4f: K /
  * V converted once per group of heads, key-major scores, e4m3 read as value / 256 with
- * its NaN code put back): 4, 8, 12, 3 (2 + 1), 7 (4 + 2 + 1) and 1 query heads per KV
- * head (the last through the loop for fp8 K / V only), head dims 16 / 32 to 192 / 128, every K / V dtype and
+ * its NaN code put back; the AMX row's tile loop, decode_row_amx, for fp8 K and V with a
+ * bf16 out): 4, 8, 12, 3 (2 + 1), 7 (4 + 2 + 1), 1 and 16 query heads per KV
+ * head (1 through the AVX2 loop for fp8 K / V only), head dims 16 / 32 to 192 / 128, every K / V dtype and
  * mixed K / V dtypes, fp8 and f32 q, f32 / f16 / bf16 out, ND and NZ, pages 1, 7 and 16,
  * several chunks, 1..4 queries, windows, strided views and padding rows */
 static void test_decode_g4f(void) {
@@ -717,10 +718,10 @@ static void test_decode_g4f(void) {
                                {LK_F16, LK_F16},       {LK_F32, LK_F32},       {LK_F8E4M3, LK_BF16},
                                {LK_BF16, LK_F8E5M2},   {LK_F8E5M2, LK_F8E4M3}};
     const lk_dtype qo[][2] = {{LK_BF16, LK_BF16}, {LK_F32, LK_F32}, {LK_F8E4M3, LK_F16}, {LK_F16, LK_BF16}};
-    const int64_t hq[] = {8, 16, 24, 9, 14, 6}, hk[] = {2, 2, 2, 3, 2, 6};
-    const int64_t dq[] = {128, 64, 192, 16, 64, 128}, dv[] = {128, 64, 128, 32, 96, 128};
+    const int64_t hq[] = {8, 16, 24, 9, 14, 6, 32}, hk[] = {2, 2, 2, 3, 2, 6, 2};
+    const int64_t dq[] = {128, 64, 192, 16, 64, 128, 64}, dv[] = {128, 64, 128, 32, 96, 128, 192};
     for (int t = 0; t < 8; t++)
-        for (int s = 0; s < 6; s++) {
+        for (int s = 0; s < 7; s++) {
             acase c = base_case();
             c.kt = kvt[t][0], c.mixv = 1, c.vt = kvt[t][1];
             c.qt = qo[(t + s) % 4][0], c.ot = qo[(t + s) % 4][1];

@@ -29,11 +29,17 @@ void lk_avx2_register(lk_kernel_table *t);
 void lk_avx512_register(lk_kernel_table *t);
 void lk_avx512bf16_register(lk_kernel_table *t);
 void lk_avx512bf16_register_mla_decode(lk_kernel_table *t);
+void lk_amx_register(lk_kernel_table *t);
 void lk_amx_register_mla_decode(lk_kernel_table *t);
 /* the AVX512_BF16 row: flash_attn's registration, then mla_decode's bf16 build */
 static void avx512bf16_register(lk_kernel_table *t) {
     lk_avx512bf16_register(t);
     lk_avx512bf16_register_mla_decode(t);
+}
+/* the AMX row: flash_attn's and mla_decode's tile builds */
+static void amx_register(lk_kernel_table *t) {
+    lk_amx_register(t);
+    lk_amx_register_mla_decode(t);
 }
 #endif
 #if defined(__aarch64__)
@@ -46,7 +52,7 @@ static const isa_row ROWS[] = {
     {LK_ISA_AVX2, "avx2", lk_cpu_has_avx2, lk_avx2_register},
     {LK_ISA_AVX512, "avx512", lk_cpu_has_avx512, lk_avx512_register},
     {LK_ISA_AVX512BF16, "avx512bf16", lk_cpu_has_avx512bf16, avx512bf16_register},
-    {LK_ISA_AMX, "amx", lk_cpu_has_amx, lk_amx_register_mla_decode},
+    {LK_ISA_AMX, "amx", lk_cpu_has_amx, amx_register},
 #endif
 #if defined(__aarch64__)
     {LK_ISA_NEON, "neon", lk_cpu_has_neon, lk_neon_register},
