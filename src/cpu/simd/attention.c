@@ -1154,33 +1154,32 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
 #if defined(LKV_AMX)
 /* ---- the AMX build's decode block loop (decode_row_amx): any GQA group of up to 16
  * query heads per KV head, bf16 / fp8 K and V, head dims multiples of 64, bf16 out, no
- * softcap or ALiBi. decode_row_g4's steps with both products on tiles (16 rows x 64
- * bytes, palette 1; TDPBF16PS C[16][16] f32 += over 16 pairs k of A[i][k] . B[k][j]),
- * in blocks of DA keys:
+ * softcap or ALiBi. decode_row_g4's steps with both products on tiles (palette 1;
+ * TDPBF16PS C[M][N] f32 += over the pairs k of A[i][k] . B[k][j], up to 16 rows of 64
+ * bytes; amx_config sizes each tile), in blocks of DA keys:
  *   Kb  [DA][Dqk] bf16     the block's K rows of one KV head (fp8 widened 64 codes at a
- *                          time by lkv_f8_to_bf16_x2, in its order; rows past the block 0)
- *   Qa  [Hk][Dqk/32][16][16] words  the G query rows of each KV head as B tiles: pair k of
- *                          a 32-dim piece x column g (columns >= G zero), in Kb's order
- *   S   [DA][sr] f32       C = Kb (A, 16 keys x 32 dims) . Qa: 16 keys x 16 columns per
- *                          tile, stored at column G kh; the KV heads stored in order, each
- *                          store's columns past G are overwritten by the next one (a tile
- *                          that would pass the row's end goes through Ot, its G columns
- *                          copied)
+ *                          time by lkv_f8_to_bf16_x2, in its order)
+ *   Qa  [Hk][Dqk/32][16][G] words  the G query rows of each KV head as B tiles: pair k of
+ *                          a 32-dim piece x column g, in Kb's order
+ *   S   [DA][sr] f32       C = Kb (A, 16 keys x 32 dims) . Qa: 16 keys x G columns per
+ *                          tile, stored at column G kh (rows past the block set to -inf)
  *   then softmax_g4 over the heads in the vector lanes (S times the heads' scales first),
  *   P rounded to bf16 pairs pw [DA/2][sr], transposed to Pt [sr][16] (16 pairs per head);
  *   Vb  [Dv/16][16][16] words  the block's V rows of one KV head as pairs (v_pairs_g4: two
- *                          keys' values of one dim per word; O's dims in g4_dim order)
- *   O   += Pt (A, the KV head's G rows) . Vb: 16 dims a tile, one product per 16 dims and
- *          block, added to alpha O in vector registers.
- * A tile product costs the same whatever the rows used (Sapphire Rapids class: ~18.5
- * cycles at 16, 4 or 1 rows), and one takes 1 KiB of K or V in bf16, so the cost follows
- * the K / V bytes, not the heads: 32 keys x 128 dims of one KV head are 8 products (K and
- * V) against 128 VDPBF16PS for 4 heads on the register path. The tile configuration is
+ *                          keys' values of one dim per word, keys past the block 0; O's
+ *                          dims in g4_dim order)
+ *   O   += Pt (A, the KV head's G rows) . Vb: G rows x 16 dims a tile, one product per 16
+ *          dims and block, added to alpha O in vector registers.
+ * A tile product costs the same whatever the rows and columns used (Sapphire Rapids
+ * class: ~18.5 cycles at 16, 4 or 1 rows), and one takes 1 KiB of K or V in bf16, so the
+ * cost follows the K / V bytes, not the heads: 32 keys x 128 dims of one KV head are 8
+ * products (K and V) against 128 VDPBF16PS for 4 heads on the register path. The tile
+ * configuration is
  * loaded per query row and chunk and released at its end. */
 #define DA 32
 /* per-thread floats: S, M, L, A, CS, pw, Pt, Qa, Kb, Vb, Ot (all multiples of 16) */
 #define AMX_FLOATS(Hq, Hk, Dqk, Dv) \
-    (HQP(Hq) * (DA + 4 + DA / 2 + 16) + 256 + (Hk) * (Dqk) * 8 + DA * (Dqk) / 2 + (Dv) * 16 + 512 + 16)
+    (HQP(Hq) * (DA + 4 + DA / 2 + 16) + 256 + (Hq) * (Dqk) / 2 + DA * (Dqk) / 2 + (Dv) * 16 + 512 + 16)
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -1188,11 +1187,17 @@ typedef struct {
     uint8_t rows[16];
 } amx_cfg;
 
-static void amx_config(void) {
+/* tiles 0, 1: S, 16 keys x G columns; 2, 3: Kb (16 keys x 32 dims) or Vb (16 pairs x 16
+ * dims); 4: Qa (16 pairs x G columns); 5, 6: O, G rows x 16 dims; 7: Pt, G rows x 16 pairs.
+ * Only the G heads' rows and columns are loaded and stored (a tile store costs by rows:
+ * 16 x 64 bytes ~5 ns here) */
+static void amx_config(int64_t G) {
     amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = (uint16_t)(4 * G);
+    cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = (uint8_t)G;
     _tile_loadconfig(&cfg);
 }
 
@@ -1222,21 +1227,20 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
     float *S = sc, *M = S + DA * sr, *L = M + sr, *A = L + sr, *CS = A + sr; // S [DA][sr]; M, L, A, CS [sr]
     uint32_t *pw = (uint32_t *)(CS + sr);                                  // [DA / 2][sr]
     uint32_t *Pt = pw + DA / 2 * sr;                                       // [sr + 16][16]
-    uint32_t *Qa = Pt + (sr + 16) * 16;                                    // [Hk][TQ][16][16]
-    uint16_t *Kb = (uint16_t *)(Qa + Hk * TQ * 256);                       // [DA][Dqk]
+    uint32_t *Qa = Pt + (sr + 16) * 16;                                    // [Hk][TQ][16][G]
+    uint16_t *Kb = (uint16_t *)(Qa + Hq * Dqk / 2);                        // [DA][Dqk]
     uint32_t *Vb = (uint32_t *)(Kb + DA * Dqk);                            // [Dv / 16][16][16]
     float *Ot = (float *)(Vb + Dv * 16);                                   // [2][16][16]
     const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
     /* Qa: every query row's words (dim pairs in Kb's order) into column g of its KV head */
     int f8 = kt != LK_BF16, perm[64];
     for (int i = 0; i < 64; i++) perm[i] = (int)amx_qdim(i, f8);
-    memset(Qa, 0, sizeof(uint32_t) * (size_t)(Hk * TQ * 256));
     for (int64_t h = 0; h < Hq; h++) {
         const uint16_t *q = q16 + h * Dqk;
-        uint32_t *col = Qa + (h / G) * TQ * 256 + h % G;
-        for (int64_t w = 0; w < Dqk / 2; w++) {
+        uint32_t *col = Qa + (h / G) * TQ * 16 * G + h % G;
+        for (int64_t w = 0; w < Dqk / 2; w++) { /* word w: piece w / 16, pair w % 16 */
             int64_t d0 = 2 * w / 64 * 64, i = 2 * w % 64;
-            col[(w / 16 * 16 + w % 16) * 16] = q[d0 + perm[i]] | (uint32_t)q[d0 + perm[i + 1]] << 16;
+            col[w * G] = q[d0 + perm[i]] | (uint32_t)q[d0 + perm[i + 1]] << 16;
         }
     }
     memset(S, 0, sizeof(float) * (size_t)(DA * sr)); /* columns no tile writes, once */
@@ -1245,7 +1249,7 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
         M[h] = -INFINITY, L[h] = 0.0f;
         CS[h] = h < Hq ? qk_scale(a, b, h / G) : 0.0f;
     }
-    amx_config();
+    amx_config(G);
     for (int64_t jb = lo; jb <= hi; jb += DA) {
         int64_t nb = hi - jb + 1 < DA ? hi - jb + 1 : DA, np = (nb + 1) / 2;
         int64_t kbase[2 * DA], vbase[2 * DA], nk = hi - jb + 1 < 2 * DA ? hi - jb + 1 : 2 * DA;
@@ -1263,18 +1267,12 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
             for (int64_t t = 0; t < TQ; t++) {
                 _tile_loadd(2, Kb + 32 * t, Dqk * 2);
                 _tile_loadd(3, Kb + 16 * Dqk + 32 * t, Dqk * 2);
-                _tile_loadd(4, Qa + (kh * TQ + t) * 256, 64);
+                _tile_loadd(4, Qa + (kh * TQ + t) * 16 * G, 4 * G);
                 _tile_dpbf16ps(0, 2, 4);
                 _tile_dpbf16ps(1, 3, 4);
             }
-            if (G * kh + 16 <= sr) {
-                _tile_stored(0, S + G * kh, sr * 4);
-                _tile_stored(1, S + 16 * sr + G * kh, sr * 4);
-            } else { /* past the row's end: through Ot, the G columns copied */
-                _tile_stored(0, Ot, 64);
-                _tile_stored(1, Ot + 256, 64);
-                for (int64_t jj = 0; jj < DA; jj++) memcpy(S + jj * sr + G * kh, Ot + jj * 16, sizeof(float) * (size_t)G);
-            }
+            _tile_stored(0, S + G * kh, sr * 4);
+            _tile_stored(1, S + 16 * sr + G * kh, sr * 4);
         }
         for (int64_t jj = 0; jj < DA; jj++)
             for (int64_t h = 0; h < sr; h += LKV_W)
