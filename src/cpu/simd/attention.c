@@ -1095,12 +1095,14 @@ LK_ALWAYS_INLINE void pv_g4(float *o, const uint32_t *pw, int64_t sr, const floa
 /* the states' m and l out of M, L [Hq], and O's dims back in order (g4_dim) */
 static inline void g4_finish(lk_online_state *st, float *o, const float *M, const float *L, int64_t Hq, int64_t Dv,
                              lk_dtype vt) {
+    uint8_t dim[64];
+    for (int pos = 0; pos < 64; pos++) dim[pos] = (uint8_t)g4_dim(pos, vt != LK_BF16);
     for (int64_t h = 0; h < Hq; h++) {
         st[h].m = M[h], st[h].l = L[h];
         for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
             float t[64], *oh = o + h * Dv + d0;
             memcpy(t, oh, sizeof t);
-            for (int pos = 0; pos < 64; pos++) oh[g4_dim(pos, vt != LK_BF16)] = t[pos];
+            for (int pos = 0; pos < 64; pos++) oh[dim[pos]] = t[pos];
         }
     }
 }
