@@ -732,8 +732,8 @@ typedef struct {
                                   ALiBi: key-major scores, softmax over heads (decode_row_g4) */
     int g4f;                   /* AVX2: head dims multiples of 2W, no softcap or ALiBi, and
                                   2+ query heads per KV head or fp8 K / V: decode_row_g4f */
-    int amx;                   /* AMX build: decode_row_amx (bf16 / fp8 q, K, V, bf16 out, up
-                                  to 16 query heads per KV head, dims multiples of 64) */
+    int amx;                   /* AMX build: decode_row_amx (bf16 / fp8 q, fp8 K and V, bf16
+                                  out, up to 16 query heads per KV head, dims multiples of 64) */
     int64_t sbuf_floats;       /* per thread, in sbuf */
 } decode_ctx;
 
@@ -1155,7 +1155,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
 
 #if defined(LKV_AMX)
 /* ---- the AMX build's decode block loop (decode_row_amx): any GQA group of up to 16
- * query heads per KV head, bf16 / fp8 K and V, head dims multiples of 64, bf16 out, no
+ * query heads per KV head, fp8 K and V, head dims multiples of 64, bf16 out, no
  * softcap or ALiBi. decode_row_g4's steps with both products on tiles (palette 1;
  * TDPBF16PS C[M][N] f32 += over the pairs k of A[i][k] . B[k][j], up to 16 rows of 64
  * bytes; amx_config sizes each tile), in blocks of DA keys:
@@ -1181,7 +1181,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
 #define DA 32
 /* per-thread floats: S, M, L, A, CS, pw, Pt, Qa, Kb, Vb, Ot (all multiples of 16) */
 #define AMX_FLOATS(Hq, Hk, Dqk, Dv) \
-    (HQP(Hq) * (DA + 4 + DA / 2 + 16) + 256 + (Hq) * (Dqk) / 2 + DA * (Dqk) / 2 + (Dv) * 16 + 512 + 16)
+    (HQP(Hq) * (DA + 4 + DA / 2 + 16) + (Hq) * (Dqk) / 2 + DA * (Dqk) / 2 + (Dv) * 16 + 512 + 16)
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -1203,18 +1203,13 @@ static void amx_config(int64_t G) {
     _tile_loadconfig(&cfg);
 }
 
-/* the q dim at position pos of a K row in Kb (fp8: lkv_f8_to_bf16_x2's order per 64) */
-static inline int64_t amx_qdim(int64_t pos, int f8) {
-    return f8 ? pos / 64 * 64 + g4_qdim((int)(pos % 64 / 32), (int)(pos % 32)) : pos;
-}
-
-/* one K row of Dqk dims at p (bf16 or fp8 codes, 16 / 32-dim tiles cs apart) as bf16 in
- * Kb's order; a zero row when p is NULL */
+/* one K row of Dqk fp8 codes at p (32-dim tiles cs bytes apart) as bf16 in Kb's order
+ * (lkv_f8_to_bf16_x2's per 64 dims: position i of a 64 holds dim g4_qdim(i / 32, i % 32));
+ * a zero row when p is NULL */
 LK_ALWAYS_INLINE void amx_k_row(uint16_t *dst, const char *p, int64_t Dqk, int64_t cs, lk_dtype kt) {
     for (int64_t d0 = 0; d0 < Dqk; d0 += 64) {
         lkv_bits k0, k1;
-        if (kt == LK_BF16) k0 = row16_load(p, d0, 32, cs), k1 = row16_load(p, d0 + 32, 32, cs);
-        else lkv_f8_to_bf16_x2(codes64(p, d0, cs), kt, &k0, &k1);
+        lkv_f8_to_bf16_x2(codes64(p, d0, cs), kt, &k0, &k1);
         lkv_bits_storeu(dst + d0, k0);
         lkv_bits_storeu(dst + d0 + 32, k1);
     }
@@ -1228,15 +1223,15 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
     const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
     float *S = sc, *M = S + DA * sr, *L = M + sr, *A = L + sr, *CS = A + sr; // S [DA][sr]; M, L, A, CS [sr]
     uint32_t *pw = (uint32_t *)(CS + sr);                                  // [DA / 2][sr]
-    uint32_t *Pt = pw + DA / 2 * sr;                                       // [sr + 16][16]
-    uint32_t *Qa = Pt + (sr + 16) * 16;                                    // [Hk][TQ][16][G]
+    uint32_t *Pt = pw + DA / 2 * sr;                                       // [sr][16]
+    uint32_t *Qa = Pt + sr * 16;                                           // [Hk][TQ][16][G]
     uint16_t *Kb = (uint16_t *)(Qa + Hq * Dqk / 2);                        // [DA][Dqk]
     uint32_t *Vb = (uint32_t *)(Kb + DA * Dqk);                            // [Dv / 16][16][16]
     float *Ot = (float *)(Vb + Dv * 16);                                   // [2][16][16]
     const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
     /* Qa: every query row's words (dim pairs in Kb's order) into column g of its KV head */
-    int f8 = kt != LK_BF16, perm[64];
-    for (int i = 0; i < 64; i++) perm[i] = (int)amx_qdim(i, f8);
+    int perm[64];
+    for (int i = 0; i < 64; i++) perm[i] = g4_qdim(i / 32, i % 32);
     for (int64_t h = 0; h < Hq; h++) {
         const uint16_t *q = q16 + h * Dqk;
         uint32_t *col = Qa + (h / G) * TQ * 16 * G + h % G;
@@ -1246,7 +1241,6 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
         }
     }
     memset(S, 0, sizeof(float) * (size_t)(DA * sr)); /* columns no tile writes, once */
-    memset(Pt, 0, sizeof(uint32_t) * (size_t)((sr + 16) * 16)); /* rows past Hq: A rows never used */
     for (int64_t h = 0; h < sr; h++) {
         M[h] = -INFINITY, L[h] = 0.0f;
         CS[h] = h < Hq ? qk_scale(a, b, h / G) : 0.0f;
