@@ -13,8 +13,8 @@
  *    exp_nonpos bit-identical to exp for x <= 0
  *  - bf16 even / odd split and join, the _nonan rounding
  *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
- *  - AVX2's F16C fp8 pieces (LKV_F8_F16C): lkv_load2_f8_raw on all 256 codes,
- *    lkv_e4m3_nan_acc / _found on every byte value, lkv_hsum4_store
+ *  - x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every
+ *    position of its 2W, lkv_e4m3_nan_acc / _found on every byte value, lkv_hsum4_store
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
  */
@@ -390,8 +390,8 @@ static void bf16_dot(void) {
 }
 #endif
 
-#if defined(LKV_F8_F16C)
-/* AVX2's F16C fp8 pieces: lkv_load2_f8_raw on all 256 codes at every position of its 2W
+#if defined(LKV_AVX2) || defined(LKV_AVX512)
+/* x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every position of its 2W
  * (e5m2 exact, e4m3 value / 256, its NaN code as +-1.875), lkv_e4m3_nan_acc / _found on
  * every byte value, lkv_hsum4_store */
 static void f8_f16c(void) {
@@ -457,7 +457,7 @@ int LKV_FN(vec_check)(void) {
 #if defined(LKV_BF16DOT)
     bf16_dot();
 #endif
-#if defined(LKV_F8_F16C)
+#if defined(LKV_AVX2) || defined(LKV_AVX512)
     f8_f16c();
 #endif
     return 0;

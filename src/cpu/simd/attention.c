@@ -40,9 +40,9 @@
  * max / sum / scalar exp per head and block), the rescale folded into P.V's add to O, V
  * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
- * the prefetches spread over the block). On AVX2 the same shape on f32 FMAs covers any
- * GQA group (heads of a KV head in groups of 4, then 2, then 1), head dims multiples of
- * 2W, any K / V dtype (decode_row_g4f: K / V converted once per group, fp8 through F16C
+ * the prefetches spread over the block). On AVX2, and on AVX-512 without AVX512_BF16, the
+ * same shape on f32 FMAs covers any GQA group (heads of a KV head in groups of 4, then 2, then 1), head dims multiples of
+ * 2W, any K / V dtype (decode_row_g4f: K / V converted once per group, fp8 through f16 words
  * with e4m3 read as value / 256, P kept in f32); with one head per KV head only for fp8.
  * The AMX build runs fp8 K / V with a bf16 out on tile products instead, any group of up
  * to 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
@@ -80,6 +80,10 @@
 #define PW (2 * LKV_W) /* panel width: micro-kernel columns */
 #define ROWS 60      /* target rows (tokens x group heads) of a query tile */
 #define DECODE_CHUNK 512
+/* builds with the f32 GQA decode loop (decode_row_g4f): those without bf16 dot products */
+#if defined(LKV_AVX2) || (defined(LKV_AVX512) && !defined(LKV_BF16DOT))
+#define DECODE_G4F 1
+#endif
 
 /* ------------------------------------------------------------------ micro-kernel */
 
@@ -730,7 +734,7 @@ typedef struct {
     int pv16;                  /* and v, out bf16: P rounded to bf16, P.V on bf16 pairs */
     int g4;                    /* pv16 with 4 query heads per KV head x 128 dims, no softcap or
                                   ALiBi: key-major scores, softmax over heads (decode_row_g4) */
-    int g4f;                   /* AVX2: head dims multiples of 2W, no softcap or ALiBi, and
+    int g4f;                   /* DECODE_G4F: head dims multiples of 2W, no softcap or ALiBi, and
                                   2+ query heads per KV head or fp8 K / V: decode_row_g4f */
     int amx;                   /* AMX build: decode_row_amx (bf16 / fp8 q, fp8 K and V, bf16
                                   out, up to 16 query heads per KV head, dims multiples of 64) */
@@ -747,7 +751,7 @@ typedef struct {
  * are prefetched into L2, a whole block ahead (a hardware prefetcher stops at each 4 KiB
  * page and each scattered cache page; per-row L1 prefetches a few rows ahead left the
  * loop stalled on DRAM, and cost more instructions than they saved once L2 is ahead).
- * The AVX2 g4f loops spread them among the loads of the current block (a K row per key
+ * The g4f loops spread them among the loads of the current block (a K row per key
  * of 4 heads, else a line per piece of 2W dims; V a line per piece), never many rows at
  * once: a burst of tens of prefetches fills the miss buffers and the loads behind it
  * wait (GQA bf16 decode 12 % faster spread out) */
@@ -1443,8 +1447,9 @@ static void scale_row(float *o, int64_t D, float alpha) {
     if (d < D) lkv_store_part(o + d, LK_F32, lkv_mul(lkv_load_part(o + d, LK_F32, D - d), va), D - d);
 }
 
-#if defined(LKV_AVX2)
-/* ---- the f32 GQA block loop (AVX2): decode_row_g4's shape on f32 FMAs
+#if defined(DECODE_G4F)
+/* ---- the f32 GQA block loop (AVX2, and AVX-512 without AVX512_BF16): decode_row_g4's
+ * shape on f32 FMAs
  * The query heads of a KV head go in groups of 4, then 2, then 1 (group_size); head dims
  * multiples of 2W. Per block of DB keys, KV head and group: each K row converted once for
  * the group (2W dims per step into two vectors, q read from L1; a group of 4: one key at
@@ -1454,8 +1459,9 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * W heads per vector (P kept in f32, in S); then per 4 / ng pieces of 2W dims of V the
  * group's 8 accumulators start from alpha * O and take every key of the block (V
  * converted once for the group), stored once. Row dims are converted in the order of
- * load2_raw: bf16 even / odd within 2W dims (q permuted alike once per row, O put back at
- * the row's end), other dtypes in order. fp8 K/V by F16C (lkv_load2_f8_raw): e4m3 is read as value / 256, the
+ * load2_raw: on AVX2 bf16 even / odd within 2W dims (q permuted alike once per row, O put
+ * back at the row's end), else in order. fp8 K/V through f16 words (lkv_load2_f8_raw,
+ * 2W codes: one 32-dim tile on AVX-512): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
  * value, found per block by byte maxima (lkv_e4m3_nan_acc) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
@@ -1463,15 +1469,18 @@ static void scale_row(float *o, int64_t D, float alpha) {
 
 /* element e (< 2W) of the two vectors of load2_raw is dim g4f_dim(e) of the 2W */
 static inline int g4f_dim(int e, lk_dtype dt) {
-    return dt == LK_BF16 ? (e < LKV_W ? 2 * e : 2 * (e - LKV_W) + 1) : e;
+    return dt == LK_BF16 && LKV_W == 8 ? (e < LKV_W ? 2 * e : 2 * (e - LKV_W) + 1) : e;
 }
 
-/* 2W dims of a K/V row at p (contiguous) as two f32 vectors, in g4f_dim order; e4m3 / 256
- * with its NaN code finite */
-LK_ALWAYS_INLINE void load2_raw(const char *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
-    if (dt == LK_BF16) lkv_bf16_load_eo(p, a, b);
-    else if (lk_is_fp8(dt)) lkv_load2_f8_raw(p, dt, a, b);
-    else *a = lkv_load(p, dt), *b = lkv_load(p + LKV_W * lk_esize(dt), dt);
+/* dims [d0, d0 + 2W) of the K/V row at `row` (tiles cs elements apart) as two f32 vectors,
+ * in g4f_dim order; e4m3 / 256 with its NaN code finite. 2W fp8 codes are one tile, as
+ * are AVX2's 16 dims of a wider dtype; AVX-512's 32 such dims are two */
+LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
+    const int64_t es = lk_esize(dt);
+    const char *p = row + chunk_off(d0, cs, es);
+    if (lk_is_fp8(dt)) lkv_load2_f8_raw(p, dt, a, b);
+    else if (dt == LK_BF16 && LKV_W == 8) lkv_bf16_load_eo(p, a, b);
+    else *a = lkv_load(p, dt), *b = lkv_load(row + chunk_off(d0 + LKV_W, cs, es), dt);
 }
 
 /* e4m3 NaN codes of the D codes of the row at p (32-code tiles cs bytes apart) folded
@@ -1498,6 +1507,12 @@ static inline int starts_line(int64_t d, int64_t cs, int64_t es) {
     return cs == TILE(es) ? d * es % 64 == 0 : d % TILE(es) == 0;
 }
 
+/* the lines of the 2W dims from d0 of the row at `row` that start a line (starts_line) into L2 */
+LK_ALWAYS_INLINE void prefetch_piece(const char *row, int64_t d0, int64_t cs, int64_t es) {
+    for (int64_t d = d0; d < d0 + 2 * LKV_W; d += LKV_W)
+        if (starts_line(d, cs, es)) lkv_prefetch_l2(row + chunk_off(d, cs, es));
+}
+
 /* S[t][g] (rows sr apart) = f * q_g . k_t for the ng (2 or 1) heads of q (rows D apart) and
  * the nk keys of k (2W-dim pieces at chunk offsets, cs elements apart): one accumulator
  * per (key, head), ng * nk of them (12 at most: FMA chains enough to hide its latency);
@@ -1512,9 +1527,9 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
     for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
 #pragma GCC unroll 12
         for (int t = 0; t < nk; t++) {
-            if (t < nn && starts_line(d0, cs, es)) lkv_prefetch_l2(kn[t] + chunk_off(d0, cs, es));
+            if (t < nn) prefetch_piece(kn[t], d0, cs, es);
             lkv_f32 k0, k1;
-            load2_raw(k[t] + chunk_off(d0, cs, es), kt, &k0, &k1);
+            load2_raw(k[t], d0, cs, kt, &k0, &k1);
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 acc[t * ng + g] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[t * ng + g]);
@@ -1558,7 +1573,7 @@ LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char
         for (int g = 0; g < 4; g++) acc[g][0] = acc[g][1] = lkv_zero();
         for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
             lkv_f32 k0, k1;
-            load2_raw(k[jj] + chunk_off(d0, cs, es), kt, &k0, &k1);
+            load2_raw(k[jj], d0, cs, kt, &k0, &k1);
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 acc[g][0] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[g][0]);
@@ -1638,10 +1653,9 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
     for (int64_t jj = 0; jj < nb; jj++) {
 #pragma GCC unroll 4
         for (int c = 0; c < nd; c++) {
-            if (jj < nn && starts_line(d0 + c * 2 * LKV_W, cs, es))
-                lkv_prefetch_l2(vn[jj] + chunk_off(d0 + c * 2 * LKV_W, cs, es));
+            if (jj < nn) prefetch_piece(vn[jj], d0 + c * 2 * LKV_W, cs, es);
             lkv_f32 v0, v1;
-            load2_raw(v[jj] + chunk_off(d0 + c * 2 * LKV_W, cs, es), dt, &v0, &v1);
+            load2_raw(v[jj], d0 + c * 2 * LKV_W, cs, dt, &v0, &v1);
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 lkv_f32 p = lkv_set1(P[jj * sr + g]);
@@ -1774,7 +1788,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
             decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
             continue;
         }
-#elif defined(LKV_AVX2)
+#elif defined(DECODE_G4F)
         if (c->g4f) {
             decode_row_g4f(c, b, lo, hi, st, o, qs, sc, kt, vt);
             continue;
@@ -1958,7 +1972,7 @@ static lk_status run_decode(const lk_attn_args *a) {
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
     c.g4 = c.pv16 && a->Hq == 4 * a->Hk && a->Dqk == 128 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
-#elif defined(LKV_AVX2)
+#elif defined(DECODE_G4F)
     /* one query head per KV head with 16 / 32-bit K and V: the row-by-row path measured
      * as fast (B=8 x 4096 x 32 h bf16: 18.6 / 21.1 ms against 20.9 / 22.2 on this loop) */
     c.g4f = (a->Hq / a->Hk >= 2 || lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype)) && a->Dqk % (2 * LKV_W) == 0 && a->Dv % (2 * LKV_W) == 0 && !(a->softcap > 0) &&

@@ -236,6 +236,22 @@ static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
     }
 }
 
+/* fp8 -> f32 through f16 words for 2W codes (AVX2's lkv_load2_f8_raw, below, at twice the
+ * width: one 32-byte load, VPMOV(S|Z)XBW, VCVTPH2PS of each half): e5m2 as its f16 high
+ * byte, e4m3 as value / 256 with its NaN code finite (1.875); codes [0, W) in a, [W, 2W) in b */
+static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
+    __m256i c = _mm256_loadu_si256((const __m256i *)p);
+    __m512i h = dt == LK_F8E5M2 ? _mm512_slli_epi16(_mm512_cvtepu8_epi16(c), 8)
+                                : _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(c), 7),
+                                                   _mm512_set1_epi16((short)0xbfff));
+    *a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+/* out[g] = s * (the sum of the lanes of a, b, c, d), g = 0..3 (lkv_hsum4's trees) */
+static inline void lkv_hsum4_store(float *out, float s, lkv_f32 a, lkv_f32 b, lkv_f32 c, lkv_f32 d) {
+    _mm_storeu_ps(out, _mm_mul_ps(lkv_hsum4(a, b, c, d), _mm_set1_ps(s)));
+}
+
 #else /* ------------------------------------------------------------------- AVX2 */
 
 static inline float lkv_hsum(lkv_f32 v) {
