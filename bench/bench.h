@@ -108,6 +108,9 @@ bench_kind bench_flops_kind(lk_dtype dt);
 /* the start-up peak a FLOPS row of `kind` is set against on variant i: the f32 FMA
  * peak of its ISA; BENCH_FLOPS_BF16 on an AVX-512 variant: the bf16 dot-product peak */
 double bench_peak(bench_kind kind, int i);
+/* the read bandwidth now: one pass of the start-up read probe (256 MiB), in GB/s; 0 on
+ * a CPU without a SIMD ISA. For rows that take it between their own repetitions */
+double bench_read_probe(void);
 /* the bf16 tile-product peak where variant var runs on the amx ISA, else 0 (mla_decode's
  * bf16 rows there: both products on AMX tiles) */
 double bench_tile_peak(int var);

@@ -204,8 +204,11 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* fp8 vs bf16 caches of the same decode problem, in-process A/B on each ISA of --isa:
- * calls alternate (bf16, fp8, bf16, ...) on the first variant, medians of each; the fp8
- * read rate counts fp8 bytes, set against the read bandwidth of the start-up probe */
+ * calls alternate (bf16, fp8, read probe, bf16, ...) on the first variant, medians of
+ * each; the fp8 read rate counts fp8 bytes. It is set against the read probes taken
+ * between the calls (the start-up probe's figure drifts away on a shared machine: the
+ * same build's fp8 decode measured 2.0 and 3.1 ms a few minutes apart), as the median
+ * of the per-round ratios fp8 rate / probe rate, and against the start-up probe */
 static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D, int64_t bs, lk_dtype f8) {
     enum { REPS = 15 };
     decode_prob a, b;
@@ -217,7 +220,7 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
     lk_isa prev = lk_isa_current();
     for (int vi = 0; vi < BENCH.nisa; vi++) {
         lk_set_isa(BENCH.isa[vi]);
-        double ta[REPS], tb[REPS];
+        double ta[REPS], tb[REPS], pr[REPS], fr[REPS];
         run_attn(&a.c), run_attn(&b.c); /* warm-up */
         for (int r = 0; r < REPS; r++) {
             double t0 = now_ms();
@@ -225,8 +228,11 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
             double t1 = now_ms();
             run_attn(&b.c);
             ta[r] = t1 - t0, tb[r] = now_ms() - t1;
+            pr[r] = bench_read_probe();
+            fr[r] = pr[r] > 0 ? bytes / tb[r] * 1e-6 / pr[r] : 0;
         }
         qsort(ta, REPS, sizeof(double), cmp_d), qsort(tb, REPS, sizeof(double), cmp_d);
+        qsort(pr, REPS, sizeof(double), cmp_d), qsort(fr, REPS, sizeof(double), cmp_d);
         double ma = ta[REPS / 2], mb = tb[REPS / 2];
         /* the compute floor: 4 flops per (query head, key, dim) (q . k and p v) at the
          * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs
@@ -237,11 +243,15 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
                                                                       : BENCH.isa_fma[vi];
         double flops = 4.0 * (double)B * K * H * D;
         printf("  A/B %s %s vs bf16 on %s (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), "
-               "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probe (%.1f GB/s); "
-               "floors: %s bytes at the probe %.3f ms, bf16 bytes %.3f ms, flops at %.0f GFLOP/s %.3f ms\n",
+               "%s %.3f ms (%.3f-%.3f): %.2fx faster; %s reads %.1f GB/s = %.0f %% of the read probes between the "
+               "calls (median %.1f GB/s; per-round ratio median %.0f %%, %.0f-%.0f %%), %.0f %% of the start-up probe "
+               "(%.1f GB/s); floors: %s bytes at the start-up probe %.3f ms, bf16 bytes %.3f ms, flops at %.0f "
+               "GFLOP/s %.3f ms\n",
                shape, lk_dtype_name(f8), lk_isa_name(BENCH.isa[vi]), REPS, ma, ta[0], ta[REPS - 1], lk_dtype_name(f8),
                mb, tb[0], tb[REPS - 1], ma / mb, lk_dtype_name(f8), bytes / mb * 1e-6,
-               100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs, lk_dtype_name(f8),
+               pr[REPS / 2] > 0 ? 100.0 * bytes / mb * 1e-6 / pr[REPS / 2] : 0, pr[REPS / 2], 100.0 * fr[REPS / 2],
+               100.0 * fr[0], 100.0 * fr[REPS - 1], 100.0 * bytes / mb * 1e-6 / BENCH.read_gbs, BENCH.read_gbs,
+               lk_dtype_name(f8),
                bytes / BENCH.read_gbs * 1e-6, 2 * bytes / BENCH.read_gbs * 1e-6, peak,
                peak > 0 ? flops / peak * 1e-6 : 0.0);
     }

@@ -267,6 +267,16 @@ static double copy_probe(void) {
     return 2.0 * (double)PROBE_N * 4 / (now_s() - t0) / 1e9;
 }
 
+/* one pass of the read ceiling's kernel over the start-up's 256 MiB array, in GB/s (0
+ * where no ceiling was measured) */
+double bench_read_probe(void) {
+    if (!probe_a) return 0;
+    size_t n = (size_t)64 << 20;
+    double t0 = now_s();
+    float sink = read_pass(probe_a, n, BENCH.threads);
+    return (double)n * 4 / (now_s() - t0) / 1e9 + (sink == 42.0f ? 1e-9 : 0);
+}
+
 /* FMA peak: independent FMA chains per thread (10 ymm / 12 zmm accumulators: more than
  * latency x throughput on current cores), written with the FMA intrinsics (the ISO C
  * build mode does not contract a * b + c into an FMA) */

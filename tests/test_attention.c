@@ -706,11 +706,13 @@ static void test_decode_g4(void) {
         }
 }
 
-/* decode with head dims multiples of 16 (the f32 block loop on AVX2, decode_row_g4f: K /
+/* decode with head dims multiples of 16 (the f32 block loop, decode_row_g4f, on AVX2, on
+ * AVX-512 for dims multiples of 32, and on avx512bf16 for the fp8 K / V its bf16 loops do
+ * not take: G = 3, 6, 7 below, float outs; K /
  * V converted once per group of heads, key-major scores, e4m3 read as value / 256 with
  * its NaN code put back; the AMX row's tile loop, decode_row_amx, for fp8 K and V with a
  * bf16 out): 4, 8, 12, 3 (2 + 1), 7 (4 + 2 + 1), 1 and 16 query heads per KV
- * head (1 through the AVX2 loop for fp8 K / V only), head dims 16 / 32 to 192 / 128, every K / V dtype and
+ * head (1 through the f32 loop for fp8 K / V only), head dims 16 / 32 to 192 / 128, every K / V dtype and
  * mixed K / V dtypes, fp8 and f32 q, f32 / f16 / bf16 out, ND and NZ, pages 1, 7 and 16,
  * several chunks, 1..4 queries, windows, strided views and padding rows */
 static void test_decode_g4f(void) {
@@ -1244,7 +1246,7 @@ static void test_alibi_bad(void) {
 
 /* fp8 outs (lk_flash_attn_varlen_scaled), e4m3 and e5m2, output scales from 0.002 to 1
  * (values over many binades, subnormal codes at 1), every ISA through run_case_f8: decode
- * (1-4 queries, paged, GQA 4 heads per KV head: AVX2's decode_row_g4f; MHA over NZ) and
+ * (1-4 queries, paged, GQA 4 heads per KV head: decode_row_g4f on AVX2 and AVX-512; MHA over NZ) and
  * prefill (dense and paged), bf16 / f32 / fp8 q and K / V with descales, strided out
  * with garbage padding, empty requests and rows that see no key (code 0), padding tokens,
  * output_scale as [] and [1], and a head dim the SIMD kernels hand to the reference */
@@ -1305,8 +1307,8 @@ static void test_fp8_out(void) {
     }
 }
 
-/* fp8 out special values, every ISA, decode (GQA 4 x 128: g4f on AVX2) and prefill (8
- * causal queries over 40 keys), e4m3 and e5m2 outs:
+/* fp8 out special values, every ISA, decode (GQA 4 x 128: g4f on AVX2, AVX-512 and, the
+ * out being fp8, avx512bf16) and prefill (8 causal queries over 40 keys), e4m3 and e5m2 outs:
  *  - a tiny output_scale (1e-30): every value beyond the max saturates to +-max
  *  - an e4m3 NaN code in V (key 21, KV head 1, dim 37): that dim's code is NaN for the
  *    rows of KV head 1 that see key 21, every other code matches ref within one code

@@ -1078,8 +1078,9 @@ static void test_attention_fp8_out(void) {
 }
 
 static void test_attention_fp8(void) {
-    enum { T = 24, HQ = 4, HK = 2, DH = 64, HQX = 8 };
+    enum { T = 24, HQ = 4, HK = 2, DH = 128, HQX = 8 };
     static float x_k[T][HK][DH], x_v[T][HK][DH], q[T][HQ][DH], out[T][HQ][DH], qx[T][HQX][DH], outx[T][HQX][DH];
+    static uint16_t qb[T][HQX][DH], ob[T][HQX][DH]; /* qx in bf16 (its values are bf16's), a bf16 out */
     static uint8_t kc[T][HK][DH], vc[T][HK][DH];
     tu_seed(303);
     for (int t = 0; t < T; t++)
@@ -1090,11 +1091,17 @@ static void test_attention_fp8(void) {
             for (int d = 0; d < DH; d++) q[t][h][d] = (float)tu_uniform(-1, 1);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < HQX; h++)
-            for (int d = 0; d < DH; d++) qx[t][h][d] = (float)tu_uniform(-1, 1);
-    /* 2 and 4 query heads per KV head (the GQA decode loop of AVX2 and AVX-512 takes the second) */
-    for (int gq = 0; gq < 2; gq++)
+            for (int d = 0; d < DH; d++) {
+                qb[t][h][d] = lk_f32_to_bf16((float)tu_uniform(-1, 1));
+                qx[t][h][d] = lk_bf16_to_f32(qb[t][h][d]);
+            }
+    /* 2 and 4 query heads per KV head with f32 q and out (the GQA decode loop of AVX2 and
+     * AVX-512 takes both, that of avx512bf16 and amx the first), then 4 with bf16 q and out
+     * (avx512bf16's decode on bf16 pairs with P rounded to bf16, amx's on tiles: the bound
+     * gains P's rounding and the output's, 2^-9 max|v| (1 + u) each) */
+    for (int gq = 0; gq < 3; gq++)
     for (int f = 0; f < 2; f++) {
-        const int nq = gq ? HQX : HQ;
+        const int nq = gq ? HQX : HQ, b16 = gq == 2;
         float (*qq)[DH] = gq ? &qx[0][0] : &q[0][0], (*oo)[DH] = gq ? &outx[0][0] : &out[0][0]; /* [T * nq][DH] */
         lk_dtype dt = f ? LK_F8E5M2 : LK_F8E4M3;
         double fpmax = f ? 57344.0 : 448.0, u = f ? 0.125 : 0.0625, tt = f ? ldexp(1, -17) : ldexp(1, -10);
@@ -1111,7 +1118,8 @@ static void test_attention_fp8(void) {
             for (int t = 0; t <= T; t++) cq[t] = decode ? t : (t ? T : 0), ck[t] = decode ? 0 : (t ? T : 0);
             int32_t kls[T];
             for (int t = 0; t < T; t++) kls[t] = t + 1;
-            lk_tensor tq = t3(qq, LK_F32, T, nq, DH), to = t3(oo, LK_F32, T, nq, DH);
+            lk_tensor tq = b16 ? t3(qb, LK_BF16, T, nq, DH) : t3(qq, LK_F32, T, nq, DH);
+            lk_tensor to = b16 ? t3(ob, LK_BF16, T, nq, DH) : t3(oo, LK_F32, T, nq, DH);
             lk_tensor tk = t3(kc, dt, T, HK, DH), tv = t3(vc, dt, T, HK, DH);
             lk_tensor tcq = t1(cq, LK_I32, decode ? T + 1 : 2), tck = t1(ck, LK_I32, decode ? T + 1 : 2);
             /* decode over dense K: request t sees keys [0, t]: cu_seqlens_k can't overlap,
@@ -1151,14 +1159,17 @@ static void test_attention_fp8(void) {
                             double o = 0;
                             for (int j = 0; j < nk; j++) o += exp(sc[j] - m) / l * x_v[j][kh][d], vmax = fmax(vmax, fabs(x_v[j][kh][d]));
                             double bound = (exp(2 * delta) - 1) * vmax * (1 + u) + u * vmax + s * tt + 3e-5;
-                            double e = fabs(oo[i * nq + h][d] - o) / bound;
+                            if (b16) bound += ldexp(1, -8) * vmax * (1 + u);
+                            double got = b16 ? lk_bf16_to_f32(ob[i][h][d]) : oo[i * nq + h][d];
+                            double e = fabs(got - o) / bound;
                             if (!(e <= worst)) worst = e;
                         }
                     }
                 if (getenv("LK_DEBUG")) fprintf(stderr, "worst %g\n", worst);
-                tu_check(st == LK_OK && worst <= 1, "%s flash_attn fp8 %s %s, %d q heads per KV head: f32 out vs float64 "
-                         "on the unquantized values within the fp8 step bound (max err / bound %.3g)",
-                         lk_isa_name(isas[ii]), lk_dtype_name(dt), decode ? "decode" : "prefill", nq / HK, worst);
+                tu_check(st == LK_OK && worst <= 1, "%s flash_attn fp8 %s %s, %d q heads per KV head: %s out vs "
+                         "float64 on the unquantized values within the fp8 step bound (max err / bound %.3g)",
+                         lk_isa_name(isas[ii]), lk_dtype_name(dt), decode ? "decode" : "prefill", nq / HK,
+                         b16 ? "bf16 q and" : "f32", worst);
             }
         }
     }

@@ -40,10 +40,11 @@
  * max / sum / scalar exp per head and block), the rescale folded into P.V's add to O, V
  * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
- * the prefetches spread over the block). On AVX2, and on AVX-512 without AVX512_BF16, the
- * same shape on f32 FMAs covers any GQA group (heads of a KV head in groups of 4, then 2, then 1), head dims multiples of
- * 2W, any K / V dtype (decode_row_g4f: K / V converted once per group, fp8 through f16 words
- * with e4m3 read as value / 256, P kept in f32); with one head per KV head only for fp8.
+ * the prefetches spread over the block). On AVX2 and AVX-512 the same shape on f32 FMAs
+ * (on AVX512_BF16 builds only for fp8 K / V that no bf16 loop takes) covers any GQA group
+ * (heads of a KV head in groups of 4, then 2, then 1), head dims multiples of 2W, any K /
+ * V dtype (decode_row_g4f: K / V converted once per group, fp8 through f16 words with
+ * e4m3 read as value / 256, P kept in f32); with one head per KV head only for fp8.
  * The AMX build runs fp8 K / V with a bf16 out on tile products instead, any group of up
  * to 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
  * block's K and V rows are prefetched into L2. Each unit
@@ -80,8 +81,9 @@
 #define PW (2 * LKV_W) /* panel width: micro-kernel columns */
 #define ROWS 60      /* target rows (tokens x group heads) of a query tile */
 #define DECODE_CHUNK 512
-/* builds with the f32 GQA decode loop (decode_row_g4f): those without bf16 dot products */
-#if defined(LKV_AVX2) || (defined(LKV_AVX512) && !defined(LKV_BF16DOT))
+/* builds with the f32 GQA decode loop (decode_row_g4f): every x86 one (with bf16 dot
+ * products, for the fp8 K / V that none of their bf16 loops takes) */
+#if defined(LKV_AVX2) || defined(LKV_AVX512)
 #define DECODE_G4F 1
 #endif
 
@@ -1448,8 +1450,8 @@ static void scale_row(float *o, int64_t D, float alpha) {
 }
 
 #if defined(DECODE_G4F)
-/* ---- the f32 GQA block loop (AVX2, and AVX-512 without AVX512_BF16): decode_row_g4's
- * shape on f32 FMAs
+/* ---- the f32 GQA block loop (AVX2 and AVX-512; with AVX512_BF16 for fp8 K / V where
+ * neither bf16 P.V loop nor the tiles apply): decode_row_g4's shape on f32 FMAs
  * The query heads of a KV head go in groups of 4, then 2, then 1 (group_size); head dims
  * multiples of 2W. Per block of DB keys, KV head and group: each K row converted once for
  * the group (2W dims per step into two vectors, q read from L1; a group of 4: one key at
@@ -1788,7 +1790,8 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
             decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
             continue;
         }
-#elif defined(DECODE_G4F)
+#endif
+#if defined(DECODE_G4F)
         if (c->g4f) {
             decode_row_g4f(c, b, lo, hi, st, o, qs, sc, kt, vt);
             continue;
@@ -1948,6 +1951,12 @@ static int use_decode(const lk_attn_args *a) {
     return keys > 0;
 }
 
+/* bytes of memory on a 64-byte boundary, or NULL */
+static void *alloc_lines(size_t bytes) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) ? NULL : p;
+}
+
 static lk_status run_decode(const lk_attn_args *a) {
     int64_t B = a->B, n_units = 0, rows = 0, qmax = 1;
     int64_t *state_base = malloc(sizeof(int64_t) * (size_t)(B + 1));
@@ -1964,7 +1973,8 @@ static lk_status run_decode(const lk_attn_args *a) {
     int nt = lk_plan_units(n_units);
     decode_ctx c = {a, malloc(sizeof(int64_t) * (size_t)(n_units + 1)), malloc(sizeof(int64_t) * (size_t)(n_units + 1)),
                     state_base, malloc(sizeof(lk_online_state) * (size_t)(rows + 1)),
-                    malloc(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, qmax * a->Hq * a->Dqk, NULL, 0, 0, 0, 0, 0, 0};
+                    alloc_lines(sizeof(float) * (size_t)(rows * a->Dv + 1)), NULL, (qmax * a->Hq * a->Dqk + 15) / 16 * 16,
+                    NULL, 0, 0, 0, 0, 0, 0};
 #if defined(LKV_BF16DOT)
     c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
     /* P.V on bf16 pairs pays where four query heads share each zipped V pair (GQA groups
@@ -1972,11 +1982,6 @@ static lk_status run_decode(const lk_attn_args *a) {
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
     c.g4 = c.pv16 && a->Hq == 4 * a->Hk && a->Dqk == 128 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
-#elif defined(DECODE_G4F)
-    /* one query head per KV head with 16 / 32-bit K and V: the row-by-row path measured
-     * as fast (B=8 x 4096 x 32 h bf16: 18.6 / 21.1 ms against 20.9 / 22.2 on this loop) */
-    c.g4f = (a->Hq / a->Hk >= 2 || lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype)) && a->Dqk % (2 * LKV_W) == 0 && a->Dv % (2 * LKV_W) == 0 && !(a->softcap > 0) &&
-            !a->alibi;
 #endif
     c.sbuf_floats = SBUF_FLOATS(a->Hq);
 #if defined(LKV_AMX)
@@ -1986,10 +1991,20 @@ static lk_status run_decode(const lk_attn_args *a) {
             a->Dqk % 64 == 0 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
     if (c.amx) c.sbuf_floats = AMX_FLOATS(a->Hq, a->Hk, a->Dqk, a->Dv);
 #endif
-    c.qbuf = malloc(sizeof(float) * (size_t)(nt * c.qbuf_stride));
-    void *sbuf_mem = NULL; /* 64-byte aligned: tile rows and vectors on cache lines */
-    if (posix_memalign(&sbuf_mem, 64, sizeof(float) * (size_t)(nt * c.sbuf_floats))) sbuf_mem = NULL;
-    c.sbuf = sbuf_mem;
+#if defined(DECODE_G4F)
+    /* one query head per KV head with 16 / 32-bit K and V: the row-by-row path measured
+     * as fast (B=8 x 4096 x 32 h bf16: 18.6 / 21.1 ms against 20.9 / 22.2 on this loop) */
+    c.g4f = (a->Hq / a->Hk >= 2 || lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype)) && a->Dqk % (2 * LKV_W) == 0 &&
+            a->Dv % (2 * LKV_W) == 0 && !(a->softcap > 0) && !a->alibi;
+#if defined(LKV_BF16DOT)
+    /* fp8 K / V that neither bf16 P.V loop nor the tiles take (groups of heads not a
+     * multiple of 4, or a float out) */
+    c.g4f = c.g4f && !c.pv16 && !c.amx && (lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype));
+    if (c.g4f) c.qk16 = 0; /* q rows in f32 */
+#endif
+#endif
+    c.qbuf = alloc_lines(sizeof(float) * (size_t)(nt * c.qbuf_stride));
+    c.sbuf = alloc_lines(sizeof(float) * (size_t)(nt * c.sbuf_floats)); /* tile rows and vectors on cache lines */
     lk_status st = LK_ERR_NOMEM;
     if (c.unit_b && c.unit_c && c.st && c.st_o && c.qbuf && c.sbuf) {
         int64_t u = 0;

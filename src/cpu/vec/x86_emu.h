@@ -108,6 +108,16 @@ LKV_EMU_CVT16(lkv_emu_mm512_cvtepi32_epi16, __m256i, uint16_t, __m512i, int32_t,
 LKV_EMU_CVT16(lkv_emu_mm512_cvtepi32_epi8, __m128i, uint8_t, __m512i, int32_t, LKV_EMU_AS(uint8_t))   /* VPMOVDB */
 LKV_EMU_CVT16(lkv_emu_mm512_cvtepu16_epi32, __m512i, int32_t, __m256i, uint16_t, LKV_EMU_AS(int32_t)) /* VPMOVZXWD */
 LKV_EMU_CVT16(lkv_emu_mm512_cvtepu8_epi32, __m512i, int32_t, __m128i, uint8_t, LKV_EMU_AS(int32_t))   /* VPMOVZXBD */
+/* VPMOVZXBW: 32 bytes zero-extended to 32 words */
+static inline __m512i lkv_emu_mm512_cvtepu8_epi16(__m256i a) {
+    uint8_t e[32];
+    uint16_t r[32];
+    LKV_EMU_GET(e, a);
+    for (int i = 0; i < 32; i++) r[i] = e[i];
+    __m512i v;
+    LKV_EMU_SET(v, r);
+    return v;
+}
 /* VCVTPH2PS / VCVTPS2PH: the two 256-bit halves through F16C (the same rounding and NaN
  * rules); imm is the rounding control, a constant at every call */
 static inline __m512 lkv_emu_mm512_cvtph_ps(__m256i a) {
@@ -132,6 +142,8 @@ static inline __m512 lkv_emu_mm512_cvtph_ps(__m256i a) {
 #define _mm512_cvtepu16_epi32 lkv_emu_mm512_cvtepu16_epi32
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32 lkv_emu_mm512_cvtepu8_epi32
+#undef _mm512_cvtepu8_epi16
+#define _mm512_cvtepu8_epi16 lkv_emu_mm512_cvtepu8_epi16
 #undef _mm512_cvtph_ps
 #define _mm512_cvtph_ps lkv_emu_mm512_cvtph_ps
 #undef _mm512_cvtps_ph
