@@ -226,12 +226,13 @@ static float read_pass(const float *a, size_t n, int nt) { return (void)nt, n ? 
 /* the start-up arrays, kept for the probes between a bandwidth row's repetitions */
 static float *probe_a, *probe_b;
 static int probe_nt;
+#define START_N ((size_t)64 << 20) /* floats per start-up array: 256 MiB */
 
 /* Copy ceiling = the better of plain and non-temporal stores (plain stores also pay a
  * read-for-ownership that is not counted), both counted as 1 read + 1 write. */
 static void measure_bandwidth(void) {
     if (lk_isa_best() == LK_ISA_REF) return; /* ref-only CPU: no ceiling printed */
-    size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB per array */
+    size_t n = START_N;
     float *a = NULL, *b = NULL;
     if (posix_memalign((void **)&a, 64, n * 4) || posix_memalign((void **)&b, 64, n * 4)) exit(1);
     int nt = BENCH.threads;
@@ -271,10 +272,9 @@ static double copy_probe(void) {
  * where no ceiling was measured) */
 double bench_read_probe(void) {
     if (!probe_a) return 0;
-    size_t n = (size_t)64 << 20;
     double t0 = now_s();
-    float sink = read_pass(probe_a, n, BENCH.threads);
-    return (double)n * 4 / (now_s() - t0) / 1e9 + (sink == 42.0f ? 1e-9 : 0);
+    float sink = read_pass(probe_a, START_N, BENCH.threads);
+    return (double)START_N * 4 / (now_s() - t0) / 1e9 + (sink == 42.0f ? 1e-9 : 0);
 }
 
 /* FMA peak: independent FMA chains per thread (10 ymm / 12 zmm accumulators: more than
