@@ -14,7 +14,8 @@
  *  - bf16 even / odd split and join, the _nonan rounding
  *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
  *  - x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every
- *    position of its 2W, lkv_e4m3_nan_acc / _found on every byte value, lkv_hsum4_store
+ *    position of its 2W, lkv_load2_f8_raw_nan / lkv_e4m3_nan_found on every byte value,
+ *    lkv_hsum4_store
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
  */
@@ -392,8 +393,8 @@ static void bf16_dot(void) {
 
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
 /* x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every position of its 2W
- * (e5m2 exact, e4m3 value / 256, its NaN code as +-1.875), lkv_e4m3_nan_acc / _found on
- * every byte value, lkv_hsum4_store */
+ * (e5m2 exact, e4m3 value / 256, its NaN code as +-1.875), lkv_load2_f8_raw_nan's NaN fold
+ * and lkv_e4m3_nan_found on every byte value at every position, lkv_hsum4_store */
 static void f8_f16c(void) {
     int bad_raw = 0, bad_nan = 0, any_ok = 1;
     for (int t = 0; t < 2; t++)
@@ -410,22 +411,34 @@ static void f8_f16c(void) {
                 bad_raw += isnan(want) ? !isnan(out[j]) : memcmp(&want, &out[j], 4) != 0;
             }
         }
-    for (int c = 0; c < 256; c += 32) { /* each 32-byte group alone, and folded after a clean one */
-        uint8_t in[32], clean[32];
+    for (int c = 0; c < 256; c += 2 * W) { /* each group of 2W codes alone, and folded after a clean one */
+        uint8_t in[2 * W], clean[2 * W];
         int any = 0;
-        for (int j = 0; j < 32; j++) {
-            in[j] = (uint8_t)(c + ((j * 13) & 31));
+        for (int j = 0; j < 2 * W; j++) {
+            in[j] = (uint8_t)(c + ((j * 13) & (2 * W - 1)));
             clean[j] = (uint8_t)(j * 7 % 0x7f); /* never 0x7f */
             any |= (in[j] & 0x7f) == 0x7f;
         }
-        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), in)) != any;
-        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_e4m3_nan_acc(lkv_c32_zero(), clean), in)) != any;
-        bad_nan += lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), clean)) != 0;
+        lkv_f32 x, y;
+        lkv_c32 alone = lkv_c32_zero(), after = lkv_c32_zero(), none = lkv_c32_zero();
+        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &alone);
+        lkv_load2_f8_raw_nan(clean, LK_F8E4M3, &x, &y, &after);
+        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &after);
+        lkv_load2_f8_raw_nan(clean, LK_F8E4M3, &x, &y, &none);
+        bad_nan += lkv_e4m3_nan_found(alone) != any;
+        bad_nan += lkv_e4m3_nan_found(after) != any;
+        bad_nan += lkv_e4m3_nan_found(none) != 0;
     }
-    for (int b = 0; b < 256; b++) { /* every byte value at every position */
-        uint8_t in[32] = {0};
-        in[b % 32] = (uint8_t)b;
-        any_ok &= lkv_e4m3_nan_found(lkv_e4m3_nan_acc(lkv_c32_zero(), in)) == ((b & 0x7f) == 0x7f);
+    for (int b = 0; b < 256; b++) { /* every byte value at every position, values as the plain load's */
+        uint8_t in[2 * W] = {0};
+        in[b % (2 * W)] = (uint8_t)b;
+        lkv_f32 x, y, x0, y0;
+        lkv_c32 acc = lkv_c32_zero();
+        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &acc);
+        lkv_load2_f8_raw(in, LK_F8E4M3, &x0, &y0);
+        float v[4][W];
+        lkv_storeu(v[0], x), lkv_storeu(v[1], y), lkv_storeu(v[2], x0), lkv_storeu(v[3], y0);
+        any_ok &= lkv_e4m3_nan_found(acc) == ((b & 0x7f) == 0x7f) && memcmp(v[0], v[2], sizeof v[0] * 2) == 0;
     }
     float a[4][W], s[4];
     for (int g = 0; g < 4; g++)
@@ -439,7 +452,9 @@ static void f8_f16c(void) {
     }
     tu_check(bad_raw == 0, "lkv_load2_f8_raw: e5m2 exact, e4m3 value / 256 and its NaN code +-1.875, all 256 codes "
              "at every position (%d bad)", bad_raw);
-    tu_check(bad_nan == 0 && any_ok, "lkv_e4m3_nan_acc / _found find exactly the bytes 0x7f and 0xff (%d bad)",
+    tu_check(bad_nan == 0 && any_ok,
+             "lkv_load2_f8_raw_nan / lkv_e4m3_nan_found find exactly the codes 0x7f and 0xff, values as "
+             "lkv_load2_f8_raw's (%d bad)",
              bad_nan);
     tu_check(ok_h, "lkv_hsum4_store: s times the lane sums of four vectors, in order");
 }

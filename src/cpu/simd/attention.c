@@ -1465,7 +1465,8 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * back at the row's end), else in order. fp8 K/V through f16 words (lkv_load2_f8_raw,
  * 2W codes: one 32-dim tile on AVX-512): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
- * value, found per block by byte maxima (lkv_e4m3_nan_acc) and put in afterwards: a NaN
+ * value, found per block and KV head by byte maxima of the codes as they are converted
+ * (lkv_load2_f8_raw_nan) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
  * d NaN for them, whatever the weight, as the reference's sums do. */
 
@@ -1475,28 +1476,24 @@ static inline int g4f_dim(int e, lk_dtype dt) {
 }
 
 /* dims [d0, d0 + 2W) of the K/V row at `row` (tiles cs elements apart) as two f32 vectors,
- * in g4f_dim order; e4m3 / 256 with its NaN code finite. 2W fp8 codes are one tile, as
- * are AVX2's 16 dims of a wider dtype; AVX-512's 32 such dims are two */
-LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
+ * in g4f_dim order; e4m3 / 256 with its NaN code finite, its codes folded into *nan
+ * (lkv_e4m3_nan_acc's rule). 2W fp8 codes are one tile, as are AVX2's 16 dims of a wider
+ * dtype; AVX-512's 32 such dims are two */
+LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b,
+                                lkv_c32 *nan) {
     const int64_t es = lk_esize(dt);
     const char *p = row + chunk_off(d0, cs, es);
-    if (lk_is_fp8(dt)) lkv_load2_f8_raw(p, dt, a, b);
+    if (lk_is_fp8(dt)) lkv_load2_f8_raw_nan(p, dt, a, b, dt == LK_F8E4M3 ? nan : NULL);
     else if (dt == LK_BF16 && LKV_W == 8) lkv_bf16_load_eo(p, a, b);
     else *a = lkv_load(p, dt), *b = lkv_load(row + chunk_off(d0 + LKV_W, cs, es), dt);
 }
 
-/* e4m3 NaN codes of the D codes of the row at p (32-code tiles cs bytes apart) folded
- * into acc; a last 16 codes (D % 32 == 16, ND rows only) checked one by one and, when
- * one is a NaN code, all_nan folded in */
-static const uint8_t all_nan[32] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                                    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-static inline lkv_c32 row_e4m3_nan(lkv_c32 acc, const char *p, int64_t cs, int64_t D) {
-    int64_t d = 0;
-    for (; d + 32 <= D; d += 32) acc = lkv_e4m3_nan_acc(acc, p + chunk_off(d, cs, 1));
-    for (; d < D; d++)
-        if ((p[dim_off(0, cs, d, 1)] & 0x7f) == 0x7f) return lkv_e4m3_nan_acc(acc, all_nan);
-    return acc;
+/* whether the D codes of the row at p (32-code tiles cs bytes apart) hold an e4m3 NaN
+ * code (byte by byte: the rare block where the folded check found one) */
+static int row_e4m3_nan(const char *p, int64_t cs, int64_t D) {
+    for (int64_t d = 0; d < D; d++)
+        if ((p[dim_off(0, cs, d, 1)] & 0x7f) == 0x7f) return 1;
+    return 0;
 }
 
 /* the heads of a KV head go in groups of 4, then one of 2, then one of 1 (G = 7: 4 + 2 +
@@ -1521,7 +1518,8 @@ LK_ALWAYS_INLINE void prefetch_piece(const char *row, int64_t d0, int64_t cs, in
  * the next block's rows kn [nn] of these keys prefetched into L2 a line per piece (see
  * "software prefetch" above) */
 LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t cs,
-                                  lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
+                                  lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn,
+                                  lkv_c32 *nan) {
     const int64_t es = lk_esize(kt);
     lkv_f32 acc[12]; /* all zeroed: the last lkv_hsum4_store may read unused ones */
 #pragma GCC unroll 12
@@ -1531,7 +1529,7 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
         for (int t = 0; t < nk; t++) {
             if (t < nn) prefetch_piece(kn[t], d0, cs, es);
             lkv_f32 k0, k1;
-            load2_raw(k[t], d0, cs, kt, &k0, &k1);
+            load2_raw(k[t], d0, cs, kt, &k0, &k1, nan);
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 acc[t * ng + g] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[t * ng + g]);
@@ -1549,8 +1547,8 @@ LK_ALWAYS_INLINE void scores_keys(const float *q, int64_t D, int ng, int nk, con
  * block's rows kn [nn] of those keys prefetched into L2 as it goes); the first key not done */
 LK_ALWAYS_INLINE int64_t scores_keys_from(const float *q, int64_t D, int ng, int nk, const char *const *k, int64_t nb,
                                           int64_t cs, lk_dtype kt, float f, float *S, int64_t sr,
-                                          const char *const *kn, int64_t nn, int64_t jj) {
-    for (; jj + nk <= nb; jj += nk) scores_keys(q, D, ng, nk, k + jj, cs, kt, f, S + jj * sr, sr, kn + jj, nn - jj);
+                                          const char *const *kn, int64_t nn, int64_t jj, lkv_c32 *nan) {
+    for (; jj + nk <= nb; jj += nk) scores_keys(q, D, ng, nk, k + jj, cs, kt, f, S + jj * sr, sr, kn + jj, nn - jj, nan);
     return jj;
 }
 
@@ -1560,12 +1558,13 @@ LK_ALWAYS_INLINE int64_t scores_keys_from(const float *q, int64_t D, int ng, int
  * head (the halves of each 2W); fewer: 12 / ng keys at a time, then 4 / ng, then one, by
  * scores_keys (a key's sums are the same in each). */
 LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char *const *k, int64_t nb, int64_t cs,
-                                   lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn) {
+                                   lk_dtype kt, float f, float *S, int64_t sr, const char *const *kn, int64_t nn,
+                                   lkv_c32 *nan) {
     const int64_t es = lk_esize(kt);
     if (ng < 4) {
-        int64_t jj = scores_keys_from(q, D, ng, 12 / ng, k, nb, cs, kt, f, S, sr, kn, nn, 0);
-        jj = scores_keys_from(q, D, ng, 4 / ng, k, nb, cs, kt, f, S, sr, kn, nn, jj);
-        scores_keys_from(q, D, ng, 1, k, nb, cs, kt, f, S, sr, kn, nn, jj);
+        int64_t jj = scores_keys_from(q, D, ng, 12 / ng, k, nb, cs, kt, f, S, sr, kn, nn, 0, nan);
+        jj = scores_keys_from(q, D, ng, 4 / ng, k, nb, cs, kt, f, S, sr, kn, nn, jj, nan);
+        scores_keys_from(q, D, ng, 1, k, nb, cs, kt, f, S, sr, kn, nn, jj, nan);
         return;
     }
     for (int64_t jj = 0; jj < nb; jj++) {
@@ -1575,7 +1574,7 @@ LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char
         for (int g = 0; g < 4; g++) acc[g][0] = acc[g][1] = lkv_zero();
         for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
             lkv_f32 k0, k1;
-            load2_raw(k[jj], d0, cs, kt, &k0, &k1);
+            load2_raw(k[jj], d0, cs, kt, &k0, &k1, nan);
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 acc[g][0] = lkv_fma(lkv_loadu(q + g * D + d0), k0, acc[g][0]);
@@ -1596,22 +1595,21 @@ LK_ALWAYS_INLINE void scores_g4f(const lk_attn_args *a, const float *qs, const i
     const float f = kt == LK_F8E4M3 ? 256.0f : 1.0f;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const char *kp[DB], *kn[DB];
+        lkv_c32 m = lkv_c32_zero(); /* e4m3: every code read, lkv_e4m3_nan_acc's rule */
         for (int64_t jj = 0; jj < nb; jj++) kp[jj] = kd + kbase[jj] + kh * khs;
         for (int64_t jj = DB; jj < nk; jj++) kn[jj - DB] = kd + kbase[jj] + kh * khs;
         for (int64_t g0 = 0; g0 < G;) {
             int ng = group_size(G, g0);
             int64_t h0 = kh * G + g0, nn = g0 == 0 ? nk - DB : 0;
-            if (ng == 4) scores_group(qs + h0 * D, D, 4, kp, nb, kcs, kt, f, S + h0, sr, kn, nn);
-            else if (ng == 2) scores_group(qs + h0 * D, D, 2, kp, nb, kcs, kt, f, S + h0, sr, kn, nn);
-            else scores_group(qs + h0 * D, D, 1, kp, nb, kcs, kt, f, S + h0, sr, kn, nn);
+            if (ng == 4) scores_group(qs + h0 * D, D, 4, kp, nb, kcs, kt, f, S + h0, sr, kn, nn, &m);
+            else if (ng == 2) scores_group(qs + h0 * D, D, 2, kp, nb, kcs, kt, f, S + h0, sr, kn, nn, &m);
+            else scores_group(qs + h0 * D, D, 1, kp, nb, kcs, kt, f, S + h0, sr, kn, nn, &m);
             g0 += ng;
         }
-        if (kt == LK_F8E4M3) {
-            lkv_c32 m = lkv_c32_zero();
-            for (int64_t jj = 0; jj < nb; jj++) m = row_e4m3_nan(m, kp[jj], kcs, D);
+        if (kt == LK_F8E4M3) { /* a NaN code among the block's K rows (folded as they were read) */
             if (lkv_e4m3_nan_found(m))
                 for (int64_t jj = 0; jj < nb; jj++)
-                    if (lkv_e4m3_nan_found(row_e4m3_nan(lkv_c32_zero(), kp[jj], kcs, D)))
+                    if (row_e4m3_nan(kp[jj], kcs, D))
                         for (int64_t g = 0; g < G; g++) S[jj * sr + kh * G + g] = NAN;
         }
     }
@@ -1646,7 +1644,7 @@ LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, 
  * into L2 as the keys go (see "software prefetch" above) */
 LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0, const float *P, int64_t sr,
                                 const lkv_f32 *al, const char *const *v, int64_t nb, int64_t cs, lk_dtype dt,
-                                const char *const *vn, int64_t nn) {
+                                const char *const *vn, int64_t nn, lkv_c32 *nan) {
     const int64_t es = lk_esize(dt);
     lkv_f32 acc[8];
 #pragma GCC unroll 8
@@ -1657,7 +1655,7 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
         for (int c = 0; c < nd; c++) {
             if (jj < nn) prefetch_piece(vn[jj], d0 + c * 2 * LKV_W, cs, es);
             lkv_f32 v0, v1;
-            load2_raw(v[jj], d0 + c * 2 * LKV_W, cs, dt, &v0, &v1);
+            load2_raw(v[jj], d0 + c * 2 * LKV_W, cs, dt, &v0, &v1, nan);
 #pragma GCC unroll 4
             for (int g = 0; g < ng; g++) {
                 lkv_f32 p = lkv_set1(P[jj * sr + g]);
@@ -1674,14 +1672,15 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
  * g4f_dim order): 4 / ng pieces of 2W dims at a time, then one */
 LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_t sr, const float *A,
                              const char *const *v, int64_t nb, int64_t cs, lk_dtype dt, const char *const *vn,
-                             int64_t nn) {
+                             int64_t nn, lkv_c32 *nan) {
     const int nd = 4 / ng;
     lkv_f32 al[4];
 #pragma GCC unroll 4
     for (int g = 0; g < ng; g++) al[g] = lkv_set1(A[g]);
     int64_t d0 = 0;
-    for (; d0 + nd * 2 * LKV_W <= D; d0 += nd * 2 * LKV_W) pv_pieces(o, D, ng, nd, d0, P, sr, al, v, nb, cs, dt, vn, nn);
-    for (; d0 < D; d0 += 2 * LKV_W) pv_pieces(o, D, ng, 1, d0, P, sr, al, v, nb, cs, dt, vn, nn);
+    for (; d0 + nd * 2 * LKV_W <= D; d0 += nd * 2 * LKV_W)
+        pv_pieces(o, D, ng, nd, d0, P, sr, al, v, nb, cs, dt, vn, nn, nan);
+    for (; d0 < D; d0 += 2 * LKV_W) pv_pieces(o, D, ng, 1, d0, P, sr, al, v, nb, cs, dt, vn, nn, nan);
 }
 
 /* the keys [lo, hi] of one query row of request b on the g4f path: states st [Hq], o
@@ -1714,19 +1713,18 @@ LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64
         const char *vd = (const char *)a->vc.data;
         for (int64_t kh = 0; kh < Hk; kh++) {
             const char *vp[DB], *vn[DB];
+            lkv_c32 m = lkv_c32_zero(); /* e4m3: every code read, lkv_e4m3_nan_acc's rule */
             for (int64_t jj = 0; jj < nb; jj++) vp[jj] = vd + vbase[jj] + kh * vhs;
             for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = vd + vbase[jj] + kh * vhs;
             for (int64_t g0 = 0; g0 < G;) {
                 int ng = group_size(G, g0);
                 int64_t h0 = kh * G + g0, nn = g0 == 0 ? nk - DB : 0;
-                if (ng == 4) pv_g4f(o + h0 * Dv, Dv, 4, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn);
-                else if (ng == 2) pv_g4f(o + h0 * Dv, Dv, 2, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn);
-                else pv_g4f(o + h0 * Dv, Dv, 1, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn);
+                if (ng == 4) pv_g4f(o + h0 * Dv, Dv, 4, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
+                else if (ng == 2) pv_g4f(o + h0 * Dv, Dv, 2, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
+                else pv_g4f(o + h0 * Dv, Dv, 1, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
                 g0 += ng;
             }
-            if (vt == LK_F8E4M3) { /* NaN codes of V: those dims NaN for the KV head's heads */
-                lkv_c32 m = lkv_c32_zero();
-                for (int64_t jj = 0; jj < nb; jj++) m = row_e4m3_nan(m, vp[jj], vcs, Dv);
+            if (vt == LK_F8E4M3) { /* NaN codes of V (folded as read): those dims NaN for the KV head's heads */
                 if (lkv_e4m3_nan_found(m))
                     for (int64_t jj = 0; jj < nb; jj++)
                         for (int64_t d = 0; d < Dv; d++)
