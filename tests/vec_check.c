@@ -14,7 +14,7 @@
  *  - bf16 even / odd split and join, the _nonan rounding
  *  - deinterleave / interleave / pair_order, store2, transpose, reductions, masks
  *  - x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every
- *    position of its 2W, lkv_load2_f8_raw_nan / lkv_e4m3_nan_found on every byte value,
+ *    position of its 2W, its NaN fold / lkv_e4m3_nan_found on every byte value,
  *    lkv_hsum4_store
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
@@ -393,7 +393,7 @@ static void bf16_dot(void) {
 
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
 /* x86's fp8 pieces through f16 words: lkv_load2_f8_raw on all 256 codes at every position of its 2W
- * (e5m2 exact, e4m3 value / 256, its NaN code as +-1.875), lkv_load2_f8_raw_nan's NaN fold
+ * (e5m2 exact, e4m3 value / 256, its NaN code as +-1.875), lkv_load2_f8_raw's NaN fold
  * and lkv_e4m3_nan_found on every byte value at every position, lkv_hsum4_store */
 static void f8_f16c(void) {
     int bad_raw = 0, bad_nan = 0, any_ok = 1;
@@ -403,7 +403,7 @@ static void f8_f16c(void) {
             float out[2 * W];
             for (int j = 0; j < 2 * W; j++) in[j] = (uint8_t)(c + 37 * j);
             lkv_f32 x, y;
-            lkv_load2_f8_raw(in, t ? LK_F8E5M2 : LK_F8E4M3, &x, &y);
+            lkv_load2_f8_raw(in, t ? LK_F8E5M2 : LK_F8E4M3, &x, &y, NULL);
             lkv_storeu(out, x), lkv_storeu(out + W, y);
             for (int j = 0; j < 2 * W; j++) {
                 float want = t ? lk_f8e5m2_to_f32(in[j]) : lk_f8e4m3_to_f32(in[j]) / 256.0f;
@@ -421,21 +421,21 @@ static void f8_f16c(void) {
         }
         lkv_f32 x, y;
         lkv_c32 alone = lkv_c32_zero(), after = lkv_c32_zero(), none = lkv_c32_zero();
-        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &alone);
-        lkv_load2_f8_raw_nan(clean, LK_F8E4M3, &x, &y, &after);
-        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &after);
-        lkv_load2_f8_raw_nan(clean, LK_F8E4M3, &x, &y, &none);
+        lkv_load2_f8_raw(in, LK_F8E4M3, &x, &y, &alone);
+        lkv_load2_f8_raw(clean, LK_F8E4M3, &x, &y, &after);
+        lkv_load2_f8_raw(in, LK_F8E4M3, &x, &y, &after);
+        lkv_load2_f8_raw(clean, LK_F8E4M3, &x, &y, &none);
         bad_nan += lkv_e4m3_nan_found(alone) != any;
         bad_nan += lkv_e4m3_nan_found(after) != any;
         bad_nan += lkv_e4m3_nan_found(none) != 0;
     }
-    for (int b = 0; b < 256; b++) { /* every byte value at every position, values as the plain load's */
+    for (int b = 0; b < 256; b++) { /* every byte value at every position, values as without the fold */
         uint8_t in[2 * W] = {0};
         in[b % (2 * W)] = (uint8_t)b;
         lkv_f32 x, y, x0, y0;
         lkv_c32 acc = lkv_c32_zero();
-        lkv_load2_f8_raw_nan(in, LK_F8E4M3, &x, &y, &acc);
-        lkv_load2_f8_raw(in, LK_F8E4M3, &x0, &y0);
+        lkv_load2_f8_raw(in, LK_F8E4M3, &x, &y, &acc);
+        lkv_load2_f8_raw(in, LK_F8E4M3, &x0, &y0, NULL);
         float v[4][W];
         lkv_storeu(v[0], x), lkv_storeu(v[1], y), lkv_storeu(v[2], x0), lkv_storeu(v[3], y0);
         any_ok &= lkv_e4m3_nan_found(acc) == ((b & 0x7f) == 0x7f) && memcmp(v[0], v[2], sizeof v[0] * 2) == 0;
@@ -453,8 +453,8 @@ static void f8_f16c(void) {
     tu_check(bad_raw == 0, "lkv_load2_f8_raw: e5m2 exact, e4m3 value / 256 and its NaN code +-1.875, all 256 codes "
              "at every position (%d bad)", bad_raw);
     tu_check(bad_nan == 0 && any_ok,
-             "lkv_load2_f8_raw_nan / lkv_e4m3_nan_found find exactly the codes 0x7f and 0xff, values as "
-             "lkv_load2_f8_raw's (%d bad)",
+             "lkv_load2_f8_raw's fold / lkv_e4m3_nan_found find exactly the codes 0x7f and 0xff, the "
+             "values the same with and without the fold (%d bad)",
              bad_nan);
     tu_check(ok_h, "lkv_hsum4_store: s times the lane sums of four vectors, in order");
 }

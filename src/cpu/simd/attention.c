@@ -1466,7 +1466,7 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * 2W codes: one 32-dim tile on AVX-512): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
  * value, found per block and KV head by byte maxima of the codes as they are converted
- * (lkv_load2_f8_raw_nan) and put in afterwards: a NaN
+ * (lkv_load2_f8_raw) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
  * d NaN for them, whatever the weight, as the reference's sums do. */
 
@@ -1477,13 +1477,13 @@ static inline int g4f_dim(int e, lk_dtype dt) {
 
 /* dims [d0, d0 + 2W) of the K/V row at `row` (tiles cs elements apart) as two f32 vectors,
  * in g4f_dim order; e4m3 / 256 with its NaN code finite, its codes folded into *nan
- * (lkv_e4m3_nan_acc's rule). 2W fp8 codes are one tile, as are AVX2's 16 dims of a wider
+ * (lkv_e4m3_nan_found's byte maxima). 2W fp8 codes are one tile, as are AVX2's 16 dims of a wider
  * dtype; AVX-512's 32 such dims are two */
 LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b,
                                 lkv_c32 *nan) {
     const int64_t es = lk_esize(dt);
     const char *p = row + chunk_off(d0, cs, es);
-    if (lk_is_fp8(dt)) lkv_load2_f8_raw_nan(p, dt, a, b, dt == LK_F8E4M3 ? nan : NULL);
+    if (lk_is_fp8(dt)) lkv_load2_f8_raw(p, dt, a, b, dt == LK_F8E4M3 ? nan : NULL);
     else if (dt == LK_BF16 && LKV_W == 8) lkv_bf16_load_eo(p, a, b);
     else *a = lkv_load(p, dt), *b = lkv_load(row + chunk_off(d0 + LKV_W, cs, es), dt);
 }
@@ -1595,7 +1595,7 @@ LK_ALWAYS_INLINE void scores_g4f(const lk_attn_args *a, const float *qs, const i
     const float f = kt == LK_F8E4M3 ? 256.0f : 1.0f;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const char *kp[DB], *kn[DB];
-        lkv_c32 m = lkv_c32_zero(); /* e4m3: every code read, lkv_e4m3_nan_acc's rule */
+        lkv_c32 m = lkv_c32_zero(); /* e4m3: byte maxima of every code read (load2_raw) */
         for (int64_t jj = 0; jj < nb; jj++) kp[jj] = kd + kbase[jj] + kh * khs;
         for (int64_t jj = DB; jj < nk; jj++) kn[jj - DB] = kd + kbase[jj] + kh * khs;
         for (int64_t g0 = 0; g0 < G;) {
@@ -1713,7 +1713,7 @@ LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64
         const char *vd = (const char *)a->vc.data;
         for (int64_t kh = 0; kh < Hk; kh++) {
             const char *vp[DB], *vn[DB];
-            lkv_c32 m = lkv_c32_zero(); /* e4m3: every code read, lkv_e4m3_nan_acc's rule */
+            lkv_c32 m = lkv_c32_zero(); /* e4m3: byte maxima of every code read (load2_raw) */
             for (int64_t jj = 0; jj < nb; jj++) vp[jj] = vd + vbase[jj] + kh * vhs;
             for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = vd + vbase[jj] + kh * vhs;
             for (int64_t g0 = 0; g0 < G;) {

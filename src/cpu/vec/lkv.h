@@ -38,8 +38,8 @@
  *               in the lane order lkv_pair_order gives a plain vector), lkv_store2 (two
  *               vectors of one dtype to two addresses), lkv_transpose (W x W)
  *   x86 only    lkv_load2_f8_raw (2W fp8 codes through f16 words, e4m3 as value / 256
- *               with its NaN code finite) and _nan (the codes also folded into an
- *               lkv_c32 from lkv_c32_zero; lkv_e4m3_nan_found: an e4m3 NaN code among
+ *               with its NaN code finite; the codes also folded into an lkv_c32 from
+ *               lkv_c32_zero, where lkv_e4m3_nan_found tells an e4m3 NaN code among
  *               them), lkv_hsum4_store (four vectors' lane sums, scaled, to 4 floats)
  *
  * Rules for SIMD sources: compute in f32, convert at loads and stores through these

@@ -239,8 +239,8 @@ static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
 /* fp8 -> f32 through f16 words for 2W codes (AVX2's lkv_load2_f8_raw, below, at twice the
  * width: one 32-byte load, VPMOV(S|Z)XBW, VCVTPH2PS of each half): e5m2 as its f16 high
  * byte, e4m3 as value / 256 with its NaN code finite (1.875); codes [0, W) in a, [W, 2W) in
- * b. _nan: the codes also folded into *nan (lkv_e4m3_nan_found, below) */
-static inline void lkv_load2_f8_raw_nan(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b, lkv_c32 *nan) {
+ * b; with nan not NULL the codes also folded into *nan (lkv_e4m3_nan_found, below) */
+static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b, lkv_c32 *nan) {
     __m256i c = _mm256_loadu_si256((const __m256i *)p);
     if (nan) *nan = _mm256_max_epu8(*nan, _mm256_or_si256(c, _mm256_set1_epi8((char)0x80)));
     __m512i h = dt == LK_F8E5M2 ? _mm512_slli_epi16(_mm512_cvtepu8_epi16(c), 8)
@@ -248,9 +248,6 @@ static inline void lkv_load2_f8_raw_nan(const void *p, lk_dtype dt, lkv_f32 *a, 
                                                    _mm512_set1_epi16((short)0xbfff));
     *a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
     *b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-}
-static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
-    lkv_load2_f8_raw_nan(p, dt, a, b, NULL);
 }
 /* out[g] = s * (the sum of the lanes of a, b, c, d), g = 0..3 (lkv_hsum4's trees) */
 static inline void lkv_hsum4_store(float *out, float s, lkv_f32 a, lkv_f32 b, lkv_f32 c, lkv_f32 d) {
@@ -363,9 +360,9 @@ static inline __m128i lkv__f8_half(__m128i c, lk_dtype dt) {
     if (dt == LK_F8E5M2) return _mm_unpacklo_epi8(_mm_setzero_si128(), c);
     return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(c), 7), _mm_set1_epi16((short)0xbfff));
 }
-/* codes [0, W) at p in a, [W, 2W) in b; _nan: the codes also folded into *nan
+/* codes [0, W) at p in a, [W, 2W) in b; with nan not NULL the codes also folded into *nan
  * (lkv_e4m3_nan_found, below) */
-static inline void lkv_load2_f8_raw_nan(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b, lkv_c32 *nan) {
+static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b, lkv_c32 *nan) {
     __m128i c = _mm_loadu_si128((const __m128i *)p);
     if (nan) *nan = _mm256_max_epu8(*nan, _mm256_zextsi128_si256(_mm_or_si128(c, _mm_set1_epi8((char)0x80))));
     if (dt == LK_F8E5M2) {
@@ -376,9 +373,6 @@ static inline void lkv_load2_f8_raw_nan(const void *p, lk_dtype dt, lkv_f32 *a, 
     __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xbfff));
     *a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-}
-static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b) {
-    lkv_load2_f8_raw_nan(p, dt, a, b, NULL);
 }
 static inline lkv_f32 lkv__f8_load_f16c(__m128i c, lk_dtype dt) {
     __m128i h = lkv__f8_half(c, dt);
@@ -406,7 +400,7 @@ static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
 
 #endif /* ---------------------------------------------------------------- both */
 
-/* e4m3 NaN codes (S.1111.111) among the codes lkv_load2_f8_raw_nan reads: from
+/* e4m3 NaN codes (S.1111.111) among the codes lkv_load2_f8_raw reads: from
  * *nan = lkv_c32_zero() it keeps the byte-wise max of (code | 0x80), which is 0xff exactly
  * where some code read was 0x7f or 0xff; lkv_e4m3_nan_found(*nan) tells that */
 static inline lkv_c32 lkv_c32_zero(void) { return _mm256_setzero_si256(); }
