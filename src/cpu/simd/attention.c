@@ -86,6 +86,13 @@
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
 #define DECODE_G4F 1
 #endif
+/* K / V dtypes the f32 GQA loop can take (run_decode sets g4f): with bf16 dot products
+ * only fp8 K or V reach it */
+#if defined(LKV_BF16DOT)
+#define G4F_DTYPES(kt, vt) (lk_is_fp8(kt) || lk_is_fp8(vt))
+#else
+#define G4F_DTYPES(kt, vt) 1
+#endif
 
 /* ------------------------------------------------------------------ micro-kernel */
 
@@ -1777,20 +1784,22 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
 #endif
             load_q_row(a, q0 + i, h, qk_scale(a, b, h / G), qs + h * Dqk);
         }
+        /* each block loop only where its flag can be set for these dtypes (run_decode):
+         * constants in the per-dtype copies, so that the others leave them out */
 #if defined(LKV_AMX)
-        if (c->amx) {
+        if (lk_is_fp8(kt) && lk_is_fp8(vt) && c->amx) {
             decode_row_amx(c, b, lo, hi, st, o, (const uint16_t *)qs, sc, kt, vt);
             continue;
         }
 #endif
 #if defined(LKV_BF16DOT)
-        if (c->g4) {
+        if (bf16_operand(kt) && bf16_operand(vt) && c->g4) {
             decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
             continue;
         }
 #endif
 #if defined(DECODE_G4F)
-        if (c->g4f) {
+        if (G4F_DTYPES(kt, vt) && c->g4f) {
             decode_row_g4f(c, b, lo, hi, st, o, qs, sc, kt, vt);
             continue;
         }
@@ -1997,7 +2006,7 @@ static lk_status run_decode(const lk_attn_args *a) {
 #if defined(LKV_BF16DOT)
     /* fp8 K / V that neither bf16 P.V loop nor the tiles take (groups of heads not a
      * multiple of 4, or a float out) */
-    c.g4f = c.g4f && !c.pv16 && !c.amx && (lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype));
+    c.g4f = c.g4f && !c.pv16 && !c.amx && G4F_DTYPES(a->kc.dtype, a->vc.dtype);
     if (c.g4f) c.qk16 = 0; /* q rows in f32 */
 #endif
 #endif
