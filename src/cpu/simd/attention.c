@@ -1484,8 +1484,8 @@ static inline int g4f_dim(int e, lk_dtype dt) {
 
 /* dims [d0, d0 + 2W) of the K/V row at `row` (tiles cs elements apart) as two f32 vectors,
  * in g4f_dim order; e4m3 / 256 with its NaN code finite, its codes folded into *nan
- * (lkv_e4m3_nan_found's byte maxima). 2W fp8 codes are one tile, as are AVX2's 16 dims of a wider
- * dtype; AVX-512's 32 such dims are two */
+ * (lkv_e4m3_nan_found's byte maxima). 2W fp8 codes are one tile, as are AVX2's 16 dims
+ * of a wider dtype; AVX-512's 32 such dims are two */
 LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b,
                                 lkv_c32 *nan) {
     const int64_t es = lk_esize(dt);
@@ -1495,11 +1495,15 @@ LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtyp
     else *a = lkv_load(p, dt), *b = lkv_load(row + chunk_off(d0 + LKV_W, cs, es), dt);
 }
 
-/* whether the D codes of the row at p (32-code tiles cs bytes apart) hold an e4m3 NaN
- * code (byte by byte: the rare block where the folded check found one) */
+/* whether dim d of the fp8 row at p (32-code tiles cs bytes apart) is an e4m3 NaN code,
+ * and whether any of its D dims is (byte by byte: the rare block where the folded check
+ * found one) */
+static inline int e4m3_nan_at(const char *p, int64_t cs, int64_t d) {
+    return (p[dim_off(0, cs, d, 1)] & 0x7f) == 0x7f;
+}
 static int row_e4m3_nan(const char *p, int64_t cs, int64_t D) {
     for (int64_t d = 0; d < D; d++)
-        if ((p[dim_off(0, cs, d, 1)] & 0x7f) == 0x7f) return 1;
+        if (e4m3_nan_at(p, cs, d)) return 1;
     return 0;
 }
 
@@ -1735,7 +1739,7 @@ LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64
                 if (lkv_e4m3_nan_found(m))
                     for (int64_t jj = 0; jj < nb; jj++)
                         for (int64_t d = 0; d < Dv; d++)
-                            if ((vp[jj][dim_off(0, vcs, d, 1)] & 0x7f) == 0x7f)
+                            if (e4m3_nan_at(vp[jj], vcs, d))
                                 for (int64_t g = 0; g < G; g++) o[(kh * G + g) * Dv + d] = NAN;
             }
         }
