@@ -37,9 +37,9 @@
  * else P stays f32. The common GQA shape (4 query heads per KV head x 128 dims, bf16 / fp8
  * K and V, bf16 out, no softcap or ALiBi) has its own block loop (decode_row_g4): scores
  * stored key-major and the online softmax run over 16 heads per vector (no horizontal
- * max / sum / scalar exp per head and block), fp8 K scored two keys per vector and eight
- * keys per pass (scores_g4_f8: no horizontal sum per key), the rescale folded into P.V's
- * add to O, V rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
+ * max / sum / scalar exp per head and block), K scored two keys per vector and eight
+ * keys per pass (no horizontal sum per key), the rescale folded into P.V's add to O, V
+ * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
  * the prefetches spread over the block). On AVX2 and AVX-512 the same shape on f32 FMAs
  * (on AVX512_BF16 builds only for fp8 K / V that no bf16 loop takes) covers any GQA group
@@ -956,10 +956,9 @@ LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16,
 
 /* ---- GQA groups of 4 heads x 128 dims, bf16 / fp8 K and V, bf16 out, V dims a multiple
  * of 64 (no softcap, no ALiBi): decode_row_g4.
- * - scores stored key-major, S[j][h] (HQP(Hq) floats a row); bf16 K: each q . k one chain
- *   of four bf16-pair dot products, the four heads' sums reduced side by side (lkv_hsum4);
- *   fp8 K: two keys per vector, 32 codes of each widened at a time (scores_g4_f8, q rows
- *   in g4_qdim's order);
+ * - scores stored key-major, S[j][h] (HQP(Hq) floats a row), two keys per vector (bf16
+ *   K: 16 dims of each at a time; fp8: 32 codes of each widened, q rows in g4_qdim's
+ *   order), eight per pass (scores_g4);
  * - the online softmax over 16 heads per vector with no horizontal step: block max,
  *   alpha = exp(m_old - m_new) and l for 16 heads at once (the rules of lk_online_rescale /
  *   _shift / _add; l summed key by key);
@@ -975,9 +974,9 @@ static inline int g4_dim(int pos, int f8) {
     int i = pos / 16, L = pos / 4 % 4, k = pos % 4;
     return f8 ? 16 * L + 4 * i + k : 32 * (i / 2) + 8 * L + 4 * (i % 2) + k;
 }
-/* the q dim at word i (< 32) of 32-dim block t of a q row ordered for scores_g4_f8: block t
- * = two 256-bit halves h (the q pieces that meet lkv_f8_to_bf16_x2's w0 and w1), each
- * holding dims 32 t + 16 L + 8 h + k at word 8 L + k (L < 2, k < 8) */
+/* the q dim at word i (< 32) of 32-dim block t of a q row ordered for scores_g4 over fp8
+ * K: block t = two 256-bit halves h (the q pieces that meet lkv_f8_to_bf16_x2's w0 and
+ * w1), each holding dims 32 t + 16 L + 8 h + k at word 8 L + k (L < 2, k < 8) */
 static inline int g4_qdim(int i) { return (i & ~24) | (i & 8) << 1 | (i & 16) >> 1; }
 /* the dim of word i (< 32) of vector c (< 2) that lkv_f8_to_bf16_x2 makes of 64 fp8 codes */
 static inline int x2_dim(int c, int i) { return 16 * (i / 8) + 8 * c + i % 8; }
@@ -996,41 +995,6 @@ static inline void neg_inf_rows(float *S, int64_t sr, int64_t nb) {
         for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(S + jj * sr + h, lkv_set1(-INFINITY));
 }
 
-/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) (scores16_g4d128's loop, key-major)
- * for the block's nb bf16 K rows (rows >= nb: -inf), the next block's K rows (kbase
- * [nb, nk)) prefetched into L2 (its V rows: in pv_g4). The 4 heads' q rows stay in 16
- * registers over the block; each q . k is one chain of four bf16-pair dot products, the
- * 4 heads' sums reduced side by side (lkv_hsum4) and stored as one 4-float row piece. */
-LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
-                                int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
-    const int64_t Hk = a->Hk, kes = lk_esize(kt);
-    const char *kd = (const char *)a->kc.data;
-    for (int64_t kh = 0; kh < Hk; kh++) {
-        const uint16_t *qh = q16 + kh * 4 * 128;
-        lkv_bits qv[4][4];
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++)
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) qv[g][c] = lkv_bits_loadu(qh + g * 128 + c * 32);
-        const __m128 vs = _mm_set1_ps(qk_scale(a, b, kh));
-        float *out = S + 4 * kh;
-        for (int64_t jj = 0; jj < nb; jj++) {
-            const char *kp = kd + kbase[jj] + kh * khs;
-            if (DB + jj < nk) prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
-            lkv_bits k[4];
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) k[c] = row16_load(kp, 32 * c, 32, kcs);
-            lkv_f32 s[4];
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++)
-                s[g] = lkv_dot2(lkv_dot2(lkv_dot2(lkv_dot2(lkv_zero(), qv[g][0], k[0]), qv[g][1], k[1]), qv[g][2], k[2]),
-                                qv[g][3], k[3]);
-            _mm_storeu_ps(out + jj * sr, _mm_mul_ps(vs, lkv_hsum4(s[0], s[1], s[2], s[3])));
-        }
-    }
-    neg_inf_rows(S, sr, nb);
-}
-
 /* the four lanes of each 128-bit lane L of a0..a3 summed: lane L, element g = the sum of
  * lane L of a_g (in-lane shuffles only) */
 static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
@@ -1039,20 +1003,22 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee));
 }
 
-/* scores_g4 for fp8 K: two keys per vector, one in each 256-bit half (32 codes of each
- * widened by lkv_f8_to_bf16_x2), eight keys per pass, so that no horizontal sum is taken
- * per key: each accumulator holds one key pair and one head, its 128-bit lanes 0-1 the
- * first key's partial sums, 2-3 the second's (lane_sums4, then one cross-lane add). q
- * rows ordered by g4_qdim, each 256-bit piece broadcast to both halves. Keys past nb
- * reread row nb - 1 (their scores are set to -inf); the next block's K rows are
- * prefetched two per 32-dim step. Zen 5, e4m3, 4 x 128: the loop alone 11.7 cycles per
- * key and KV head in L1 against 18.4 for one key per vector with lkv_hsum4; the whole
- * decode 3-6 % faster with K / V in L2 / L3 (8 x 64 and 8 x 256 keys), unchanged from DRAM
- * (8 x 4096 keys: memory stalls, not these instructions, set its pace). */
-LK_ALWAYS_INLINE void scores_g4_f8(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
-                                   int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b,
-                                   lk_dtype kt) {
-    const int64_t Hk = a->Hk;
+/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) for the block's nb keys (rows >= nb:
+ * -inf), key-major, bf16 or fp8 K: two keys per vector, one in each 256-bit half (16 bf16
+ * dims, or 32 fp8 codes widened by lkv_f8_to_bf16_x2 into two vectors), eight keys per
+ * pass, so that no horizontal sum is taken per key: each accumulator holds one key pair
+ * and one head, its 128-bit lanes 0-1 the first key's partial sums, 2-3 the second's
+ * (lane_sums4, then one cross-lane add). q rows in dim order (bf16 K) or g4_qdim's (fp8),
+ * each 256-bit piece broadcast to both halves. Keys past nb reread row nb - 1 (their
+ * scores are then set to -inf); the next block's K rows (kbase [DB, nk)) are prefetched
+ * into L2 two per 32-dim step (its V rows: in pv_g4). Zen 5, 4 x 128, against one key per
+ * vector with a horizontal sum (lkv_hsum4) per key: the e4m3 loop alone 11.7 vs 18.4
+ * cycles per key and KV head in L1; the whole decode 3-6 % (e4m3) and 4-10 % (bf16)
+ * faster with K / V in L2 / L3 (8 x 64 and 8 x 256 keys); from DRAM (8 x 4096 keys) within
+ * the noise, 0-3 % slower (memory stalls, not these instructions, set its pace). */
+LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
+                                int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, kes = lk_esize(kt);
     const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const uint16_t *qh = q16 + kh * 4 * 128;
@@ -1068,12 +1034,20 @@ LK_ALWAYS_INLINE void scores_g4_f8(const lk_attn_args *a, const uint16_t *q16, c
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 for (int64_t r = j0 + 2 * t; r < j0 + 2 * t + 2; r++)
-                    if (DB + r < nk) prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, 1);
+                    if (DB + r < nk) prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, kes);
                 lkv_bits w[4][2];
 #pragma GCC unroll 4
-                for (int x = 0; x < 4; x++)
-                    lkv_f8_to_bf16_x2(lkv_bits_join32(lkv_c32_loadu(p[2 * x] + t * kcs), lkv_c32_loadu(p[2 * x + 1] + t * kcs)),
-                                      kt, &w[x][0], &w[x][1]);
+                for (int x = 0; x < 4; x++) {
+                    if (kt == LK_BF16) { /* dims 32 t + 16 h: 16-dim tile 2 t + h, kcs elements apart */
+#pragma GCC unroll 2
+                        for (int h = 0; h < 2; h++)
+                            w[x][h] = lkv_bits_join32(lkv_c32_loadu(p[2 * x] + (2 * t + h) * kcs * 2),
+                                                      lkv_c32_loadu(p[2 * x + 1] + (2 * t + h) * kcs * 2));
+                    } else { /* 32-code tile t */
+                        lkv_f8_to_bf16_x2(lkv_bits_join32(lkv_c32_loadu(p[2 * x] + t * kcs), lkv_c32_loadu(p[2 * x + 1] + t * kcs)),
+                                          kt, &w[x][0], &w[x][1]);
+                    }
+                }
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++)
 #pragma GCC unroll 2
@@ -1199,7 +1173,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
     const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
     float *S = sc, *M = S + DB * sr, *L = M + sr, *A = L + sr; // S [DB][sr], M, L, A [sr]
     uint32_t *pw = (uint32_t *)(A + sr);                        // [DB / 2][sr]
-    if (kt != LK_BF16) { /* q in scores_g4_f8's order (g4_qdim, within each 32 dims) */
+    if (kt != LK_BF16) { /* q in scores_g4's fp8 order (g4_qdim, within each 32 dims) */
         uint16_t *qp = q16 + Hq * 128, ix[32];
         for (int i = 0; i < 32; i++) ix[i] = (uint16_t)g4_qdim(i);
         const __m512i iq = _mm512_loadu_si512(ix);
@@ -1214,14 +1188,8 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
         int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
-        if (kt != LK_BF16) {
-            if (kcs == 32) scores_g4_f8(a, q16, kbase, nb, nk, 32, khs, S, sr, b, kt);
-            else scores_g4_f8(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
-        } else if (kcs == 16) {
-            scores_g4(a, q16, kbase, nb, nk, 16, khs, S, sr, b, kt);
-        } else {
-            scores_g4(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
-        }
+        if (kcs == TILE(kes)) scores_g4(a, q16, kbase, nb, nk, TILE(kes), khs, S, sr, b, kt);
+        else scores_g4(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
         softmax_g4(S, sr, nb, M, L, A, pw);
         int64_t np = (nb + 1) / 2;
         for (int64_t kh = 0; kh < Hk; kh++) {
