@@ -37,7 +37,7 @@
  * else P stays f32. The common GQA shape (4 query heads per KV head x 128 dims, bf16 / fp8
  * K and V, bf16 out, no softcap or ALiBi) has its own block loop (decode_row_g4): scores
  * stored key-major and the online softmax run over 16 heads per vector (no horizontal
- * max / sum / scalar exp per head and block), K scored two keys per vector and eight
+ * max / sum / scalar exp per head and block), fp8 K scored two keys per vector and eight
  * keys per pass (no horizontal sum per key), the rescale folded into P.V's add to O, V
  * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
@@ -956,9 +956,10 @@ LK_ALWAYS_INLINE void scores16_block(const lk_attn_args *a, const uint16_t *q16,
 
 /* ---- GQA groups of 4 heads x 128 dims, bf16 / fp8 K and V, bf16 out, V dims a multiple
  * of 64 (no softcap, no ALiBi): decode_row_g4.
- * - scores stored key-major, S[j][h] (HQP(Hq) floats a row), two keys per vector (bf16
- *   K: 16 dims of each at a time; fp8: 32 codes of each widened, q rows in g4_qdim's
- *   order), eight per pass (scores_g4);
+ * - scores stored key-major, S[j][h] (HQP(Hq) floats a row); bf16 K: each q . k one chain
+ *   of four bf16-pair dot products, the four heads' sums reduced side by side (lkv_hsum4,
+ *   scores_g4_rows); fp8 K: two keys per vector, 32 codes of each widened at a time,
+ *   eight keys per pass (scores_g4, q rows in g4_qdim's order);
  * - the online softmax over 16 heads per vector with no horizontal step: block max,
  *   alpha = exp(m_old - m_new) and l for 16 heads at once (the rules of lk_online_rescale /
  *   _shift / _add; l summed key by key);
@@ -995,6 +996,43 @@ static inline void neg_inf_rows(float *S, int64_t sr, int64_t nb) {
         for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(S + jj * sr + h, lkv_set1(-INFINITY));
 }
 
+/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) (scores16_g4d128's loop, key-major)
+ * for the block's nb bf16 K rows (rows >= nb: -inf), one key at a time, the next block's
+ * K rows (kbase [nb, nk)) prefetched into L2 (its V rows: in pv_g4). The 4 heads' q rows stay in 16
+ * registers over the block; each q . k is one chain of four bf16-pair dot products, the
+ * 4 heads' sums reduced side by side (lkv_hsum4) and stored as one 4-float row piece. bf16
+ * K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3 but 2-6 % slower
+ * from DRAM (8 x 4096 keys, Zen 5). */
+LK_ALWAYS_INLINE void scores_g4_rows(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
+                                     int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+    const int64_t Hk = a->Hk, kes = lk_esize(kt);
+    const char *kd = (const char *)a->kc.data;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        const uint16_t *qh = q16 + kh * 4 * 128;
+        lkv_bits qv[4][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) qv[g][c] = lkv_bits_loadu(qh + g * 128 + c * 32);
+        const __m128 vs = _mm_set1_ps(qk_scale(a, b, kh));
+        float *out = S + 4 * kh;
+        for (int64_t jj = 0; jj < nb; jj++) {
+            const char *kp = kd + kbase[jj] + kh * khs;
+            if (DB + jj < nk) prefetch_row_l2(kd + kbase[DB + jj] + kh * khs, kcs, 128, kes);
+            lkv_bits k[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) k[c] = row16_load(kp, 32 * c, 32, kcs);
+            lkv_f32 s[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++)
+                s[g] = lkv_dot2(lkv_dot2(lkv_dot2(lkv_dot2(lkv_zero(), qv[g][0], k[0]), qv[g][1], k[1]), qv[g][2], k[2]),
+                                qv[g][3], k[3]);
+            _mm_storeu_ps(out + jj * sr, _mm_mul_ps(vs, lkv_hsum4(s[0], s[1], s[2], s[3])));
+        }
+    }
+    neg_inf_rows(S, sr, nb);
+}
+
 /* the four lanes of each 128-bit lane L of a0..a3 summed: lane L, element g = the sum of
  * lane L of a_g (in-lane shuffles only) */
 static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
@@ -1003,22 +1041,19 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee));
 }
 
-/* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) for the block's nb keys (rows >= nb:
- * -inf), key-major, bf16 or fp8 K: two keys per vector, one in each 256-bit half (16 bf16
- * dims, or 32 fp8 codes widened by lkv_f8_to_bf16_x2 into two vectors), eight keys per
- * pass, so that no horizontal sum is taken per key: each accumulator holds one key pair
- * and one head, its 128-bit lanes 0-1 the first key's partial sums, 2-3 the second's
- * (lane_sums4, then one cross-lane add). q rows in dim order (bf16 K) or g4_qdim's (fp8),
- * each 256-bit piece broadcast to both halves. Keys past nb reread row nb - 1 (their
- * scores are then set to -inf); the next block's K rows (kbase [DB, nk)) are prefetched
- * into L2 two per 32-dim step (its V rows: in pv_g4). Zen 5, 4 x 128, against one key per
- * vector with a horizontal sum (lkv_hsum4) per key: the e4m3 loop alone 11.7 vs 18.4
- * cycles per key and KV head in L1; the whole decode 3-6 % (e4m3) and 4-10 % (bf16)
- * faster with K / V in L2 / L3 (8 x 64 and 8 x 256 keys); from DRAM (8 x 4096 keys) within
- * the noise, 0-3 % slower (memory stalls, not these instructions, set its pace). */
+/* scores_g4_rows for fp8 K: two keys per vector, one in each 256-bit half (32 codes of
+ * each widened by lkv_f8_to_bf16_x2 into two vectors), eight keys per pass, so that no
+ * horizontal sum is taken per key: each accumulator holds one key pair and one head, its
+ * 128-bit lanes 0-1 the first key's partial sums, 2-3 the second's (lane_sums4, then one
+ * cross-lane add). q rows in g4_qdim's order, each 256-bit piece broadcast to both
+ * halves. Keys past nb reread row nb - 1 (their scores are then set to -inf); the next
+ * block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
+ * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
+ * KV head in L1; the whole decode 5 % (e4m3) and 13 % (e5m2) faster with K / V in L2 / L3
+ * (8 x 256 keys, 1 thread), e4m3 5 % from DRAM (8 x 4096 keys, 2 threads). */
 LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
                                 int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
-    const int64_t Hk = a->Hk, kes = lk_esize(kt);
+    const int64_t Hk = a->Hk;
     const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const uint16_t *qh = q16 + kh * 4 * 128;
@@ -1034,20 +1069,12 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 for (int64_t r = j0 + 2 * t; r < j0 + 2 * t + 2; r++)
-                    if (DB + r < nk) prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, kes);
+                    if (DB + r < nk) prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, 1);
                 lkv_bits w[4][2];
 #pragma GCC unroll 4
-                for (int x = 0; x < 4; x++) {
-                    if (kt == LK_BF16) { /* dims 32 t + 16 h: 16-dim tile 2 t + h, kcs elements apart */
-#pragma GCC unroll 2
-                        for (int h = 0; h < 2; h++)
-                            w[x][h] = lkv_bits_join32(lkv_c32_loadu(p[2 * x] + (2 * t + h) * kcs * 2),
-                                                      lkv_c32_loadu(p[2 * x + 1] + (2 * t + h) * kcs * 2));
-                    } else { /* 32-code tile t */
-                        lkv_f8_to_bf16_x2(lkv_bits_join32(lkv_c32_loadu(p[2 * x] + t * kcs), lkv_c32_loadu(p[2 * x + 1] + t * kcs)),
-                                          kt, &w[x][0], &w[x][1]);
-                    }
-                }
+                for (int x = 0; x < 4; x++) /* 32-code tile t */
+                    lkv_f8_to_bf16_x2(lkv_bits_join32(lkv_c32_loadu(p[2 * x] + t * kcs), lkv_c32_loadu(p[2 * x + 1] + t * kcs)),
+                                      kt, &w[x][0], &w[x][1]);
 #pragma GCC unroll 4
                 for (int g = 0; g < 4; g++)
 #pragma GCC unroll 2
@@ -1068,6 +1095,20 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
     }
     neg_inf_rows(S, sr, nb);
 }
+
+/* the g4 scores per K dtype, each out of line (its registers its own: inlined into the
+ * per-dtype decode copies it slowed their other loops, e.g. MHA e4m3 by 3 %), ND rows
+ * (kcs = TILE) a constant */
+#define SCORES_G4_FN(name, fn, dt)                                                                      \
+    static __attribute__((noinline)) void name(const lk_attn_args *a, const uint16_t *q16,              \
+                                               const int64_t *kbase, int64_t nb, int64_t nk, int64_t kcs, \
+                                               int64_t khs, float *S, int64_t sr, int64_t b) {          \
+        if (kcs == TILE(lk_esize(dt))) fn(a, q16, kbase, nb, nk, TILE(lk_esize(dt)), khs, S, sr, b, dt);  \
+        else fn(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, dt);                                         \
+    }
+SCORES_G4_FN(scores_g4_bf16, scores_g4_rows, LK_BF16)
+SCORES_G4_FN(scores_g4_e4m3, scores_g4, LK_F8E4M3)
+SCORES_G4_FN(scores_g4_e5m2, scores_g4, LK_F8E5M2)
 
 /* the online-softmax step of one block for 16 heads at a time: M, L [sr] the states'
  * m and l, S [DB][sr] scores -> P = exp(s - shift) rounded to bf16 pairs pw [DB/2][sr],
@@ -1188,8 +1229,9 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
         int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
-        if (kcs == TILE(kes)) scores_g4(a, q16, kbase, nb, nk, TILE(kes), khs, S, sr, b, kt);
-        else scores_g4(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, kt);
+        if (kt == LK_BF16) scores_g4_bf16(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
+        else if (kt == LK_F8E4M3) scores_g4_e4m3(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
+        else scores_g4_e5m2(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
         softmax_g4(S, sr, nb, M, L, A, pw);
         int64_t np = (nb + 1) / 2;
         for (int64_t kh = 0; kh < Hk; kh++) {
