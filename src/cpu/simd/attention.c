@@ -979,8 +979,6 @@ static inline int g4_dim(int pos, int f8) {
  * K: block t = two 256-bit halves h (the q pieces that meet lkv_f8_to_bf16_x2's w0 and
  * w1), each holding dims 32 t + 16 L + 8 h + k at word 8 L + k (L < 2, k < 8) */
 static inline int g4_qdim(int i) { return (i & ~24) | (i & 8) << 1 | (i & 16) >> 1; }
-/* the dim of word i (< 32) of vector c (< 2) that lkv_f8_to_bf16_x2 makes of 64 fp8 codes */
-static inline int x2_dim(int c, int i) { return 16 * (i / 8) + 8 * c + i % 8; }
 
 /* 64 fp8 codes of the row at p from dim d0 (a multiple of 64), 32-dim tiles cs bytes apart
  * (cs == 32: contiguous); zeros without a read when p is NULL */
@@ -1295,6 +1293,9 @@ static void amx_config(int64_t G) {
     cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = (uint8_t)G;
     _tile_loadconfig(&cfg);
 }
+
+/* the dim of word i (< 32) of vector c (< 2) that lkv_f8_to_bf16_x2 makes of 64 fp8 codes */
+static inline int x2_dim(int c, int i) { return 16 * (i / 8) + 8 * c + i % 8; }
 
 /* one K row of Dqk fp8 codes at p (32-dim tiles cs bytes apart) as bf16 in Kb's order
  * (lkv_f8_to_bf16_x2's per 64 dims: position i of a 64 holds dim x2_dim(i / 32, i % 32));
