@@ -996,11 +996,11 @@ static inline void neg_inf_rows(float *S, int64_t sr, int64_t nb) {
 
 /* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) (scores16_g4d128's loop, key-major)
  * for the block's nb bf16 K rows (rows >= nb: -inf), one key at a time, the next block's
- * K rows (kbase [nb, nk)) prefetched into L2 (its V rows: in pv_g4). The 4 heads' q rows stay in 16
- * registers over the block; each q . k is one chain of four bf16-pair dot products, the
- * 4 heads' sums reduced side by side (lkv_hsum4) and stored as one 4-float row piece. bf16
- * K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3 but 2-6 % slower
- * from DRAM (8 x 4096 keys, Zen 5). */
+ * K rows (kbase [DB, nk)) prefetched into L2 (its V rows: in pv_g4). The 4 heads' q rows
+ * stay in 16 registers over the block; each q . k is one chain of four bf16-pair dot
+ * products, the 4 heads' sums reduced side by side (lkv_hsum4) and stored as one 4-float
+ * row piece. bf16 K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3
+ * but 2-6 % slower from DRAM (8 x 4096 keys, Zen 5). */
 LK_ALWAYS_INLINE void scores_g4_rows(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
                                      int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
     const int64_t Hk = a->Hk, kes = lk_esize(kt);
