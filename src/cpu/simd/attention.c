@@ -1047,8 +1047,9 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
  * halves. Keys past nb reread row nb - 1 (their scores are then set to -inf); the next
  * block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
  * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
- * KV head in L1; the whole decode 5 % (e4m3) and 13 % (e5m2) faster with K / V in L2 / L3
- * (8 x 256 keys, 1 thread), e4m3 5 % from DRAM (8 x 4096 keys, 2 threads). */
+ * KV head in L1; the whole decode 6-7 % (e4m3) and 13-15 % (e5m2) faster with K / V in
+ * L2 / L3 (8 x 256 keys, 1 and 2 threads), unchanged within the noise from DRAM (8 x 4096
+ * keys, 2 threads). */
 LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
                                 int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
     const int64_t Hk = a->Hk;
