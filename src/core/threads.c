@@ -68,7 +68,7 @@ int lk_plan_units(int64_t n) {
     return nt;
 }
 
-void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx) {
+static void parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx, int runs) {
     if (n <= 0) return;
     if (nthreads <= 1) {
         for (int64_t u = 0; u < n; u++) fn(ctx, u, 0);
@@ -78,10 +78,21 @@ void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx) {
 #pragma omp parallel num_threads(nthreads)
     {
         int tid = omp_get_thread_num();
+        if (runs) { /* guided: each run ceil(units left / nthreads) long, so a thread
+                     * takes a few long runs (a run's first unit is the one whose data no
+                     * predecessor prefetched) and the short last runs even out the rest */
+#pragma omp for schedule(guided)
+            for (int64_t u = 0; u < n; u++) fn(ctx, u, tid);
+        } else {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < n; u++) fn(ctx, u, tid);
+            for (int64_t u = 0; u < n; u++) fn(ctx, u, tid);
+        }
     }
 #else
+    (void)runs;
     for (int64_t u = 0; u < n; u++) fn(ctx, u, 0);
 #endif
 }
+
+void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx) { parallel_units(n, nthreads, fn, ctx, 0); }
+void lk_parallel_runs(int64_t n, int nthreads, lk_unit_fn fn, void *ctx) { parallel_units(n, nthreads, fn, ctx, 1); }

@@ -48,7 +48,9 @@
  * e4m3 read as value / 256, P kept in f32); with one head per KV head only for fp8.
  * The AMX build runs fp8 K / V with a bf16 out on tile products instead, any group of up
  * to 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
- * block's K and V rows are prefetched into L2. Each unit
+ * block's K and V rows are prefetched into L2. The prefetch runs past the chunk's end
+ * (pf_hi: the row's last key), and units go to threads in runs of consecutive chunks
+ * (lk_parallel_runs), so a chunk's first block is mostly prefetched too. Each unit
  * leaves per-(query, head) partial states (m, l, O) which are then combined in chunk
  * order with the attention-state rules. Chunks depend only on the key length, so results
  * do not depend on the thread count.
@@ -65,8 +67,8 @@
  * Layouts served: K/V dims with unit stride (dense, paged ND, paged NZ with head dims
  * a multiple of 16, 32 for fp8), head dims a multiple of 8 (a last partial vector where
  * W = 16); anything else goes to the reference.
- * Threads: units handed out dynamically (lk_parallel_units) with per-thread scratch
- * allocated up front.
+ * Threads: units handed out dynamically (lk_parallel_units; decode: lk_parallel_runs)
+ * with per-thread scratch allocated up front.
  */
 #include <float.h>
 #include <math.h>
@@ -1188,25 +1190,39 @@ LK_ALWAYS_INLINE void pv_g4(float *o, const uint32_t *pw, int64_t sr, const floa
     }
 }
 
-/* the states' m and l out of M, L [Hq], and O's dims back in order (g4_dim) */
+/* the states' m and l out of M, L [Hq], and O's dims back in order (g4_dim): output
+ * vector m of each 64 dims gathered from the four by two two-source permutes and a
+ * blend (index e of vector m: position pos with g4_dim(pos) = 16 m + e) */
 static inline void g4_finish(lk_online_state *st, float *o, const float *M, const float *L, int64_t Hq, int64_t Dv,
                              lk_dtype vt) {
-    uint8_t dim[64];
-    for (int pos = 0; pos < 64; pos++) dim[pos] = (uint8_t)g4_dim(pos, vt != LK_BF16);
+    int32_t pos_of[64];
+    for (int pos = 0; pos < 64; pos++) pos_of[g4_dim(pos, vt != LK_BF16)] = pos;
+    __m512i ix[4];
+    __mmask16 hi[4];
+    for (int m = 0; m < 4; m++) {
+        const __m512i p = _mm512_loadu_si512(pos_of + 16 * m);
+        ix[m] = _mm512_and_si512(p, _mm512_set1_epi32(31));
+        hi[m] = _mm512_cmpge_epi32_mask(p, _mm512_set1_epi32(32));
+    }
     for (int64_t h = 0; h < Hq; h++) {
         st[h].m = M[h], st[h].l = L[h];
         for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
-            float t[64], *oh = o + h * Dv + d0;
-            memcpy(t, oh, sizeof t);
-            for (int pos = 0; pos < 64; pos++) oh[dim[pos]] = t[pos];
+            float *oh = o + h * Dv + d0;
+            __m512 t0 = _mm512_loadu_ps(oh), t1 = _mm512_loadu_ps(oh + 16);
+            __m512 t2 = _mm512_loadu_ps(oh + 32), t3 = _mm512_loadu_ps(oh + 48);
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++)
+                _mm512_storeu_ps(oh + 16 * m, _mm512_mask_blend_ps(hi[m], _mm512_permutex2var_ps(t0, ix[m], t1),
+                                                                  _mm512_permutex2var_ps(t2, ix[m], t3)));
         }
     }
 }
 
-/* the keys [lo, hi] of one query row of request b on the g4 path: states st [Hq], o [Hq][Dv]
- * (zeros on entry), q16 [Hq][128] bf16 rows with room for as many after them */
-LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, lk_online_state *st, float *o,
-                                    uint16_t *q16, float *sc, lk_dtype kt, lk_dtype vt) {
+/* the keys [lo, hi] of one query row of request b on the g4 path (rows of keys up to
+ * pf_hi >= hi prefetched): states st [Hq], o [Hq][Dv] (zeros on entry), q16 [Hq][128]
+ * bf16 rows with room for as many after them */
+LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, int64_t pf_hi,
+                                    lk_online_state *st, float *o, uint16_t *q16, float *sc, lk_dtype kt, lk_dtype vt) {
     const lk_attn_args *a = c->a;
     const int64_t Hq = a->Hq, Hk = a->Hk, Dv = a->Dv, sr = HQP(Hq);
     const int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
@@ -1225,7 +1241,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
     for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(M + h, lkv_set1(-INFINITY)), lkv_storeu(L + h, lkv_zero());
     for (int64_t jb = lo; jb <= hi; jb += DB) {
         int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
-        int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
+        int64_t kbase[2 * DB], vbase[2 * DB], nk = pf_hi - jb + 1 < 2 * DB ? pf_hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
         if (kt == LK_BF16) scores_g4_bf16(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
@@ -1310,8 +1326,9 @@ LK_ALWAYS_INLINE void amx_k_row(uint16_t *dst, const char *p, int64_t Dqk, int64
     }
 }
 
-LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, lk_online_state *st, float *o,
-                                     const uint16_t *q16, float *sc, lk_dtype kt, lk_dtype vt) {
+LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, int64_t pf_hi,
+                                     lk_online_state *st, float *o, const uint16_t *q16, float *sc, lk_dtype kt,
+                                     lk_dtype vt) {
     const lk_attn_args *a = c->a;
     const int64_t Hq = a->Hq, Hk = a->Hk, G = Hq / Hk, Dqk = a->Dqk, Dv = a->Dv, sr = HQP(Hq), TQ = Dqk / 32;
     const int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
@@ -1343,7 +1360,7 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
     amx_config(G);
     for (int64_t jb = lo; jb <= hi; jb += DA) {
         int64_t nb = hi - jb + 1 < DA ? hi - jb + 1 : DA, np = (nb + 1) / 2;
-        int64_t kbase[2 * DA], vbase[2 * DA], nk = hi - jb + 1 < 2 * DA ? hi - jb + 1 : 2 * DA;
+        int64_t kbase[2 * DA], vbase[2 * DA], nk = pf_hi - jb + 1 < 2 * DA ? pf_hi - jb + 1 : 2 * DA;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
         /* S = K . q for every KV head; the next block's K rows into L2 meanwhile */
@@ -1776,10 +1793,11 @@ LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_
     for (; d0 < D; d0 += 2 * LKV_W) pv_pieces(o, D, ng, 1, d0, P, sr, al, v, nb, cs, dt, vn, nn, nan);
 }
 
-/* the keys [lo, hi] of one query row of request b on the g4f path: states st [Hq], o
- * [Hq][Dv] (zeros on entry), qs [Hq][Dqk] the scaled q rows (permuted here in place) */
-LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, lk_online_state *st, float *o,
-                                     float *qs, float *sc, lk_dtype kt, lk_dtype vt) {
+/* the keys [lo, hi] of one query row of request b on the g4f path (rows of keys up to
+ * pf_hi >= hi prefetched): states st [Hq], o [Hq][Dv] (zeros on entry), qs [Hq][Dqk] the
+ * scaled q rows (permuted here in place) */
+LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, int64_t pf_hi,
+                                     lk_online_state *st, float *o, float *qs, float *sc, lk_dtype kt, lk_dtype vt) {
     const lk_attn_args *a = c->a;
     const int64_t Hq = a->Hq, Hk = a->Hk, G = Hq / Hk, Dqk = a->Dqk, Dv = a->Dv, sr = HQP(Hq);
     const int64_t hw = (Hq + LKV_W - 1) / LKV_W * LKV_W;
@@ -1797,7 +1815,7 @@ LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64
     for (int64_t h = 0; h < sr; h++) M[h] = -INFINITY, L[h] = 0.0f, A[h] = 1.0f;
     for (int64_t jb = lo; jb <= hi; jb += DB) {
         int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
-        int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
+        int64_t kbase[2 * DB], vbase[2 * DB], nk = pf_hi - jb + 1 < 2 * DB ? pf_hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
         if (kcs == TILE(kes)) scores_g4f(a, qs, kbase, nb, nk, TILE(kes), khs, S, sr, kt);
@@ -1854,6 +1872,10 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
     for (int64_t i = 0; i < q_len; i++) {
         int64_t lo, hi;
         lk_attn_window(a, i, q_len, k_len, &lo, &hi);
+        /* the last key whose rows the block loops prefetch: the row's, so that the
+         * chunk's last block prefetches the next chunk's first keys (its thread's next
+         * unit, mostly: lk_parallel_runs) */
+        int64_t pf_hi = hi;
         if (lo < j0) lo = j0;
         if (hi > j1 - 1) hi = j1 - 1;
         int64_t row0 = c->state_base[b] + (ch * q_len + i) * Hq;
@@ -1874,19 +1896,19 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
          * constants in the per-dtype copies, so that the others leave them out */
 #if defined(LKV_AMX)
         if (lk_is_fp8(kt) && lk_is_fp8(vt) && c->amx) {
-            decode_row_amx(c, b, lo, hi, st, o, (const uint16_t *)qs, sc, kt, vt);
+            decode_row_amx(c, b, lo, hi, pf_hi, st, o, (const uint16_t *)qs, sc, kt, vt);
             continue;
         }
 #endif
 #if defined(LKV_BF16DOT)
         if (bf16_operand(kt) && bf16_operand(vt) && c->g4) {
-            decode_row_g4(c, b, lo, hi, st, o, (uint16_t *)qs, sc, kt, vt);
+            decode_row_g4(c, b, lo, hi, pf_hi, st, o, (uint16_t *)qs, sc, kt, vt);
             continue;
         }
 #endif
 #if defined(DECODE_G4F)
         if (G4F_DTYPES(kt, vt) && c->g4f) {
-            decode_row_g4f(c, b, lo, hi, st, o, qs, sc, kt, vt);
+            decode_row_g4f(c, b, lo, hi, pf_hi, st, o, qs, sc, kt, vt);
             continue;
         }
 #endif
@@ -1894,7 +1916,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
             int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
             /* row offsets of head 0 of this block's keys and the next block's (prefetch):
              * the page lookup and divisions once per key, not per (key, head) */
-            int64_t kbase[2 * DB], vbase[2 * DB], nk = hi - jb + 1 < 2 * DB ? hi - jb + 1 : 2 * DB;
+            int64_t kbase[2 * DB], vbase[2 * DB], nk = pf_hi - jb + 1 < 2 * DB ? pf_hi - jb + 1 : 2 * DB;
             key_offsets(a, &a->kc, b, jb, nk, kbase);
             key_offsets(a, &a->vc, b, jb, nk, vbase);
 #if defined(LKV_BF16DOT)
@@ -2107,7 +2129,7 @@ static lk_status run_decode(const lk_attn_args *a) {
             if (ql && !nch) nch = 1;
             for (int64_t k = 0; k < nch; k++) c.unit_b[u] = b, c.unit_c[u] = k, u++;
         }
-        lk_parallel_units(n_units, nt, decode_unit, &c);
+        lk_parallel_runs(n_units, nt, decode_unit, &c);
         /* combine chunk states in chunk order per (request, query, head) */
         for (int64_t b = 0; b < B; b++) {
             int64_t q0 = a->cu_q[b], ql = a->cu_q[b + 1] - q0;
