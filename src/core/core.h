@@ -151,9 +151,9 @@ float *lk_weights_f32(const lk_tensor *w, int add_one);
 typedef void (*lk_unit_fn)(void *ctx, int64_t unit, int tid);
 int lk_plan_units(int64_t n);
 void lk_parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx);
-/* lk_parallel_units with units handed out in runs of consecutive indices, the longest
- * first (OpenMP guided): for units of even cost that prefetch their successor's data,
- * which the same thread then mostly runs (decode key chunks) */
+/* lk_parallel_units with units handed out in runs of consecutive indices (n / (4
+ * nthreads) units a run): for units that prefetch their successor's data, which the same
+ * thread then mostly runs (decode key chunks) */
 void lk_parallel_runs(int64_t n, int nthreads, lk_unit_fn fn, void *ctx);
 
 /* ---- cpu ---- */

@@ -78,10 +78,11 @@ static void parallel_units(int64_t n, int nthreads, lk_unit_fn fn, void *ctx, in
 #pragma omp parallel num_threads(nthreads)
     {
         int tid = omp_get_thread_num();
-        if (runs) { /* guided: each run ceil(units left / nthreads) long, so a thread
-                     * takes a few long runs (a run's first unit is the one whose data no
-                     * predecessor prefetched) and the short last runs even out the rest */
-#pragma omp for schedule(guided)
+        if (runs) { /* four runs per thread on average: a run's first unit is the one
+                     * whose data no predecessor prefetched, and a thread that starts late
+                     * (woken from sleep) or runs slow still gets its share */
+            const int64_t run = n / (4 * (int64_t)nthreads) > 1 ? n / (4 * (int64_t)nthreads) : 1;
+#pragma omp for schedule(dynamic, run)
             for (int64_t u = 0; u < n; u++) fn(ctx, u, tid);
         } else {
 #pragma omp for schedule(dynamic, 1)
