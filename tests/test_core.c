@@ -1,10 +1,12 @@
 /*
  * Core: f16/bf16 conversions (scalar exact vs float64 maths), status strings, error
- * text, ISA forcing, thread control, view checks and the overlap rule. The vector
+ * text, ISA forcing, thread control, the parallel unit loops, view checks and the
+ * overlap rule. The vector
  * layer of each ISA (SIMD conversions bit-identical to these, exp, shuffles) is
  * checked by test_vec_<isa> (tests/vec_check.c).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,6 +133,46 @@ static void test_runtime(void) {
     tu_check(lk_get_num_threads() >= 1, "set_num_threads(0) restores default (%d)", lk_get_num_threads());
     tu_check(lk_dtype_size(LK_BF16) == 2 && lk_dtype_size(LK_I64) == 8 && lk_dtype_size((lk_dtype)9) == 0,
              "dtype sizes");
+}
+
+/* lk_parallel_units / lk_parallel_runs: every unit run exactly once, on a thread index
+ * below nthreads; lk_parallel_runs hands units out in runs of n / (4 nthreads) consecutive
+ * indices, so the units split into at most ceil(n / run) stretches of one thread */
+typedef struct {
+    _Atomic int *count;
+    int *tid;
+    int nthreads, bad_tid;
+} units_ctx;
+
+static void units_fn(void *vctx, int64_t u, int tid) {
+    units_ctx *c = vctx;
+    atomic_fetch_add(&c->count[u], 1);
+    c->tid[u] = tid;
+    if (tid < 0 || tid >= c->nthreads) c->bad_tid = 1;
+}
+
+static void test_units(void) {
+    const int64_t ns[] = {0, 1, 3, 7, 64, 1000};
+    for (int runs = 0; runs < 2; runs++)
+        for (int nt = 1; nt <= 4; nt++)
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int64_t n = ns[k];
+                units_ctx c = {calloc((size_t)n + 1, sizeof(_Atomic int)), calloc((size_t)n + 1, sizeof(int)), nt, 0};
+                if (runs) lk_parallel_runs(n, nt, units_fn, &c);
+                else lk_parallel_units(n, nt, units_fn, &c);
+                int64_t once = 0, stretches = 0;
+                for (int64_t u = 0; u < n; u++) {
+                    once += atomic_load(&c.count[u]) == 1;
+                    stretches += u == 0 || c.tid[u] != c.tid[u - 1];
+                }
+                int64_t run = n / (4 * nt) > 1 ? n / (4 * nt) : 1, most = runs ? (n + run - 1) / run : n;
+                tu_check(once == n && !c.bad_tid && stretches <= most,
+                         "lk_parallel_%s n=%lld threads=%d: each unit once (%lld of %lld), thread index in range, "
+                         "%lld stretches (at most %lld)",
+                         runs ? "runs" : "units", (long long)n, nt, (long long)once, (long long)n, (long long)stretches,
+                         (long long)most);
+                free((void *)c.count), free(c.tid);
+            }
 }
 
 static void test_views(void) {
@@ -264,6 +306,7 @@ int main(void) {
     test_f16_encode();
     test_bf16();
     test_runtime();
+    test_units();
     test_views();
     return tu_finish("test_core");
 }
