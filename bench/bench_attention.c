@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "core/core.h"
 
 typedef struct {
     lk_tensor out, q, k, v, cuq, cuk, used, table;
@@ -118,6 +119,7 @@ static void prefill_case(int64_t S, int64_t P, int64_t Hq, int64_t Hk, int64_t D
     /* q is bf16: the kind follows K / V's dtype */
     /* fp8 K / V take the bf16 dot path where bf16 ones do (widened exactly) */
     lk_dtype kind_dt = kvt == LK_F8E4M3 || kvt == LK_F8E5M2 ? LK_BF16 : kvt;
+    if (lk_cpu_prefer_fma()) kind_dt = LK_F32; /* the kernels take f32 FMAs on this CPU */
     bench_row("flash_attn prefill", shape, lk_dtype_name(kvt), ms, flops, bench_flops_kind(kind_dt), err);
     bench_free(q), bench_free(out), bench_free(k), bench_free(v);
 }
@@ -235,11 +237,12 @@ static void decode_ab_fp8(int64_t B, int64_t K, int64_t H, int64_t Hk, int64_t D
         qsort(pr, REPS, sizeof(double), cmp_d), qsort(fr, REPS, sizeof(double), cmp_d);
         double ma = ta[REPS / 2], mb = tb[REPS / 2];
         /* the compute floor: 4 flops per (query head, key, dim) (q . k and p v) at the
-         * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs
+         * ISA's f32 FMA peak, or its bf16 dot peak where the decode runs on bf16 pairs (not
+         * where lk_cpu_prefer_fma)
          * (amx: the fp8 decode's tile products, at the tile peak) */
         lk_isa isa = BENCH.isa[vi];
         double peak = isa == LK_ISA_AMX && BENCH.amx_gflops > 0 ? BENCH.amx_gflops
-                      : isa == LK_ISA_AVX512BF16 || isa == LK_ISA_AMX ? BENCH.bf16_gflops
+                      : (isa == LK_ISA_AVX512BF16 && !lk_cpu_prefer_fma()) || isa == LK_ISA_AMX ? BENCH.bf16_gflops
                                                                       : BENCH.isa_fma[vi];
         double flops = 4.0 * (double)B * K * H * D;
         printf("  A/B %s %s vs bf16 on %s (%d alternating reps, medians; min-max): bf16 %.3f ms (%.3f-%.3f), "

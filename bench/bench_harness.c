@@ -38,6 +38,7 @@
 #include <arm_neon.h>
 #endif
 
+#include "core/core.h"
 #include "core/half.h"
 
 bench_env BENCH = {.threads = 1, .reps = 7};
@@ -482,7 +483,10 @@ void bench_measure_machine(void) {
            "%.1f GB/s | f32 FMA peak %s GFLOP/s | bf16 dot peak %s\n",
            BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks, bf16);
     if (bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16)
-        printf("bf16-input FLOPS rows on avx512bf16 are set against the bf16 dot peak\n");
+        printf("bf16-input FLOPS rows on avx512bf16 are set against the bf16 dot peak%s\n",
+               lk_cpu_prefer_fma() ? " (flash_attn's rows excepted: on this CPU, whose dot products run at about "
+                                     "half the f32 FMA rate, its kernels take FMAs, lk_cpu_prefer_fma)"
+                                   : "");
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "
                "(2 x 64 MiB; it drifts on a shared machine)\n");

@@ -1466,6 +1466,18 @@ static void test_fp8_out_bad(void) {
     free_bufs(&z);
 }
 
+/* the paths the bf16 rows choose by lk_cpu_prefer_fma, with the other choice */
+static void other_fma_form(void) {
+    test_grid();
+    test_paged();
+    test_decode_g4();
+    test_decode_g4f();
+    test_gqa_decode_nan_key();
+    test_fp8_grid();
+    test_fp8_paged();
+    test_fp8_codes();
+}
+
 int main(void) {
     tu_init();
     test_grid();
@@ -1490,5 +1502,6 @@ int main(void) {
     test_gqa_decode_inf_value();
     test_regress_negative_key_offsets();
     test_regress_empty_cache_block_size_0();
+    tu_other_fma_form(other_fma_form);
     return tu_finish("test_attention");
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/half.h"
 
 static int n_pass, n_fail;
@@ -231,11 +232,24 @@ int tu_same_bits(const tu_buf *a, const tu_buf *b) {
     return 1;
 }
 
+static int bf16_rows_only; /* tu_other_fma_form's second run */
 int tu_isas(lk_isa *out) {
     int n = 0;
     lk_isa cur = lk_isa_current();
-    for (int i = LK_ISA_REF; i < TU_MAX_ISAS; i++)
+    for (int i = LK_ISA_REF; i < TU_MAX_ISAS; i++) {
+        if (bf16_rows_only && i != LK_ISA_REF && i != LK_ISA_AVX512BF16 && i != LK_ISA_AMX) continue;
         if (lk_set_isa((lk_isa)i) == LK_OK) out[n++] = (lk_isa)i;
+    }
     lk_set_isa(cur);
     return n;
+}
+
+void tu_other_fma_form(void (*fn)(void)) {
+    lk_isa cur = lk_isa_current();
+    if (lk_set_isa(LK_ISA_AVX512BF16) != LK_OK) return; /* no bf16 row to run */
+    lk_set_isa(cur);
+    int p = lk_cpu_prefer_fma();
+    lk_cpu_set_prefer_fma(!p), bf16_rows_only = 1;
+    fn();
+    lk_cpu_set_prefer_fma(-1), bf16_rows_only = 0;
 }

@@ -99,6 +99,10 @@ int tu_emulated(void);
 #define TU_MAX_ISAS 8
 /* ISAs this CPU and build run, in order (ref first; at most TU_MAX_ISAS); returns count */
 int tu_isas(lk_isa *out);
+/* the bf16 dot-product rows (avx512bf16, amx) take f32 FMA paths where lk_cpu_prefer_fma
+ * says so (Intel), dot products elsewhere: tu_other_fma_form(fn) runs fn once more with
+ * the other choice forced, tu_isas then giving ref and those rows only */
+void tu_other_fma_form(void (*fn)(void));
 
 static const lk_dtype TU_FLOAT_DTYPES[3] = {LK_F32, LK_F16, LK_BF16};
 

@@ -162,5 +162,10 @@ int lk_cpu_has_avx512(void);
 int lk_cpu_has_avx512bf16(void);
 int lk_cpu_has_amx(void);
 int lk_cpu_has_neon(void);
+/* whether kernels with both forms take f32 FMAs rather than bf16 dot products (VDPBF16PS):
+ * on Intel cores, where the dot products run at half the FMAs' rate; -1 restores the
+ * CPU's choice, 0 / 1 force one (tests run both) */
+int lk_cpu_prefer_fma(void);
+void lk_cpu_set_prefer_fma(int p);
 
 #endif

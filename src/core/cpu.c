@@ -8,6 +8,8 @@
 #define _DEFAULT_SOURCE
 #include "core.h"
 
+#include <stdatomic.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
@@ -96,7 +98,17 @@ int lk_cpu_has_avx512(void) { return hw_avx512(); }
 int lk_cpu_has_avx512bf16(void) { return hw_avx512bf16(); }
 int lk_cpu_has_amx(void) { return hw_amx(); }
 #endif
+
+/* GenuineIntel: its cores run VDPBF16PS at about one per two cycles against two f32 FMAs
+ * a cycle (Emerald Rapids, measured: 32 products per 2.2 cycles against 32 per cycle),
+ * so bf16 dot products pay only where the CPU is not one of them */
+static int intel(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+}
 #else
+static int intel(void) { return 0; }
 int lk_cpu_has_avx2(void) { return 0; }
 int lk_cpu_has_avx512(void) { return 0; }
 int lk_cpu_has_avx512bf16(void) { return 0; }
@@ -121,3 +133,12 @@ int lk_cpu_has_neon(void) { return 1; } /* Advanced SIMD is part of every aarch6
 #else
 int lk_cpu_has_neon(void) { return 0; }
 #endif
+
+/* whether the kernels that can take f32 FMAs or bf16 dot products take the FMAs:
+ * -1 = the CPU's (intel()), 0 / 1 forced (lk_cpu_set_prefer_fma, tests) */
+static _Atomic int prefer_fma = -1;
+int lk_cpu_prefer_fma(void) {
+    int p = atomic_load(&prefer_fma);
+    return p >= 0 ? p : intel();
+}
+void lk_cpu_set_prefer_fma(int p) { atomic_store(&prefer_fma, p < 0 ? -1 : p != 0); }

@@ -42,10 +42,13 @@
  * rows paired by in-lane unpacks (fp8: 64 codes widened at a time), the next block's K
  * rows prefetched into L2 while scoring and its V rows during P.V (two per key pair, so
  * the prefetches spread over the block). On AVX2 and AVX-512 the same shape on f32 FMAs
- * (on AVX512_BF16 builds only for fp8 K / V that no bf16 loop takes) covers any GQA group
+ * (on AVX512_BF16 builds only for fp8 K / V that no bf16 loop takes, or for every dtype
+ * where lk_cpu_prefer_fma: Intel, whose VDPBF16PS runs at half the FMAs' rate; the
+ * prefill tiles then stay f32 too) covers any GQA group
  * (heads of a KV head in groups of 4, then 2, then 1), head dims multiples of 2W, any K /
  * V dtype (decode_row_g4f: K / V converted once per group, fp8 through f16 words with
- * e4m3 read as value / 256, P kept in f32); with one head per KV head only for fp8.
+ * e4m3 read as value / 256, P kept in f32; AVX-512 with 4 heads: two keys per pass in the
+ * scores and 64 dims per pass in P.V, 16 FMA chains); with one head per KV head only for fp8.
  * The AMX build runs fp8 K / V with a bf16 out on tile products instead, any group of up
  * to 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
  * block's K and V rows are prefetched into L2. The prefetch runs past the chunk's end
@@ -88,13 +91,6 @@
  * products, for the fp8 K / V that none of their bf16 loops takes) */
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
 #define DECODE_G4F 1
-#endif
-/* K / V dtypes the f32 GQA loop can take (run_decode sets g4f): with bf16 dot products
- * only fp8 K or V reach it */
-#if defined(LKV_BF16DOT)
-#define G4F_DTYPES(kt, vt) (lk_is_fp8(kt) || lk_is_fp8(vt))
-#else
-#define G4F_DTYPES(kt, vt) 1
 #endif
 
 /* ------------------------------------------------------------------ micro-kernel */
@@ -694,6 +690,11 @@ static lk_status run_prefill(const lk_attn_args *a) {
      * bf16 v into a bf16 out, where that rounding stays within the output's own (see
      * docs/numerics.md); any other out keeps P in f32 */
     c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
+#if !defined(LKV_AMX)
+    /* f32 FMAs where the dot products run at half their rate (lk_cpu_prefer_fma: 1x2048^2
+     * causal, 32/8 heads x 128, bf16, Emerald Rapids: 1.63x faster) */
+    c.qk16 = c.qk16 && !lk_cpu_prefer_fma();
+#endif
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16;
 #endif
     int64_t *ix = malloc(sizeof(int64_t) * (size_t)(3 * n_slabs + 2 * max_tiles + 2 * max_units + 1));
@@ -1677,7 +1678,32 @@ LK_ALWAYS_INLINE void scores_group(const float *q, int64_t D, int ng, const char
         scores_keys_from(q, D, ng, 1, k, nb, cs, kt, f, S, sr, kn, nn, jj, nan);
         return;
     }
-    for (int64_t jj = 0; jj < nb; jj++) {
+    int64_t jj = 0;
+    for (; LKV_W == 16 && jj + 2 <= nb; jj += 2) { /* AVX-512: two keys a pass, 16 FMA chains */
+        if (jj < nn) prefetch_row_l2(kn[jj], cs, D, es);
+        if (jj + 1 < nn) prefetch_row_l2(kn[jj + 1], cs, D, es);
+        lkv_f32 acc[2][4][2];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) acc[g / 4][g % 4][0] = acc[g / 4][g % 4][1] = lkv_zero();
+        for (int64_t d0 = 0; d0 < D; d0 += 2 * LKV_W) {
+            lkv_f32 k0, k1, k2, k3;
+            load2_raw(k[jj], d0, cs, kt, &k0, &k1, nan);
+            load2_raw(k[jj + 1], d0, cs, kt, &k2, &k3, nan);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                lkv_f32 q0 = lkv_loadu(q + g * D + d0), q1 = lkv_loadu(q + g * D + d0 + LKV_W);
+                acc[0][g][0] = lkv_fma(q0, k0, acc[0][g][0]);
+                acc[0][g][1] = lkv_fma(q1, k1, acc[0][g][1]);
+                acc[1][g][0] = lkv_fma(q0, k2, acc[1][g][0]);
+                acc[1][g][1] = lkv_fma(q1, k3, acc[1][g][1]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; t++)
+            lkv_hsum4_store(S + (jj + t) * sr, f, lkv_add(acc[t][0][0], acc[t][0][1]), lkv_add(acc[t][1][0], acc[t][1][1]),
+                            lkv_add(acc[t][2][0], acc[t][2][1]), lkv_add(acc[t][3][0], acc[t][3][1]));
+    }
+    for (; jj < nb; jj++) { /* the last, odd key */
         if (jj < nn) prefetch_row_l2(kn[jj], cs, D, es);
         lkv_f32 acc[4][2];
 #pragma GCC unroll 4
@@ -1756,8 +1782,8 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
                                 const lkv_f32 *al, const char *const *v, int64_t nb, int64_t cs, lk_dtype dt,
                                 const char *const *vn, int64_t nn, lkv_c32 *nan) {
     const int64_t es = lk_esize(dt);
-    lkv_f32 acc[8];
-#pragma GCC unroll 8
+    lkv_f32 acc[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 2 * ng * nd; i++) /* i = (g nd + c) 2 + half */
         acc[i] = lkv_mul(lkv_loadu(o + (i / (2 * nd)) * D + d0 + (i % (2 * nd)) * LKV_W), al[i / (2 * nd)]);
     for (int64_t jj = 0; jj < nb; jj++) {
@@ -1774,7 +1800,7 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int i = 0; i < 2 * ng * nd; i++) lkv_storeu(o + (i / (2 * nd)) * D + d0 + (i % (2 * nd)) * LKV_W, acc[i]);
 }
 
@@ -1783,7 +1809,7 @@ LK_ALWAYS_INLINE void pv_pieces(float *o, int64_t D, int ng, int nd, int64_t d0,
 LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_t sr, const float *A,
                              const char *const *v, int64_t nb, int64_t cs, lk_dtype dt, const char *const *vn,
                              int64_t nn, lkv_c32 *nan) {
-    const int nd = 4 / ng;
+    const int nd = ng == 4 && LKV_W == 16 ? 2 : 4 / ng; /* AVX-512, 4 heads: 2 pieces, 16 FMA chains */
     lkv_f32 al[4];
 #pragma GCC unroll 4
     for (int g = 0; g < ng; g++) al[g] = lkv_set1(A[g]);
@@ -1907,7 +1933,7 @@ static inline __attribute__((always_inline)) void decode_chunk(decode_ctx *c, in
         }
 #endif
 #if defined(DECODE_G4F)
-        if (G4F_DTYPES(kt, vt) && c->g4f) {
+        if (c->g4f) {
             decode_row_g4f(c, b, lo, hi, pf_hi, st, o, qs, sc, kt, vt);
             continue;
         }
@@ -2112,10 +2138,17 @@ static lk_status run_decode(const lk_attn_args *a) {
     c.g4f = (a->Hq / a->Hk >= 2 || lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype)) && a->Dqk % (2 * LKV_W) == 0 &&
             a->Dv % (2 * LKV_W) == 0 && !(a->softcap > 0) && !a->alibi;
 #if defined(LKV_BF16DOT)
-    /* fp8 K / V that neither bf16 P.V loop nor the tiles take (groups of heads not a
-     * multiple of 4, or a float out) */
-    c.g4f = c.g4f && !c.pv16 && !c.amx && G4F_DTYPES(a->kc.dtype, a->vc.dtype);
-    if (c.g4f) c.qk16 = 0; /* q rows in f32 */
+    if (lk_cpu_prefer_fma()) {
+        /* every K / V dtype on f32 FMAs where bf16 dot products run at half their rate
+         * (lk_cpu_prefer_fma; the tiles stay) */
+        c.g4f = c.g4f && !c.amx;
+        if (c.g4f) c.qk16 = c.pv16 = c.g4 = 0;
+    } else {
+        /* fp8 K / V that neither bf16 P.V loop nor the tiles take (groups of heads not a
+         * multiple of 4, or a float out) */
+        c.g4f = c.g4f && !c.pv16 && !c.amx && (lk_is_fp8(a->kc.dtype) || lk_is_fp8(a->vc.dtype));
+        if (c.g4f) c.qk16 = 0; /* q rows in f32 */
+    }
 #endif
 #endif
     c.qbuf = alloc_lines(sizeof(float) * (size_t)(nt * c.qbuf_stride));
