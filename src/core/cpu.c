@@ -135,10 +135,14 @@ int lk_cpu_has_neon(void) { return 0; }
 #endif
 
 /* whether the kernels that can take f32 FMAs or bf16 dot products take the FMAs:
- * -1 = the CPU's (intel()), 0 / 1 forced (lk_cpu_set_prefer_fma, tests) */
-static _Atomic int prefer_fma = -1;
+ * -1 = the CPU's (intel(), asked once: cpuid exits to the hypervisor in a VM), 0 / 1
+ * forced (lk_cpu_set_prefer_fma, tests) */
+static _Atomic int prefer_fma = -1, cpu_fma = -1;
 int lk_cpu_prefer_fma(void) {
     int p = atomic_load(&prefer_fma);
-    return p >= 0 ? p : intel();
+    if (p >= 0) return p;
+    int c = atomic_load(&cpu_fma);
+    if (c < 0) atomic_store(&cpu_fma, c = intel());
+    return c;
 }
 void lk_cpu_set_prefer_fma(int p) { atomic_store(&prefer_fma, p < 0 ? -1 : p != 0); }
