@@ -1466,7 +1466,8 @@ static void test_fp8_out_bad(void) {
     free_bufs(&z);
 }
 
-/* the paths the bf16 rows choose by lk_cpu_prefer_fma, with the other choice */
+/* the tests of the paths the bf16 rows choose by lk_cpu_prefer_fma (run once more with the
+ * other choice by tu_other_fma_form) */
 static void other_fma_form(void) {
     test_grid();
     test_paged();
@@ -1480,14 +1481,7 @@ static void other_fma_form(void) {
 
 int main(void) {
     tu_init();
-    test_grid();
-    test_paged();
-    test_decode_g4();
-    test_decode_g4f();
-    test_gqa_decode_nan_key();
-    test_fp8_grid();
-    test_fp8_paged();
-    test_fp8_codes();
+    other_fma_form(); /* with the CPU's lk_cpu_prefer_fma answer here, the other at the end */
     test_fp8_bad_descales();
     test_fp8_out();
     test_fp8_out_special();
