@@ -18,6 +18,9 @@
  *    lkv_hsum4_store
  *  - builds with bf16 dot products (LKV_BF16DOT): lkv_dot2 against exact products,
  *    lkv_bf16_pack_rne against the scalar rounding, lkv_zip16, lkv_bits_load16
+ *  - AMX builds (LKV_AMX): lkv_amx_load_config's rows and bytes per row reach the tiles
+ *    (a tile store writes exactly rows x colsb bytes) and TDPBF16PS of such tiles equals
+ *    the exact products
  */
 #include <float.h>
 #include <math.h>
@@ -460,6 +463,62 @@ static void f8_f16c(void) {
 }
 #endif
 
+#if defined(LKV_AMX)
+/* tiles configured in a function of their own, as the kernels do (cfg a local): for
+ * rows r and bytes per row cb, tile 0 = tile 1 . tile 2 (A: r x cb, B: cb / 4 pairs x 16
+ * columns, C: r x 64 bytes) stored over a sentinel, and tile 1 stored back alone */
+static void amx_config(int r, int cb) {
+    lkv_amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    cfg.rows[0] = cfg.rows[1] = (uint8_t)r, cfg.colsb[1] = (uint16_t)cb, cfg.rows[2] = (uint8_t)(cb / 4);
+    lkv_amx_load_config(&cfg);
+}
+
+static void amx_product(int r, int cb, const uint16_t *a, const uint16_t *b, float *c, uint16_t *a_back) {
+    amx_config(r, cb);
+    _tile_zero(0);
+    _tile_loadd(1, a, 64);
+    _tile_loadd(2, b, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_stored(0, c, 64);
+    _tile_stored(1, a_back, 64);
+    _tile_release();
+}
+
+static void amx_tiles(void) {
+    int bad_shape = 0, bad_val = 0;
+    uint16_t a[16 * 32], b[16 * 32], a_back[16 * 32];
+    float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++) /* small integers: every product and sum exact in f32 */
+        a[i] = lk_f32_to_bf16((float)((int)(tu_rand() % 17) - 8)), b[i] = lk_f32_to_bf16((float)((int)(tu_rand() % 9) - 4));
+    for (int r = 1; r <= 16; r += 3)
+        for (int cb = 4; cb <= 64; cb += 12) {
+            for (int i = 0; i < 16 * 16; i++) c[i] = -1.5f;
+            for (int i = 0; i < 16 * 32; i++) a_back[i] = 0xabcd;
+            amx_product(r, cb, a, b, c, a_back);
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 32; j++) /* A's row i, word j: copied back only inside r x cb */
+                    bad_shape += a_back[i * 32 + j] != (i < r && 2 * j < cb ? a[i * 32 + j] : 0xabcd);
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 16; j++) {
+                    float want = -1.5f;
+                    if (i < r) {
+                        want = 0.0f;
+                        for (int k = 0; k < cb / 4; k++)
+                            for (int e = 0; e < 2; e++)
+                                want += lk_bf16_to_f32(a[i * 32 + 2 * k + e]) * lk_bf16_to_f32(b[k * 32 + 2 * j + e]);
+                    }
+                    bad_val += c[i * 16 + j] != want;
+                }
+        }
+    tu_check(bad_shape == 0, "lkv_amx_load_config: a tile store writes exactly its configured rows x bytes (%d bad)",
+             bad_shape);
+    tu_check(bad_val == 0, "TDPBF16PS on tiles of configured rows and pairs: exact products (%d bad)", bad_val);
+}
+#endif
+
 int LKV_FN(vec_check)(void);
 int LKV_FN(vec_check)(void) {
     conversions();
@@ -474,6 +533,9 @@ int LKV_FN(vec_check)(void) {
 #endif
 #if defined(LKV_AVX2) || defined(LKV_AVX512)
     f8_f16c();
+#endif
+#if defined(LKV_AMX)
+    amx_tiles();
 #endif
     return 0;
 }

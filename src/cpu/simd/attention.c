@@ -1292,24 +1292,18 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
 #define AMX_FLOATS(Hq, Hk, Dqk, Dv) \
     (HQP(Hq) * (DA + 4 + DA / 2 + 16) + (Hq) * (Dqk) / 2 + DA * (Dqk) / 2 + (Dv) * 16 + 512 + 16)
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 /* tiles 0, 1: S, 16 keys x G columns; 2, 3: Kb (16 keys x 32 dims) or Vb (16 pairs x 16
  * dims); 4: Qa (16 pairs x G columns); 5, 6: O, G rows x 16 dims; 7: Pt, G rows x 16 pairs.
  * Only the G heads' rows and columns are loaded and stored (a tile store costs by rows:
  * 16 x 64 bytes ~5 ns here) */
 static void amx_config(int64_t G) {
-    amx_cfg cfg;
+    lkv_amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = (uint16_t)(4 * G);
     cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = (uint8_t)G;
-    _tile_loadconfig(&cfg);
+    lkv_amx_load_config(&cfg);
 }
 
 /* the dim of word i (< 32) of vector c (< 2) that lkv_f8_to_bf16_x2 makes of 64 fp8 codes */

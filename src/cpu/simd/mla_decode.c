@@ -651,18 +651,12 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
  * calling thread's and left initialised). */
 #define KA 256
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 static void amx_config(void) {
-    amx_cfg cfg;
+    lkv_amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+    lkv_amx_load_config(&cfg);
 }
 
 /* S[16 kg ..][16 g ..] for key groups kg, kg + 1 (A rows at ka[k] + t 64 bytes, kst[k]

@@ -506,6 +506,19 @@ static inline void lkv_f8_to_bf16_x2(__m512i c, lk_dtype dt, lkv_bits *w0, lkv_b
 }
 #endif
 
+#if defined(LKV_AMX) /* ------------------------------------ AMX tiles (palette 1) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of tile t */
+    uint8_t rows[16];
+} lkv_amx_cfg;
+
+/* LDTILECFG of the whole 64-byte cfg. Not the _tile_loadconfig intrinsic: gcc 12 declares
+ * its memory operand as 8 bytes, so once inlined the stores to colsb / rows could be
+ * dropped as dead and a stale configuration loaded (#GP, or #UD at the first tile op) */
+static inline void lkv_amx_load_config(const lkv_amx_cfg *cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(*cfg)); }
+#endif
+
 static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_F16)); }
 static inline void lkv_store_bf16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_BF16)); }
 /* non-temporal W 16-bit values; p aligned to 2W bytes */
