@@ -690,11 +690,10 @@ static lk_status run_prefill(const lk_attn_args *a) {
      * bf16 v into a bf16 out, where that rounding stays within the output's own (see
      * docs/numerics.md); any other out keeps P in f32 */
     c.qk16 = bf16_operand(a->q.dtype) && bf16_operand(a->kc.dtype); /* fp8 widened to bf16 exactly */
-#if !defined(LKV_AMX)
     /* f32 FMAs where the dot products run at half their rate (lk_cpu_prefer_fma: 1x2048^2
-     * causal, 32/8 heads x 128, bf16, Emerald Rapids: 1.63x faster) */
+     * causal, 32/8 heads x 128, bf16, Emerald Rapids: 1.63x faster; the amx row too, whose
+     * prefill has no tile path) */
     c.qk16 = c.qk16 && !lk_cpu_prefer_fma();
-#endif
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16;
 #endif
     int64_t *ix = malloc(sizeof(int64_t) * (size_t)(3 * n_slabs + 2 * max_tiles + 2 * max_units + 1));
