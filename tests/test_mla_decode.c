@@ -855,15 +855,22 @@ static void test_fp8(void) {
     free_bufs(&z);
 }
 
-int main(void) {
-    tu_init();
+/* the paths the avx512bf16 row chooses by lk_cpu_prefer_fma (the bf16 dot products or
+ * f32 FMAs), run once more with the other choice by tu_other_fma_form */
+static void other_fma_form(void) {
     test_fp8();
     test_grid();
     test_nz_equals_nd();
+}
+
+int main(void) {
+    tu_init();
+    other_fma_form(); /* with the CPU's lk_cpu_prefer_fma answer here, the other at the end */
     test_threads();
     test_plan();
     test_bad();
     test_empty();
     test_end_to_end();
+    tu_other_fma_form(other_fma_form);
     return tu_finish("test_mla_decode");
 }

@@ -1447,11 +1447,13 @@ static void test_cross_isa(void) {
     }
 }
 
-/* the bf16 row's attention with lk_cpu_prefer_fma's other choice */
+/* the bf16 rows' attention and mla_decode with lk_cpu_prefer_fma's other choice */
 static void attention_other_fma_form(void) {
     ni = tu_isas(isas); /* ref and the bf16 rows */
     test_attention_bf16();
     test_attention_bf16_decode();
+    test_mla_decode();
+    test_mla_decode_fp8();
 }
 
 int main(void) {

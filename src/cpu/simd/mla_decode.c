@@ -20,7 +20,9 @@
  * MR = LKV_MR (6 on AVX2: 12 accumulators of 16 ymm; 12 on AVX-512: 24 of 32 zmm).
  * The bf16 path (AVX512_BF16, below) runs the same chunk on bf16 pairs; for R <= W its
  * small-R kernels keep the rows out of the lanes (4 rows x 6 keys per score tile, O
- * row-major in 4 rows x 6 vectors of dims), the choice depending only on R.
+ * row-major in 4 rows x 6 vectors of dims), the choice depending only on R. Where
+ * lk_cpu_prefer_fma (Intel: VDPBF16PS at half the FMAs' rate) the avx512bf16 row takes
+ * the f32 path instead.
  * The AMX build (the amx row, LKV_AMX) runs the bf16 path's inputs on tile products for
  * any R instead (run_chunk_amx below: 256-key blocks, entries read in place as tile
  * operands for both products).
@@ -965,6 +967,12 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
 #if defined(LKV_BF16DOT)
     c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 &&
              ((a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16) || lk_is_fp8(a->lat.dtype));
+#if !defined(LKV_AMX)
+    /* f32 FMAs where the dot products run at half their rate (lk_cpu_prefer_fma: Emerald
+     * Rapids, same run, avx512bf16 against avx512: B=8 1x4096 128 heads 59.2 against 34.5
+     * ms; 2x4096 16 heads 17.6 against 12.7); the amx row keeps its tiles */
+    c.bf16 = c.bf16 && !lk_cpu_prefer_fma();
+#endif
     if (c.bf16) { /* Qb, Kb, S, P16, Vp, alpha, lim (4-byte units) */
         c.E2 = (c.E + 1) / 2;
         c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
