@@ -88,6 +88,9 @@ void bench_measure_machine(void);
  * library) and returns 1; otherwise makes the first current again and returns 0:
  *   for (int i = 0; bench_use_variant(i); i++) ... */
 int bench_use_variant(int i);
+/* whether every --lib library has the function `name` (bench_api.h's BENCH_API_OPT);
+ * where one lacks it, 0 after a line saying which rows are skipped */
+int bench_libs_have(const char *name, const char *rows);
 /* the variant that variant i's time is set against in the ratio columns: with one
  * library the first variant, with several the first library's on the same ISA */
 int bench_base_variant(int i);

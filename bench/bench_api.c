@@ -11,10 +11,13 @@
 #include <string.h>
 
 #define BENCH_API_STATIC(f) f,
-static const bench_api_table static_table = {BENCH_API(BENCH_API_STATIC)};
+static const bench_api_table static_table = {BENCH_API(BENCH_API_STATIC) BENCH_API_OPT(BENCH_API_STATIC)};
 #undef BENCH_API_STATIC
 
 const bench_api_table *bench_api = &static_table;
+
+lk_isa bench_linked_isa(void) { return lk_isa_current(); }
+void bench_linked_set_isa(lk_isa isa) { (void)lk_set_isa(isa); }
 
 int bench_api_open(const char *path, bench_api_table *t) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -37,5 +40,20 @@ int bench_api_open(const char *path, bench_api_table *t) {
         dlclose(h);
         return -1;
     }
+#define BENCH_API_LOAD_OPT(f)          \
+    {                                  \
+        void *p = dlsym(h, #f);        \
+        memcpy(&t->f, &p, sizeof t->f); \
+    }
+    BENCH_API_OPT(BENCH_API_LOAD_OPT)
+#undef BENCH_API_LOAD_OPT
     return 0;
+}
+
+int bench_api_has(const bench_api_table *t, const char *name) {
+#define BENCH_API_HAS(f) \
+    if (!strcmp(name, #f)) return t->f != NULL;
+    BENCH_API_OPT(BENCH_API_HAS)
+#undef BENCH_API_HAS
+    return 1;
 }

@@ -7,7 +7,11 @@
  *
  * Adding a call to the bench: its name in BENCH_API (the table) and in the #define list
  * below (the redirection); a name in BENCH_API without its #define fails to compile
- * (the check after the list). Include llmkern.h before this file, never after.
+ * (the check after the list). Functions that older builds lack go in BENCH_API_OPT: a
+ * --lib build without one still loads (its entry NULL), and the rows that call it check
+ * bench_libs_have first. A function in neither list is the linked build's alone (with
+ * --lib every variant would time that build, at the variant's ISA). Include llmkern.h
+ * before this file, never after.
  */
 #ifndef LK_BENCH_API_H
 #define LK_BENCH_API_H
@@ -43,17 +47,30 @@
     X(lk_mla_last_trace)         \
     X(lk_mla_strategy_name)
 
+/* since 0.3 */
+#define BENCH_API_OPT(X)              \
+    X(lk_flash_attn_varlen_scaled)    \
+    X(lk_mla_decode_params_default)   \
+    X(lk_mla_decode)
+
 #define BENCH_API_MEMBER(f) __typeof__(f) *f;
 typedef struct {
     BENCH_API(BENCH_API_MEMBER)
+    BENCH_API_OPT(BENCH_API_MEMBER)
 } bench_api_table;
 #undef BENCH_API_MEMBER
 
 /* the current variant's library; at start-up the statically linked one */
 extern const bench_api_table *bench_api;
+/* the statically linked library's ISA (its functions that the bench calls directly) */
+lk_isa bench_linked_isa(void);
+void bench_linked_set_isa(lk_isa isa);
 
 /* a library's table from the shared object at `path`; 0, or -1 with a message on stderr */
 int bench_api_open(const char *path, bench_api_table *t);
+
+/* whether table t has the function `name` (a name of BENCH_API_OPT; any other: 1) */
+int bench_api_has(const bench_api_table *t, const char *name);
 
 #ifndef BENCH_API_DIRECT
 #define lk_last_error (bench_api->lk_last_error)
@@ -83,12 +100,16 @@ int bench_api_open(const char *path, bench_api_table *t);
 #define lk_mla_prefix_prefill (bench_api->lk_mla_prefix_prefill)
 #define lk_mla_last_trace (bench_api->lk_mla_last_trace)
 #define lk_mla_strategy_name (bench_api->lk_mla_strategy_name)
+#define lk_flash_attn_varlen_scaled (bench_api->lk_flash_attn_varlen_scaled)
+#define lk_mla_decode_params_default (bench_api->lk_mla_decode_params_default)
+#define lk_mla_decode (bench_api->lk_mla_decode)
 
 /* every name of BENCH_API is redirected: its expansion is longer than the name */
 #define BENCH_API_STR_(x) #x
 #define BENCH_API_STR(x) BENCH_API_STR_(x)
 #define BENCH_API_CHECK(f) _Static_assert(sizeof BENCH_API_STR(f) > sizeof #f, #f " has no #define in bench_api.h");
 BENCH_API(BENCH_API_CHECK)
+BENCH_API_OPT(BENCH_API_CHECK)
 #undef BENCH_API_CHECK
 #endif
 

@@ -10,7 +10,8 @@
  * against the read bandwidth probe. Error: max |out - ref| / (1 + |ref|) of the
  * dequantized codes against the reference kernel (0: bit-identical).
  * These functions are called directly, not through bench_api.h's table: a --lib build
- * without them still loads, and every variant's row times this build's kernels.
+ * without them still loads, and every variant's row times this build's kernels at the
+ * variant's ISA (bench_use_variant sets it on the linked build too).
  */
 #include <stdio.h>
 #include <string.h>
@@ -72,11 +73,11 @@ static void one_case(int op) {
     void *res0 = bench_alloc(LK_BF16, n, -1, 1);
     q_ctx r = c;
     r.out = lk_tensor_make(ref, LK_F8E4M3, nd, sh);
-    lk_isa isa = (lk_isa_current)();
+    lk_isa isa = bench_linked_isa(); /* the linked build, which these rows call */
     if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
-    (lk_set_isa)(LK_ISA_REF);
+    bench_linked_set_isa(LK_ISA_REF);
     run_q(&r);
-    (lk_set_isa)(isa);
+    bench_linked_set_isa(isa);
     if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
     run_q(&c);
     double err = bench_max_err(out, ref, LK_F8E4M3, n);
@@ -122,10 +123,10 @@ static void int8_case(int dynamic, int asym) {
     double ms = bench_time(run_i8, &c);
     i8_ctx r = c;
     r.out = lk_tensor_make(ref, LK_I8, 2, s2);
-    lk_isa isa = (lk_isa_current)();
-    (lk_set_isa)(LK_ISA_REF);
+    lk_isa isa = bench_linked_isa(); /* the linked build, which these rows call */
+    bench_linked_set_isa(LK_ISA_REF);
     run_i8(&r);
-    (lk_set_isa)(isa);
+    bench_linked_set_isa(isa);
     run_i8(&c);
     double err = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -69,7 +69,17 @@ int bench_use_variant(int i) {
     const bench_variant *v = &BENCH.var[more ? i : 0];
     bench_api = BENCH.lib[v->lib].api;
     lk_set_isa(BENCH.isa[v->isa]);
+    bench_linked_set_isa(BENCH.isa[v->isa]); /* the linked build too: the calls made to it directly */
     return more;
+}
+
+int bench_libs_have(const char *name, const char *rows) {
+    for (int k = 0; k < BENCH.nlib; k++)
+        if (!bench_api_has(BENCH.lib[k].api, name)) {
+            printf("  (%s skipped: --lib %s has no %s)\n", rows, BENCH.lib[k].path, name);
+            return 0;
+        }
+    return 1;
 }
 
 int bench_base_variant(int i) { return BENCH.nlib > 1 ? i - BENCH.var[i].lib : 0; }
@@ -484,8 +494,8 @@ void bench_measure_machine(void) {
            BENCH.threads, isas, BENCH.copy_gbs, BENCH.read_gbs, peaks, bf16);
     if (bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16)
         printf("bf16-input FLOPS rows on avx512bf16 are set against the bf16 dot peak%s\n",
-               lk_cpu_prefer_fma() ? " (flash_attn's rows excepted: on this CPU, whose dot products run at about "
-                                     "half the f32 FMA rate, its kernels take FMAs, lk_cpu_prefer_fma)"
+               lk_cpu_prefer_fma() ? " (flash_attn's and mla_decode's rows excepted: on this CPU, whose dot products "
+                                     "run at about half the f32 FMA rate, their kernels take FMAs, lk_cpu_prefer_fma)"
                                    : "");
     if (BENCH.copy_gbs > 0)
         printf("bandwidth rows: ceiling = copy bandwidth probed between the row's repetitions "

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "core/core.h" /* lk_cpu_prefer_fma */
 
 #define DL 512
 #define DR 64
@@ -75,7 +76,13 @@ static double check_head0(dec_ctx *c, int64_t s_q, int64_t H) {
 /* kdt: the cache's dtype (bf16, or fp8 e4m3 with k_scale: then the composition is not
  * run, flash_attn_varlen having no fp8 path here) */
 /* the FLOPS peak of variant i's rows: the tile peak on the amx ISA, else bench_peak's */
-static double dec_peak(bench_kind kind, int i) { return bench_tile_peak(i) > 0 ? bench_tile_peak(i) : bench_peak(kind, i); }
+/* variant i's flops ceiling: the tile peak on amx; the f32 FMA peak on avx512bf16 where
+ * lk_cpu_prefer_fma (its kernel takes FMAs there) */
+static double dec_peak(bench_kind kind, int i) {
+    if (bench_tile_peak(i) > 0) return bench_tile_peak(i);
+    if (BENCH.isa[BENCH.var[i].isa] == LK_ISA_AVX512BF16 && lk_cpu_prefer_fma()) kind = BENCH_FLOPS;
+    return bench_peak(kind, i);
+}
 
 static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt) {
     int fp8 = kdt == LK_F8E4M3 || kdt == LK_F8E5M2;
@@ -169,6 +176,7 @@ void bench_mla_decode(void) {
            bench_flops_kind(LK_BF16) == BENCH_FLOPS_BF16 ? "amx bf16 tile (amx), bf16 dot (avx512bf16) or f32 FMA" : "f32 FMA",
            BENCH.read_gbs);
     bench_section_name("mla_decode");
+    if (!bench_libs_have("lk_mla_decode", "mla_decode rows")) return;
     static const int64_t Bs[3] = {1, 8, 64}, Ks[2] = {4096, 32768}, Hs[2] = {16, 128};
     for (int bi = 0; bi < 3; bi++)
         for (int ki = 0; ki < 2; ki++) {
