@@ -49,8 +49,8 @@
  * V dtype (decode_row_g4f: K / V converted once per group, fp8 through f16 words with
  * e4m3 read as value / 256, P kept in f32; AVX-512 with 4 heads: two keys per pass in the
  * scores and 64 dims per pass in P.V, 16 FMA chains); with one head per KV head only for fp8.
- * The AMX build runs fp8 K / V with a bf16 out on tile products instead, any group of up
- * to 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
+ * The AMX build runs fp8 K / V with a bf16 out on tile products instead, groups of 3 to
+ * 16 heads (decode_row_amx, below decode_row_g4). Elsewhere, while a block is scored the next
  * block's K and V rows are prefetched into L2. The prefetch runs past the chunk's end
  * (pf_hi: the row's last key), and units go to threads in runs of consecutive chunks
  * (lk_parallel_runs), so a chunk's first block is mostly prefetched too. Each unit
@@ -749,7 +749,7 @@ typedef struct {
     int g4f;                   /* DECODE_G4F: head dims multiples of 2W, no softcap or ALiBi, and
                                   2+ query heads per KV head or fp8 K / V: decode_row_g4f */
     int amx;                   /* AMX build: decode_row_amx (bf16 / fp8 q, fp8 K and V, bf16
-                                  out, up to 16 query heads per KV head, dims multiples of 64) */
+                                  out, 3 to 16 query heads per KV head, dims multiples of 64) */
     int64_t sbuf_floats;       /* per thread, in sbuf */
 } decode_ctx;
 
@@ -1262,7 +1262,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
 }
 
 #if defined(LKV_AMX)
-/* ---- the AMX build's decode block loop (decode_row_amx): any GQA group of up to 16
+/* ---- the AMX build's decode block loop (decode_row_amx): GQA groups of 3 to 16
  * query heads per KV head, fp8 K and V, head dims multiples of 64, bf16 out, no
  * softcap or ALiBi. decode_row_g4's steps with both products on tiles (palette 1;
  * TDPBF16PS C[M][N] f32 += over the pairs k of A[i][k] . B[k][j], up to 16 rows of 64
@@ -2120,8 +2120,13 @@ static lk_status run_decode(const lk_attn_args *a) {
     c.sbuf_floats = SBUF_FLOATS(a->Hq);
 #if defined(LKV_AMX)
     /* fp8 K and V only: with bf16 ones the register paths measured faster (GQA 32/8 x 128,
-     * B=8 x 4096: 5.0 against 5.3 ms; MHA 32 heads: 24.2 against 32.3 ms) */
-    c.amx = c.qk16 && lk_is_fp8(a->kc.dtype) && lk_is_fp8(a->vc.dtype) && a->out.dtype == LK_BF16 && a->Hq / a->Hk <= 16 &&
+     * B=8 x 4096: 5.0 against 5.3 ms; MHA 32 heads: 24.2 against 32.3 ms); 3 or more
+     * query heads per KV head: a tile product costs the same for any, and with 1 or 2
+     * the f32 loop was faster (Emerald Rapids, e4m3, 32 heads, B=8 x 2048, 2 threads, same
+     * process: 1 per KV head 1.07-1.66x, 2 per KV head 0.95-1.40x; 3 per KV head the
+     * tiles 1.2-1.6x faster) */
+    c.amx = c.qk16 && lk_is_fp8(a->kc.dtype) && lk_is_fp8(a->vc.dtype) && a->out.dtype == LK_BF16 &&
+            a->Hq / a->Hk >= 3 && a->Hq / a->Hk <= 16 &&
             a->Dqk % 64 == 0 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
     if (c.amx) c.sbuf_floats = AMX_FLOATS(a->Hq, a->Hk, a->Dqk, a->Dv);
 #endif
