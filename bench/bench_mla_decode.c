@@ -75,7 +75,6 @@ static double check_head0(dec_ctx *c, int64_t s_q, int64_t H) {
 
 /* kdt: the cache's dtype (bf16, or fp8 e4m3 with k_scale: then the composition is not
  * run, flash_attn_varlen having no fp8 path here) */
-/* the FLOPS peak of variant i's rows: the tile peak on the amx ISA, else bench_peak's */
 /* variant i's flops ceiling: the tile peak on amx; the f32 FMA peak on avx512bf16 where
  * lk_cpu_prefer_fma (its kernel takes FMAs there) */
 static double dec_peak(bench_kind kind, int i) {

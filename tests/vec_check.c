@@ -469,9 +469,7 @@ static void f8_f16c(void) {
  * columns, C: r x 64 bytes) stored over a sentinel, and tile 1 stored back alone */
 static void amx_config(int r, int cb) {
     lkv_amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 3; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    lkv_amx_cfg_init(&cfg);
     cfg.rows[0] = cfg.rows[1] = (uint8_t)r, cfg.colsb[1] = (uint16_t)cb, cfg.rows[2] = (uint8_t)(cb / 4);
     lkv_amx_load_config(&cfg);
 }

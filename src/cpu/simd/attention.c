@@ -1297,9 +1297,7 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
  * 16 x 64 bytes ~5 ns here) */
 static void amx_config(int64_t G) {
     lkv_amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    lkv_amx_cfg_init(&cfg);
     cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = (uint16_t)(4 * G);
     cfg.rows[5] = cfg.rows[6] = cfg.rows[7] = (uint8_t)G;
     lkv_amx_load_config(&cfg);

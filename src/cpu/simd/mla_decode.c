@@ -655,9 +655,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
 
 static void amx_config(void) {
     lkv_amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    lkv_amx_cfg_init(&cfg);
     lkv_amx_load_config(&cfg);
 }
 

@@ -517,6 +517,13 @@ typedef struct {
  * its memory operand as 8 bytes, so once inlined the stores to colsb / rows could be
  * dropped as dead and a stale configuration loaded (#GP, or #UD at the first tile op) */
 static inline void lkv_amx_load_config(const lkv_amx_cfg *cfg) { __asm__ volatile("ldtilecfg %0" ::"m"(*cfg)); }
+
+/* palette 1, tiles 0-7 of 16 rows x 64 bytes (the caller narrows some, then loads it) */
+static inline void lkv_amx_cfg_init(lkv_amx_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->palette = 1;
+    for (int t = 0; t < 8; t++) cfg->colsb[t] = 64, cfg->rows[t] = 16;
+}
 #endif
 
 static inline void lkv_store_f16(void *p, lkv_f32 v) { lkv__store_half(p, lkv__half(v, LK_F16)); }
