@@ -728,6 +728,17 @@ static void test_fp8(void) {
         snprintf(names[n], sizeof names[n], "%s Dl 20 Dr 13 ND [nb, bs, 1, E]", fn);
         c.name = names[n++];
         check_case(&c);
+        /* Dl a multiple of 64 with a rope part that is not (the amx row widens whole
+         * groups of 64 dims out of order, the rest in order) */
+        c = base_case(), c.ct = c.rt = f8[f], c.ks = 0.25f, c.Dl = 128, c.Dr = 72, c.H = 5, c.bs = 7, c.two = 1;
+        c.s_q = 2, c.causal = 1;
+        snprintf(names[n], sizeof names[n], "%s Dl 128 Dr 72 two buffers page 7", fn);
+        c.name = names[n++];
+        check_case(&c);
+        c = base_case(), c.ct = f8[f], c.ks = 0.125f, c.Dl = 64, c.Dr = 96, c.H = 20, c.layout = LK_KV_NZ;
+        snprintf(names[n], sizeof names[n], "%s Dl 64 Dr 96 NZ one buffer, 20 heads", fn);
+        c.name = names[n++];
+        check_case(&c);
     }
     lk_isa isas[TU_MAX_ISAS];
     int nisa = tu_isas(isas);

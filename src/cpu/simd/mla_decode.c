@@ -27,8 +27,10 @@
  * any R instead (run_chunk_amx below: 256-key blocks, entries read in place as tile
  * operands for both products).
  * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
- * bf16 path: exact bf16 rows in the block copy), scores scaled by scale * kscale and the
- * output by kscale (a->kscale, 1 for other caches).
+ * bf16 path: exact bf16 rows in the block copy; on the AMX path with Dl a multiple of
+ * 64, 64 codes a time in lkv_f8_to_bf16_x2's order, q's rows and O's dims taken in the
+ * same order: x2_pos), scores scaled by scale * kscale and the output by kscale
+ * (a->kscale, 1 for other caches).
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
@@ -100,6 +102,8 @@ typedef struct {
     int rowo;                  /* small or amx: O row-major [Rp][Dlo] */
     int64_t Dlq, V2s, Dlo;     /* O's dims (Dl rounded to 2W), Vp's and O's row strides */
     int64_t E2a;               /* amx: words per row of a q panel (E rounded up to 32, halved) */
+    int64_t E64;               /* amx, fp8 cache, Dl a multiple of 64: Kb's, Qa's and O's
+                                * positions [0, E64) in x2_dim's order, else 0 (see x2_pos) */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
     int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
     float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
@@ -230,8 +234,17 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
     }
 }
 
-/* dim d's place in O's row of the AMX path: each 32 dims as their 16 even then 16 odd */
+/* position d's place in O's row of the AMX path: each 32 positions as their 16 even then
+ * 16 odd ones */
 static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 16 + ((d & 31) >> 1); }
+
+/* the dim at position i (< 64) of a group of 64 widened by lkv_f8_to_bf16_x2: positions
+ * 0-31 (its w0) hold dims 16 L + t, positions 32-63 (w1) dims 16 L + 8 + t, L the 128-bit
+ * lane and t < 8 */
+static inline int64_t x2_dim(int64_t i) { return (i & 32 ? 8 : 0) + 16 * ((i & 31) >> 3) + (i & 7); }
+
+/* the dim at position p of a Kb / Qa row (and, through perm32, of O's) */
+static inline int64_t x2_pos(const dec_ctx *c, int64_t p) { return p < c->E64 ? (p & ~(int64_t)63) + x2_dim(p & 63) : p; }
 
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
  * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value,
@@ -343,6 +356,12 @@ LK_ALWAYS_INLINE void mk2(int64_t K, const uint32_t *A, int64_t am, int64_t ak, 
  * E zero) */
 static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb, int64_t pwmax, int64_t e2) {
     const lk_mla_decode_args *a = c->a;
+    __m512i x2_idx[2]; /* the dims of positions [32 h, 32 h + 32) of a group of 64 (x2_dim) */
+    for (int h = 0; h < 2; h++) {
+        uint16_t ix[32];
+        for (int i = 0; i < 32; i++) ix[i] = (uint16_t)x2_dim(32 * h + i);
+        x2_idx[h] = _mm512_loadu_si512(ix);
+    }
     const lk_tensor *q = &a->q;
     int64_t E = c->E, R = c->R, H = a->H;
     for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
@@ -359,7 +378,11 @@ static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb, int64_t pwmax, i
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) {
                 uint16_t tmp[2 * LKV_W] = {0};
-                if (row[k] && ne == 2 * LKV_W) v[k] = lkv_as_f32(lkv_bits_loadu(row[k] + 2 * w0));
+                if (row[k] && 2 * w0 < c->E64) { /* positions in x2_pos order (whole groups: ne = 2W) */
+                    const uint16_t *g = row[k] + (2 * w0 & ~(int64_t)63);
+                    v[k] = lkv_as_f32(_mm512_permutex2var_epi16(lkv_bits_loadu(g), x2_idx[(w0 >> 4) & 1],
+                                                                 lkv_bits_loadu(g + 32)));
+                } else if (row[k] && ne == 2 * LKV_W) v[k] = lkv_as_f32(lkv_bits_loadu(row[k] + 2 * w0));
                 else {
                     if (row[k] && ne > 0) memcpy(tmp, row[k] + 2 * w0, sizeof(uint16_t) * (size_t)ne);
                     v[k] = lkv_as_f32(lkv_bits_loadu(tmp));
@@ -422,6 +445,27 @@ static inline void f8_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, lk_dty
     _mm512_mask_storeu_epi16(dst, m, lkv_f8_to_bf16(_mm256_maskz_loadu_epi8(m, p), dt));
 }
 
+/* dst[0, n) = the bf16 values of one part of an entry's fp8 codes at p (tiles of tl = 16
+ * or 32 dims cs codes apart: 32 dims contiguous), exact. x2 (n64 > 0): dims [0, n64) in
+ * groups of 64 by lkv_f8_to_bf16_x2, each stored in its order (position i of a group
+ * holds dim x2_dim(i)); the rest in order, 32 at a time. dt literal after inlining. */
+LK_ALWAYS_INLINE void f8_part_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n, int64_t n64, int64_t tl,
+                                      int64_t cs, lk_dtype dt) {
+    int sh = tl == 32 ? 5 : 4;
+    int64_t d = 0;
+    for (; d < n64; d += 64) {
+        __m512i codes = tl == cs ? _mm512_loadu_si512(p + d)
+                                 : lkv_bits_join32(lkv_c32_loadu(p + (d >> sh) * cs),
+                                                   lkv_c32_loadu(p + ((d + 32) >> sh) * cs));
+        lkv_bits w0, w1;
+        lkv_f8_to_bf16_x2(codes, dt, &w0, &w1);
+        lkv_bits_storeu(dst + d, w0);
+        lkv_bits_storeu(dst + d + 32, w1);
+    }
+    for (; d + 32 <= n; d += 32) lkv_bits_storeu(dst + d, lkv_f8_to_bf16(lkv_c32_loadu(p + (d >> sh) * cs), dt));
+    if (d < n) f8_to_bf16(dst + d, p + (d >> sh) * cs, n - d, dt);
+}
+
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
  * from the unit's start), rows [nb, nbp) zero */
 static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
@@ -430,16 +474,17 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
     const int32_t *tab = a->table + b * a->max_pages;
     const lk_paged *part[2] = {&a->lat, &a->rope};
     int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
-    for (int64_t jj = 0; jj < nb; jj++) {
-        int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
+    for (int64_t jj = 0, page = 0, slot = bs; jj < nb; jj++, slot++) {
+        if (slot == bs) page = tab[(j0 + jj) / bs], slot = (j0 + jj) % bs; /* one division a page */
         for (int k = 0; k < 2; k++) {
             if (!n[k]) continue;
             const lk_paged *pc = part[k];
             uint16_t *dst = Kb + jj * L16 + at[k];
             if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
                 const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
-                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc); /* tiles of 16 or 32: 32 dims contiguous */
-                for (int64_t d = 0; d < n[k]; d += 32) f8_to_bf16(dst + d, b8 + tile_off(d, tl, cs), n[k] - d, pc->dtype);
+                int64_t tl = chunk_tile(pc), cs = chunk_stride(pc), n64 = c->E64 ? n[k] / 64 * 64 : 0;
+                if (pc->dtype == LK_F8E4M3) f8_part_to_bf16(dst, b8, n[k], n64, tl, cs, LK_F8E4M3);
+                else f8_part_to_bf16(dst, b8, n[k], n64, tl, cs, LK_F8E5M2);
                 continue;
             }
             const uint16_t *src = (const uint16_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
@@ -647,6 +692,10 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
  *                        tiles in place (16 keys x 32 dims = 16 pairs of dims), A = Pe
  *                        gives the even dims of a 32-dim chunk, A = Po the odd ones; no
  *                        re-layout of V, two tile products per chunk instead of one
+ * fp8 caches with Dl a multiple of 64 (E64 > 0): Kb's rows hold positions, not dims, in
+ * [0, E64): each group of 64 as lkv_f8_to_bf16_x2 leaves it (2 shuffles per 32 codes
+ * instead of 3 in order); Qa's rows are gathered in the same order (load_q16), so S is
+ * unchanged, and "dims" of O above are positions, put back by finalize (x2_dim).
  * Rows whose alpha is not 1 are rescaled in O in place before the block's products; O's
  * tiles (4 per 64 dims) stay in tile registers over the block's keys. The tile
  * configuration is loaded per chunk and released at its end (the tile state is the
@@ -828,15 +877,18 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
         char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
         lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * a->kscale);
 #if defined(LKV_AMX)
-        float un[32]; /* a 32-dim chunk of the AMX path's O back in dim order */
+        /* a chunk of the AMX path's O back in dim order: 32 positions (perm32), or with
+         * E64 a group of 64 (Dl a multiple of 64: every group whole) */
+        float un[64];
+        int64_t g = c->E64 ? 64 : 32;
 #endif
         for (int64_t d0 = 0; d0 < Dl; d0 += LKV_W) {
             const float *src = O + r * c->Dlo + d0;
 #if defined(LKV_AMX)
-            if (c->amx && d0 % 32 == 0) {
-                for (int i = 0; i < 32; i++) un[i] = src[perm32(i)];
+            if (c->amx && d0 % g == 0) {
+                for (int i = 0; i < g; i++) un[g == 64 ? x2_dim(i) : i] = src[perm32(i)];
             }
-            if (c->amx) src = un + d0 % 32;
+            if (c->amx) src = un + d0 % g;
 #endif
             lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(lkv_loadu(src), inv);
             if (Dl - d0 >= LKV_W) lkv_store(dst + d0 * es, o->dtype, x);
@@ -988,6 +1040,7 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
         /* Qa, Kb, S, Pe, Po, alpha, lim; O [Rp][Dlo] (dims in perm32 order) */
         c.amx = 1, c.small = 0;
         c.E2a = 16 * ((c.E + 31) / 32);
+        c.E64 = lk_is_fp8(a->lat.dtype) && a->Dl % 64 == 0 ? c.E / 64 * 64 : 0;
         c.Dlq = rup(a->Dl, 32);
         c.Dlo = c.Dlq + 16;
         c.scratch_floats = c.Rp * c.E2a + KA * c.L16 / 2 + KA * c.Rp + 2 * c.Rp * KA + 2 * c.Rp;
