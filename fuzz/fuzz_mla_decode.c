@@ -4,7 +4,7 @@
  * heads (1..5), latent / rope dims (0 too), one or two cache buffers, ND or NZ (block
  * size, pages, block table with unused tail entries, an empty cache), fp8 caches (e4m3 /
  * e5m2, the 32-wide NZ tile, k_scale with bad values; a non-fp8 k_pe_cache beside an fp8
- * kv_c_cache), lse present or
+ * kv_c_cache; latent dim 64 in ND too, the amx row's 64-code order), lse present or
  * NULL, params (scale, causal, split_keys, layout; out-of-domain values too), index
  * tensors i32/i64 with injected bad values (validated here from the stored values:
  * lengths negative or beyond the block table, block ids of read pages outside
@@ -44,12 +44,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Dl = tl * fz_range(&in, 1, 2), Dr = tl * fz_range(&in, two ? 1 : 0, 1);
     } else {
         Dl = fz_dim(&in, 24), Dr = fz_range(&in, 0, 9);
+        if (fp8 && fz_chance(&in, 64)) Dl = 64; /* the amx row's 64-code widening (Dl a multiple of 64) */
         if (Dl == 0) fz_fail_expected(&w, "latent dim 0");
         if (two && Dr == 0) fz_fail_expected(&w, "two buffers without rope dims");
     }
     int64_t E = Dl + Dr;
     lk_dtype qt = fz_ftype(&in), ct = fz_ftype(&in), rt = fz_ftype(&in), ot = fz_ftype(&in);
-    if (fz_chance(&in, 40)) qt = ct = rt = ot = LK_BF16; /* the bf16 dot-product path */
+    if (fz_chance(&in, fp8 ? 96 : 40)) qt = ct = rt = ot = LK_BF16; /* the bf16 dot-product (and tile) path */
     if (fp8) {
         ct = rt = f8;
         if (two && fz_chance(&in, 16)) rt = LK_BF16, fz_fail_expected(&w, "fp8 kv_c_cache with a non-fp8 k_pe_cache");

@@ -29,7 +29,7 @@
  * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
  * bf16 path: exact bf16 rows in the block copy; on the AMX path with Dl a multiple of
  * 64, 64 codes a time in lkv_f8_to_bf16_x2's order, q's rows and O's dims taken in the
- * same order: x2_pos), scores scaled by scale * kscale and the output by kscale
+ * same order: x2_dim), scores scaled by scale * kscale and the output by kscale
  * (a->kscale, 1 for other caches).
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
@@ -103,7 +103,7 @@ typedef struct {
     int64_t Dlq, V2s, Dlo;     /* O's dims (Dl rounded to 2W), Vp's and O's row strides */
     int64_t E2a;               /* amx: words per row of a q panel (E rounded up to 32, halved) */
     int64_t E64;               /* amx, fp8 cache, Dl a multiple of 64: Kb's, Qa's and O's
-                                * positions [0, E64) in x2_dim's order, else 0 (see x2_pos) */
+                                * positions [0, E64) in x2_dim's order, else 0 */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
     int64_t *nsplit, *slot0;   /* [B] chunks of request b, its first state slot (-1: none) */
     float *st;                 /* [slots][slot_floats]: m [Rp], l [Rp], O [Dlp][Rp] */
@@ -238,14 +238,6 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
  * 16 odd ones */
 static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 16 + ((d & 31) >> 1); }
 
-/* the dim at position i (< 64) of a group of 64 widened by lkv_f8_to_bf16_x2: positions
- * 0-31 (its w0) hold dims 16 L + t, positions 32-63 (w1) dims 16 L + 8 + t, L the 128-bit
- * lane and t < 8 */
-static inline int64_t x2_dim(int64_t i) { return (i & 32 ? 8 : 0) + 16 * ((i & 31) >> 3) + (i & 7); }
-
-/* the dim at position p of a Kb / Qa row (and, through perm32, of O's) */
-static inline int64_t x2_pos(const dec_ctx *c, int64_t p) { return p < c->E64 ? (p & ~(int64_t)63) + x2_dim(p & 63) : p; }
-
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
  * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value,
  * and on the AMX path for blocks with an inf or NaN score; perm: O's dims in the order of
@@ -351,6 +343,12 @@ LK_ALWAYS_INLINE void mk2(int64_t K, const uint32_t *A, int64_t am, int64_t ak, 
     }
 }
 
+/* the dim at position i (< 64) of a group of 64 widened by lkv_f8_to_bf16_x2: positions
+ * 0-31 (its w0) hold dims 16 L + t, positions 32-63 (w1) dims 16 L + 8 + t, L the 128-bit
+ * lane and t < 8. With E64 (the AMX path's fp8 caches) every whole group of a Kb / Qa row
+ * below E64 is in this order, and through perm32 so are O's rows. */
+static inline int64_t x2_dim(int64_t i) { return (i & 32 ? 8 : 0) + 16 * ((i & 31) >> 3) + (i & 7); }
+
 /* Qb panels: words of q[b]'s bf16 pairs, transposed (W x W transposes of 32-bit words):
  * panels of pwmax rows (the last one narrower), e2 words per row of a panel (pairs past
  * E zero) */
@@ -378,7 +376,7 @@ static void load_q16(const dec_ctx *c, int64_t b, uint32_t *Qb, int64_t pwmax, i
             lkv_f32 v[LKV_W];
             for (int k = 0; k < LKV_W; k++) {
                 uint16_t tmp[2 * LKV_W] = {0};
-                if (row[k] && 2 * w0 < c->E64) { /* positions in x2_pos order (whole groups: ne = 2W) */
+                if (row[k] && 2 * w0 < c->E64) { /* positions in x2_dim's order (whole groups: ne = 2W) */
                     const uint16_t *g = row[k] + (2 * w0 & ~(int64_t)63);
                     v[k] = lkv_as_f32(_mm512_permutex2var_epi16(lkv_bits_loadu(g), x2_idx[(w0 >> 4) & 1],
                                                                  lkv_bits_loadu(g + 32)));
