@@ -26,8 +26,9 @@
  * The AMX build (the amx row, LKV_AMX) runs the bf16 path's inputs on tile products for
  * any R instead (run_chunk_amx below: 256-key blocks, entries read in place as tile
  * operands for both products).
- * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path: lkv_load;
- * bf16 path: exact bf16 rows in the block copy; on the AMX path with Dl a multiple of
+ * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path on x86:
+ * lkv_load2_f8_raw, e4m3 as value / 256 with the 256 in kmul, a row with the NaN code
+ * again by lkv_load; NEON: lkv_load; bf16 path: exact bf16 rows in the block copy; on the AMX path with Dl a multiple of
  * 64, 64 codes a time in lkv_f8_to_bf16_x2's order, q's rows and O's dims taken in the
  * same order: x2_dim), scores scaled by scale * kscale and the output by kscale
  * (a->kscale, 1 for other caches).
@@ -53,6 +54,9 @@
 #include "../vec/lkv.h"
 
 #define MR LKV_MR        /* micro-kernel rows (keys or dims) */
+#if defined(LKV_AVX2) || defined(LKV_AVX512)
+#define F8_RAW 1         /* the f32 path widens fp8 by lkv_load2_f8_raw: e4m3 as value / 256 */
+#endif
 #define PW (2 * LKV_W)   /* micro-kernel columns (query rows) */
 #define KB (8 * LKV_MR)  /* keys per block: AVX2 48, AVX-512 96 */
 
@@ -102,6 +106,8 @@ typedef struct {
     int rowo;                  /* small or amx: O row-major [Rp][Dlo] */
     int64_t Dlq, V2s, Dlo;     /* O's dims (Dl rounded to 2W), Vp's and O's row strides */
     int64_t E2a;               /* amx: words per row of a q panel (E rounded up to 32, halved) */
+    float kmul;                /* the cache's scale as the path's scores and O see it: kscale,
+                                * times 256 where the f32 path reads e4m3 as value / 256 */
     int64_t E64;               /* amx, fp8 cache, Dl a multiple of 64: Kb's, Qa's and O's
                                 * positions [0, E64) in x2_dim's order, else 0 */
     int64_t *unit_b, *unit_k;  /* [n_units] request, chunk index */
@@ -117,7 +123,7 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
     const lk_mla_decode_args *a = c->a;
     const lk_tensor *q = &a->q;
     int64_t E = c->E, R = c->R, H = a->H, es = lk_esize(q->dtype);
-    lkv_f32 sc = lkv_set1(a->scale * a->kscale);
+    lkv_f32 sc = lkv_set1(a->scale * c->kmul);
     for (int64_t r0 = 0; r0 < c->Rp; r0 += LKV_W) {
         int64_t p = r0 / PW, pw = min64(PW, c->Rp - p * PW), col = r0 - p * PW;
         float *panel = Qt + p * PW * E;
@@ -161,6 +167,33 @@ LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t tl, int64
 static inline int64_t chunk_stride(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->s1 : 16; }
 static inline int64_t chunk_tile(const lk_paged *c) { return c->layout == LK_KV_NZ ? c->tile : 16; }
 
+#if defined(F8_RAW)
+/* load_part_row for fp8 codes: 2W a load through f16 words (lkv_load2_f8_raw; 2W codes lie
+ * in one tile), the rest W at a time by lkv_load; e4m3 as value / 256 throughout (c->kmul
+ * has the 256), and where its NaN code was read (byte maxima) the row again by lkv_load */
+LK_ALWAYS_INLINE void load_part_row_f8(float *dst, const char *p, int64_t tl, int64_t cs, int64_t n, int64_t room,
+                                       lk_dtype dt) {
+    const int e4 = dt == LK_F8E4M3;
+    lkv_c32 nan = lkv_c32_zero();
+    int64_t d = 0;
+    for (; d + 2 * LKV_W <= n; d += 2 * LKV_W) {
+        lkv_f32 a, b;
+        lkv_load2_f8_raw(p + tile_off(d, tl, cs), dt, &a, &b, e4 ? &nan : NULL);
+        lkv_storeu(dst + d, a);
+        lkv_storeu(dst + d + LKV_W, b);
+    }
+    if (e4 && lkv_e4m3_nan_found(nan)) d = 0;
+    for (; d < n; d += LKV_W) {
+        int64_t m = min64(LKV_W, n - d);
+        const char *src = p + tile_off(d, tl, cs);
+        lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
+        if (e4) v = lkv_mul(v, lkv_set1(1.0f / 256));
+        if (d + LKV_W <= room) lkv_storeu(dst + d, v);
+        else lkv_store_part(dst + d, LK_F32, v, m);
+    }
+}
+#endif
+
 /* Kf rows [0, nb) = entries of keys j0 .. j0 + nb of request b as f32 (dims [E, Ep) are
  * zero from the unit's start), rows [nb, nbp) zero */
 LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, float *Kf,
@@ -170,14 +203,20 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
     int64_t lcs = chunk_stride(&a->lat), rcs = chunk_stride(&a->rope);
     int64_t nl = a->one_buffer ? c->E : a->Dl;
     const int32_t *tab = a->table + b * a->max_pages;
-    for (int64_t jj = 0; jj < nb; jj++) {
-        int64_t j = j0 + jj, page = tab[j / bs], slot = j % bs;
+    for (int64_t jj = 0, page = 0, slot = bs; jj < nb; jj++, slot++) {
+        if (slot == bs) page = tab[(j0 + jj) / bs], slot = (j0 + jj) % bs; /* one division a page */
         float *dst = Kf + jj * Ep;
-        load_part_row(dst, (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les,
-                      chunk_tile(&a->lat), lcs, nl, Ep, lt);
-        if (!a->one_buffer)
-            load_part_row(dst + a->Dl, (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res,
-                          chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
+        const char *lp = (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les;
+        const char *rp = a->one_buffer ? NULL : (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res;
+#if defined(F8_RAW)
+        if (lk_is_fp8(lt)) { /* rt == lt */
+            load_part_row_f8(dst, lp, chunk_tile(&a->lat), lcs, nl, Ep, lt);
+            if (rp) load_part_row_f8(dst + a->Dl, rp, chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
+            continue;
+        }
+#endif
+        load_part_row(dst, lp, chunk_tile(&a->lat), lcs, nl, Ep, lt);
+        if (rp) load_part_row(dst + a->Dl, rp, chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kf + jj * Ep, 0, sizeof(float) * (size_t)Ep);
 }
@@ -621,7 +660,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
                         mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
             }
         }
-        softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
+        softmax_block(S, Rp, nbp, lim, a->scale * c->kmul, m, l, alpha);
         if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
             if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq, 0);
@@ -834,7 +873,7 @@ LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int
          * the visible keys instead: in the tile products P's zero half would meet the
          * neighbouring dim's inf. Overflowing scores take it too (exact, slower). */
         int nonfinite = scores_nonfinite(S, nb, Rp);
-        softmax_block(S, Rp, nbp, lim, a->scale * a->kscale, m, l, alpha);
+        softmax_block(S, Rp, nbp, lim, a->scale * c->kmul, m, l, alpha);
         if (nonfinite) {
             if (in_place) load_block16(c, b, j0, nb, nbp, Kb);
             pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlq, first, alpha, O, 1, Dlo, 1);
@@ -873,7 +912,7 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
     int64_t R = c->R, Rp = c->Rp, H = a->H, Dl = a->Dl, es = lk_esize(o->dtype);
     for (int64_t r = 0; c->rowo && r < R; r++) { /* O row-major [Rp][Dlo] */
         char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2]) * es;
-        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * a->kscale);
+        lkv_f32 inv = lkv_set1(l[r] == 0.0f ? 0.0f : lk_softmax_inv(l[r]) * c->kmul);
 #if defined(LKV_AMX)
         /* a chunk of the AMX path's O back in dim order: 32 positions (perm32), or with
          * E64 a group of 64 (Dl a multiple of 64: every group whole) */
@@ -902,7 +941,7 @@ static void finalize(const dec_ctx *c, int64_t b, const float *m, const float *l
             for (int64_t i = 0; i < LKV_W && r0 + i < R; i++) {
                 int64_t r = r0 + i;
                 char *dst = (char *)o->data + (b * o->stride[0] + (r / H) * o->stride[1] + (r % H) * o->stride[2] + d0) * es;
-                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r]) * a->kscale));
+                lkv_f32 x = l[r] == 0.0f ? lkv_zero() : lkv_mul(v[i], lkv_set1(lk_softmax_inv(l[r]) * c->kmul));
                 if (n == LKV_W) lkv_store(dst, o->dtype, x);
                 else lkv_store_part(dst, o->dtype, x, n);
             }
@@ -1048,6 +1087,10 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
     }
 #endif
     c.scratch_floats += 2 * c.Rp + c.slot_floats;
+    c.kmul = a->kscale;
+#if defined(F8_RAW)
+    if (!c.bf16 && a->lat.dtype == LK_F8E4M3) c.kmul *= 256.0f; /* run_chunk's Kf: e4m3 / 256 */
+#endif
     /* the buffers 64-byte aligned: every part above is a multiple of W floats (Rp, Ep,
      * L16 / 2, V2, V2s, E2a are), so on AVX-512 every buffer starts on a cache line (tile
      * rows and vectors that do not straddle lines) */
