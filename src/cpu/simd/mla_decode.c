@@ -28,10 +28,10 @@
  * operands for both products).
  * fp8 caches (e4m3 / e5m2, NZ tile 32): codes loaded as they are (f32 path on x86:
  * lkv_load2_f8_raw, e4m3 as value / 256 with the 256 in kmul, a row with the NaN code
- * again by lkv_load; NEON: lkv_load; bf16 path: exact bf16 rows in the block copy; on the AMX path with Dl a multiple of
- * 64, 64 codes a time in lkv_f8_to_bf16_x2's order, q's rows and O's dims taken in the
- * same order: x2_dim), scores scaled by scale * kscale and the output by kscale
- * (a->kscale, 1 for other caches).
+ * again by lkv_load; NEON: lkv_load; bf16 path: exact bf16 rows in the block copy; on
+ * the AMX path with Dl a multiple of 64, 64 codes at a time in lkv_f8_to_bf16_x2's
+ * order, q's rows and O's dims taken in the same order: x2_dim), scores scaled by
+ * scale * kscale and the output by kscale (a->kscale, 1 for other caches).
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
