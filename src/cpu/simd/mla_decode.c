@@ -149,16 +149,17 @@ static void load_q(const dec_ctx *c, int64_t b, float *Qt) {
  * = 16, contiguous; NZ: the tile 16 or 32 and s1) */
 static inline int64_t tile_off(int64_t d, int64_t tl, int64_t cs) { return (d / tl) * cs + d % tl; }
 
-/* n dims of one cache part (tiles of tl dims cs elements apart) from p into the f32 row
- * dst (fp8: the codes' values, the scale applied to scores and out); full W stores where
- * they stay inside the row's Ep, else the tail is stored part-wise */
-LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t tl, int64_t cs, int64_t n, int64_t room,
-                                    lk_dtype dt) {
+/* dims [d0, n) of one cache part (tiles of tl dims cs elements apart) from p into the f32
+ * row dst, times mul (fp8: the codes' values, the scale applied to scores and out); full
+ * W stores where they stay inside the row's Ep, else the tail is stored part-wise */
+LK_ALWAYS_INLINE void load_part_row(float *dst, const char *p, int64_t tl, int64_t cs, int64_t d0, int64_t n,
+                                    int64_t room, lk_dtype dt, float mul) {
     int64_t es = lk_esize(dt);
-    for (int64_t d = 0; d < n; d += LKV_W) {
+    for (int64_t d = d0; d < n; d += LKV_W) {
         int64_t m = min64(LKV_W, n - d);
         const char *src = p + tile_off(d, tl, cs) * es;
         lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
+        if (mul != 1.0f) v = lkv_mul(v, lkv_set1(mul));
         if (d + LKV_W <= room) lkv_storeu(dst + d, v);
         else lkv_store_part(dst + d, LK_F32, v, m);
     }
@@ -183,14 +184,7 @@ LK_ALWAYS_INLINE void load_part_row_f8(float *dst, const char *p, int64_t tl, in
         lkv_storeu(dst + d + LKV_W, b);
     }
     if (e4 && lkv_e4m3_nan_found(nan)) d = 0;
-    for (; d < n; d += LKV_W) {
-        int64_t m = min64(LKV_W, n - d);
-        const char *src = p + tile_off(d, tl, cs);
-        lkv_f32 v = m == LKV_W ? lkv_load(src, dt) : lkv_load_part(src, dt, m);
-        if (e4) v = lkv_mul(v, lkv_set1(1.0f / 256));
-        if (d + LKV_W <= room) lkv_storeu(dst + d, v);
-        else lkv_store_part(dst + d, LK_F32, v, m);
-    }
+    load_part_row(dst, p, tl, cs, d, n, room, dt, e4 ? 1.0f / 256 : 1.0f);
 }
 #endif
 
@@ -215,8 +209,8 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
             continue;
         }
 #endif
-        load_part_row(dst, lp, chunk_tile(&a->lat), lcs, nl, Ep, lt);
-        if (rp) load_part_row(dst + a->Dl, rp, chunk_tile(&a->rope), rcs, a->Dr, Ep - a->Dl, rt);
+        load_part_row(dst, lp, chunk_tile(&a->lat), lcs, 0, nl, Ep, lt, 1.0f);
+        if (rp) load_part_row(dst + a->Dl, rp, chunk_tile(&a->rope), rcs, 0, a->Dr, Ep - a->Dl, rt, 1.0f);
     }
     for (int64_t jj = nb; jj < nbp; jj++) memset(Kf + jj * Ep, 0, sizeof(float) * (size_t)Ep);
 }
