@@ -16,7 +16,6 @@ static const bench_api_table static_table = {BENCH_API(BENCH_API_STATIC) BENCH_A
 
 const bench_api_table *bench_api = &static_table;
 
-lk_isa bench_linked_isa(void) { return lk_isa_current(); }
 void bench_linked_set_isa(lk_isa isa) { (void)lk_set_isa(isa); }
 
 int bench_api_open(const char *path, bench_api_table *t) {

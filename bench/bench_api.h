@@ -48,10 +48,19 @@
     X(lk_mla_strategy_name)
 
 /* since 0.3 */
-#define BENCH_API_OPT(X)              \
-    X(lk_flash_attn_varlen_scaled)    \
-    X(lk_mla_decode_params_default)   \
-    X(lk_mla_decode)
+#define BENCH_API_OPT(X)                       \
+    X(lk_flash_attn_varlen_scaled)             \
+    X(lk_mla_decode_params_default)            \
+    X(lk_mla_decode)                           \
+    X(lk_static_scaled_fp8_quant)              \
+    X(lk_dynamic_scaled_fp8_quant)             \
+    X(lk_dynamic_per_token_scaled_fp8_quant)   \
+    X(lk_rms_norm_static_fp8_quant)            \
+    X(lk_fused_add_rms_norm_static_fp8_quant)  \
+    X(lk_rms_norm_dynamic_per_token_quant)     \
+    X(lk_merge_attn_states_scaled)             \
+    X(lk_static_scaled_int8_quant)             \
+    X(lk_dynamic_scaled_int8_quant)
 
 #define BENCH_API_MEMBER(f) __typeof__(f) *f;
 typedef struct {
@@ -62,8 +71,7 @@ typedef struct {
 
 /* the current variant's library; at start-up the statically linked one */
 extern const bench_api_table *bench_api;
-/* the statically linked library's ISA (its functions that the bench calls directly) */
-lk_isa bench_linked_isa(void);
+/* sets the statically linked library's ISA (for its functions that the bench calls directly) */
 void bench_linked_set_isa(lk_isa isa);
 
 /* a library's table from the shared object at `path`; 0, or -1 with a message on stderr */
@@ -103,6 +111,15 @@ int bench_api_has(const bench_api_table *t, const char *name);
 #define lk_flash_attn_varlen_scaled (bench_api->lk_flash_attn_varlen_scaled)
 #define lk_mla_decode_params_default (bench_api->lk_mla_decode_params_default)
 #define lk_mla_decode (bench_api->lk_mla_decode)
+#define lk_static_scaled_fp8_quant (bench_api->lk_static_scaled_fp8_quant)
+#define lk_dynamic_scaled_fp8_quant (bench_api->lk_dynamic_scaled_fp8_quant)
+#define lk_dynamic_per_token_scaled_fp8_quant (bench_api->lk_dynamic_per_token_scaled_fp8_quant)
+#define lk_rms_norm_static_fp8_quant (bench_api->lk_rms_norm_static_fp8_quant)
+#define lk_fused_add_rms_norm_static_fp8_quant (bench_api->lk_fused_add_rms_norm_static_fp8_quant)
+#define lk_rms_norm_dynamic_per_token_quant (bench_api->lk_rms_norm_dynamic_per_token_quant)
+#define lk_merge_attn_states_scaled (bench_api->lk_merge_attn_states_scaled)
+#define lk_static_scaled_int8_quant (bench_api->lk_static_scaled_int8_quant)
+#define lk_dynamic_scaled_int8_quant (bench_api->lk_dynamic_scaled_int8_quant)
 
 /* every name of BENCH_API is redirected: its expansion is longer than the name */
 #define BENCH_API_STR_(x) #x

@@ -9,9 +9,8 @@
  * written: a per-tensor dynamic scale reads the input twice but counts it once), set
  * against the read bandwidth probe. Error: max |out - ref| / (1 + |ref|) of the
  * dequantized codes against the reference kernel (0: bit-identical).
- * These functions are called directly, not through bench_api.h's table: a --lib build
- * without them still loads, and every variant's row times this build's kernels at the
- * variant's ISA (bench_use_variant sets it on the linked build too).
+ * With --lib every build's kernels are timed (bench_api.h's optional functions: the rows
+ * are skipped when a build lacks them), errors against the first build's reference.
  */
 #include <stdio.h>
 #include <string.h>
@@ -32,17 +31,17 @@ typedef struct {
 static void run_q(void *p) {
     q_ctx *c = p;
     switch (c->op) {
-    case Q_STATIC: (void)(lk_static_scaled_fp8_quant)(&c->out, &c->x, &c->scale); break;
-    case Q_TENSOR: (void)(lk_dynamic_scaled_fp8_quant)(&c->out, &c->x, &c->scale); break;
-    case Q_TOKEN: (void)(lk_dynamic_per_token_scaled_fp8_quant)(&c->out, &c->x, &c->scales, NULL); break;
-    case N_STATIC: (void)(lk_rms_norm_static_fp8_quant)(&c->out, &c->x, &c->w, &c->scale, 1e-6f); break;
+    case Q_STATIC: (void)lk_static_scaled_fp8_quant(&c->out, &c->x, &c->scale); break;
+    case Q_TENSOR: (void)lk_dynamic_scaled_fp8_quant(&c->out, &c->x, &c->scale); break;
+    case Q_TOKEN: (void)lk_dynamic_per_token_scaled_fp8_quant(&c->out, &c->x, &c->scales, NULL); break;
+    case N_STATIC: (void)lk_rms_norm_static_fp8_quant(&c->out, &c->x, &c->w, &c->scale, 1e-6f); break;
     /* in place on the residual: repeated calls add x each time (values stay bounded for
      * the few hundred calls of a row: |residual| grows linearly) */
     case N_FUSED:
-        (void)(lk_fused_add_rms_norm_static_fp8_quant)(&c->out, &c->x, &c->res, &c->w, &c->scale, 1e-6f);
+        (void)lk_fused_add_rms_norm_static_fp8_quant(&c->out, &c->x, &c->res, &c->w, &c->scale, 1e-6f);
         break;
-    case N_TOKEN: (void)(lk_rms_norm_dynamic_per_token_quant)(&c->out, &c->x, &c->w, &c->scales, 1e-6f, NULL, NULL); break;
-    default: (void)(lk_merge_attn_states_scaled)(&c->out, NULL, &c->x, &c->la, &c->b, &c->lb, &c->scale); break;
+    case N_TOKEN: (void)lk_rms_norm_dynamic_per_token_quant(&c->out, &c->x, &c->w, &c->scales, 1e-6f, NULL, NULL); break;
+    default: (void)lk_merge_attn_states_scaled(&c->out, NULL, &c->x, &c->la, &c->b, &c->lb, &c->scale); break;
     }
 }
 
@@ -68,19 +67,23 @@ static void one_case(int op) {
     c.scale = lk_tensor_make(op == Q_TENSOR ? sc : &scale, LK_F32, 1, (int64_t[]){1});
     c.scales = lk_tensor_make(sc, LK_F32, 1, &T);
     double ms = bench_time(run_q, &c);
-    /* error against the reference kernel on the same inputs (the fused op from a fresh
-     * residual each time: the timing loop changed it) */
+    /* error of every variant against the first build's reference kernel on the same
+     * inputs (the fused op from a fresh residual each time: the timing loop changed it) */
     void *res0 = bench_alloc(LK_BF16, n, -1, 1);
     q_ctx r = c;
     r.out = lk_tensor_make(ref, LK_F8E4M3, nd, sh);
-    lk_isa isa = bench_linked_isa(); /* the linked build, which these rows call */
+    lk_isa isa = lk_isa_current();
     if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
-    bench_linked_set_isa(LK_ISA_REF);
+    lk_set_isa(LK_ISA_REF);
     run_q(&r);
-    bench_linked_set_isa(isa);
-    if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
-    run_q(&c);
-    double err = bench_max_err(out, ref, LK_F8E4M3, n);
+    lk_set_isa(isa);
+    double err = 0;
+    for (int i = 0; bench_use_variant(i); i++) {
+        if (op == N_FUSED) memcpy(res, res0, (size_t)n * 2);
+        run_q(&c);
+        double e = bench_max_err(out, ref, LK_F8E4M3, n);
+        if (e > err) err = e;
+    }
     double bytes = (double)n * (2 + 1);
     if (op == N_FUSED) bytes += (double)n * 2 * 2;
     if (op == M_FP8) bytes += (double)n * 2 + (double)T * H * 2 * 4;
@@ -101,8 +104,8 @@ typedef struct {
 
 static void run_i8(void *p) {
     i8_ctx *c = p;
-    if (c->dynamic) (void)(lk_dynamic_scaled_int8_quant)(&c->out, &c->x, &c->scales, c->asym ? &c->azps : NULL);
-    else (void)(lk_static_scaled_int8_quant)(&c->out, &c->x, &c->scale, c->asym ? &c->azp : NULL);
+    if (c->dynamic) (void)lk_dynamic_scaled_int8_quant(&c->out, &c->x, &c->scales, c->asym ? &c->azps : NULL);
+    else (void)lk_static_scaled_int8_quant(&c->out, &c->x, &c->scale, c->asym ? &c->azp : NULL);
 }
 
 static void int8_case(int dynamic, int asym) {
@@ -123,15 +126,17 @@ static void int8_case(int dynamic, int asym) {
     double ms = bench_time(run_i8, &c);
     i8_ctx r = c;
     r.out = lk_tensor_make(ref, LK_I8, 2, s2);
-    lk_isa isa = bench_linked_isa(); /* the linked build, which these rows call */
-    bench_linked_set_isa(LK_ISA_REF);
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
     run_i8(&r);
-    bench_linked_set_isa(isa);
-    run_i8(&c);
+    lk_set_isa(isa);
     double err = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double a = ((const int8_t *)out)[i], b = ((const int8_t *)ref)[i], e = (a > b ? a - b : b - a) / (1.0 + (b < 0 ? -b : b));
-        if (e > err) err = e;
+    for (int v = 0; bench_use_variant(v); v++) {
+        run_i8(&c);
+        for (int64_t i = 0; i < n; i++) {
+            double a = ((const int8_t *)out)[i], b = ((const int8_t *)ref)[i], e = (a > b ? a - b : b - a) / (1.0 + (b < 0 ? -b : b));
+            if (e > err) err = e;
+        }
     }
     double bytes = (double)n * (2 + 1) + (dynamic ? (double)T * (asym ? 8 : 4) : 0);
     char shp[64];
@@ -143,6 +148,8 @@ static void int8_case(int dynamic, int asym) {
 
 void bench_fp8_act(void) {
     bench_section("fp8 activations (bandwidth-bound; ceiling = read bandwidth)");
-    for (int op = 0; op < NQ; op++) one_case(op);
-    for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
+    if (bench_libs_have("lk_static_scaled_fp8_quant", "the fp8 rows"))
+        for (int op = 0; op < NQ; op++) one_case(op);
+    if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))
+        for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
 }

@@ -5,14 +5,31 @@
  *                               layer's fp8 store, bit for bit the src/core/fp8.h converter
  *                               the reference uses (tests/vec_check.c)
  *   lkq_absmax(m, v)            lane-wise max(m, |v|), NaN lanes of v ignored
- *   lkq_row_absmax(x, dt, D)    max |x[i]| over a row of D values of dtype dt, NaN ignored
- *                               (also the int8 kernels' src/cpu/simd/int8_quant.c)
+ *   lkq_row_absmax(x, dt, D)    max |x[i]| over a row of D values of dtype dt (f32, f16,
+ *                               bf16), NaN ignored (also the int8 kernels'
+ *                               src/cpu/simd/int8_quant.c)
+ * The kernels' row loops take their dtypes as literals (LKQ_FP8_OUT below): with a dtype
+ * read at run time the vector layer's branches and the fp8 encoder's constants stay
+ * inside the loop, per vector.
  */
 #ifndef LK_SIMD_FP8_STORE_H
 #define LK_SIMD_FP8_STORE_H
 
 #include "../fp8_quant.h"
 #include "../vec/lkv.h"
+
+/* F(xd, od): xd the literal of a float dtype xt (f32, f16, bf16), od of an fp8 dtype ot */
+#define LKQ_FP8_OUT(xt, ot, F)                                       \
+    do {                                                             \
+        if ((xt) == LK_BF16) LKQ__OUT(ot, F, LK_BF16);               \
+        else if ((xt) == LK_F16) LKQ__OUT(ot, F, LK_F16);            \
+        else LKQ__OUT(ot, F, LK_F32);                                \
+    } while (0)
+#define LKQ__OUT(ot, F, xd)                                          \
+    do {                                                             \
+        if ((ot) == LK_F8E4M3) F(xd, LK_F8E4M3);                     \
+        else F(xd, LK_F8E5M2);                                       \
+    } while (0)
 
 LK_ALWAYS_INLINE void lkq_store_fp8(void *p, lk_dtype dt, lkv_f32 v, int64_t n) {
     if (n == LKV_W) lkv_store_f8(p, dt, v);
@@ -25,7 +42,7 @@ LK_ALWAYS_INLINE lkv_f32 lkq_absmax(lkv_f32 m, lkv_f32 v) {
     return lkv_max(lkv_andnot(lkv_set1(-0.0f), v), m);
 }
 
-static inline float lkq_row_absmax(const char *x, lk_dtype dt, int64_t D) {
+LK_ALWAYS_INLINE float lkq_row_absmax_dt(const char *x, lk_dtype dt, int64_t D) {
     int64_t es = lk_esize(dt), i = 0;
     lkv_f32 m0 = lkv_zero(), m1 = m0;
     for (; i + 2 * LKV_W <= D; i += 2 * LKV_W) {
@@ -35,6 +52,14 @@ static inline float lkq_row_absmax(const char *x, lk_dtype dt, int64_t D) {
     if (i + LKV_W <= D) m0 = lkq_absmax(m0, lkv_load(x + i * es, dt)), i += LKV_W;
     if (i < D) m1 = lkq_absmax(m1, lkv_load_part(x + i * es, dt, D - i)); /* zero-filled lanes */
     return lkv_hmax(lkv_max(m0, m1));
+}
+
+/* the row's dtype as a literal for the inlined loop (a dtype read per vector costs its
+ * branches and constants inside the loop) */
+static inline float lkq_row_absmax(const char *x, lk_dtype dt, int64_t D) {
+    if (dt == LK_BF16) return lkq_row_absmax_dt(x, LK_BF16, D);
+    if (dt == LK_F16) return lkq_row_absmax_dt(x, LK_F16, D);
+    return lkq_row_absmax_dt(x, LK_F32, D);
 }
 
 #endif

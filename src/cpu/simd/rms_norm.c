@@ -377,7 +377,7 @@ LK_ALWAYS_INLINE lkv_f32 quant_v(const char *x, lk_dtype xt, char *res, lk_dtype
     return lkv_load_part(p, rt, n);
 }
 
-static float quant_sumsq(const char *x, lk_dtype xt, char *res, lk_dtype rt, int64_t D) {
+LK_ALWAYS_INLINE float quant_sumsq_dt(const char *x, lk_dtype xt, char *res, lk_dtype rt, int64_t D) {
     lkv_f32 acc[SS_VECS];
     for (int k = 0; k < SS_VECS; k++) acc[k] = lkv_zero();
     int64_t i = 0;
@@ -396,7 +396,17 @@ static float quant_sumsq(const char *x, lk_dtype xt, char *res, lk_dtype rt, int
     return lk_ss_reduce(s);
 }
 
-static float quant_absmax(const char *v, lk_dtype vt, const float *g, float inv, int64_t D) {
+/* the dtypes of x and of the residual (res NULL: none) as literals (fp8_store.h) */
+#define SUMSQ_RT(xd) \
+    (!res ? quant_sumsq_dt(x, xd, NULL, xd, D) \
+     : rt == LK_BF16 ? quant_sumsq_dt(x, xd, res, LK_BF16, D) \
+     : rt == LK_F16 ? quant_sumsq_dt(x, xd, res, LK_F16, D) : quant_sumsq_dt(x, xd, res, LK_F32, D))
+static float quant_sumsq(const char *x, lk_dtype xt, char *res, lk_dtype rt, int64_t D) {
+    return xt == LK_BF16 ? SUMSQ_RT(LK_BF16) : xt == LK_F16 ? SUMSQ_RT(LK_F16) : SUMSQ_RT(LK_F32);
+}
+#undef SUMSQ_RT
+
+LK_ALWAYS_INLINE float quant_absmax_dt(const char *v, lk_dtype vt, const float *g, float inv, int64_t D) {
     int64_t es = lk_esize(vt), i = 0;
     lkv_f32 vinv = lkv_set1(inv), m = lkv_zero();
     for (; i + LKV_W <= D; i += LKV_W)
@@ -405,6 +415,12 @@ static float quant_absmax(const char *v, lk_dtype vt, const float *g, float inv,
         m = lkq_absmax(m, lkv_mul(lkv_mul(lkv_load_part(v + i * es, vt, D - i), vinv),
                                   lkv_load_part(g + i, LK_F32, D - i)));
     return lkv_hmax(m);
+}
+
+static float quant_absmax(const char *v, lk_dtype vt, const float *g, float inv, int64_t D) {
+    if (vt == LK_BF16) return quant_absmax_dt(v, LK_BF16, g, inv, D);
+    if (vt == LK_F16) return quant_absmax_dt(v, LK_F16, g, inv, D);
+    return quant_absmax_dt(v, LK_F32, g, inv, D);
 }
 
 /* i8 out: y * (1 / s) in vectors, each lane then rounded by the scalar converter the
@@ -422,12 +438,8 @@ static void quant_store_i8(int8_t *o, const char *v, lk_dtype vt, const float *g
     }
 }
 
-static void quant_store(char *o, lk_dtype ot, const char *v, lk_dtype vt, const float *g, float inv, float s,
-                        int64_t D) {
-    if (ot == LK_I8) {
-        quant_store_i8((int8_t *)o, v, vt, g, inv, s, D);
-        return;
-    }
+LK_ALWAYS_INLINE void quant_store_fp8(char *o, lk_dtype ot, const char *v, lk_dtype vt, const float *g, float inv,
+                                      float s, int64_t D) {
     int64_t es = lk_esize(vt), i = 0;
     lkv_f32 vinv = lkv_set1(inv), vs = lkv_set1(s);
     for (; i + LKV_W <= D; i += LKV_W) {
@@ -438,6 +450,17 @@ static void quant_store(char *o, lk_dtype ot, const char *v, lk_dtype vt, const 
         lkv_f32 y = lkv_mul(lkv_mul(lkv_load_part(v + i * es, vt, D - i), vinv), lkv_load_part(g + i, LK_F32, D - i));
         lkq_store_fp8(o + i, ot, lkv_div(y, vs), D - i);
     }
+}
+
+static void quant_store(char *o, lk_dtype ot, const char *v, lk_dtype vt, const float *g, float inv, float s,
+                        int64_t D) {
+    if (ot == LK_I8) {
+        quant_store_i8((int8_t *)o, v, vt, g, inv, s, D);
+        return;
+    }
+#define QSTORE(vd, od) quant_store_fp8(o, od, v, vd, g, inv, s, D)
+    LKQ_FP8_OUT(vt, ot, QSTORE);
+#undef QSTORE
 }
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
