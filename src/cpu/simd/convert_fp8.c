@@ -10,32 +10,17 @@
  * bit-identical to src/core/half.h and fp8.h), partial tail. Work split: rows,
  * contiguous chunks per thread (lk_parallel_for); rows are disjoint.
  */
-#include "../kernels.h"
-#include "../vec/lkv.h"
+#include "fp8_store.h"
 
 static void convert_rows(void *ctx, int64_t r0, int64_t r1) {
     const lk_convert_fp8_args *a = ctx;
     const lk_tensor *d = &a->dst, *s = &a->src; // [..., n]
-    lk_dtype dt = d->dtype, st = s->dtype;
-    int quant = dt == LK_F8E4M3 || dt == LK_F8E5M2;
-    int64_t n = d->shape[d->ndim - 1], des = lk_esize(dt), ses = lk_esize(st);
-    lkv_f32 k = lkv_set1(a->scale);
+    int64_t n = d->shape[d->ndim - 1];
     lk_rowit id, is;
     lk_rowit_init(&id, d, 1, r0);
     lk_rowit_init(&is, s, 1, r0);
-    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&id), lk_rowit_next(&is)) {
-        char *dp = lk_at(d, id.off);
-        const char *sp = lk_at(s, is.off);
-        int64_t i = 0;
-        for (; i + LKV_W <= n; i += LKV_W) {
-            lkv_f32 x = lkv_load(sp + i * ses, st);
-            lkv_store(dp + i * des, dt, quant ? lkv_div(x, k) : lkv_mul(x, k));
-        }
-        if (i < n) {
-            lkv_f32 x = lkv_load_part(sp + i * ses, st, n - i);
-            lkv_store_part(dp + i * des, dt, quant ? lkv_div(x, k) : lkv_mul(x, k), n - i);
-        }
-    }
+    for (int64_t r = r0; r < r1; r++, lk_rowit_next(&id), lk_rowit_next(&is))
+        lkq_fp8_row(lk_at(d, id.off), d->dtype, lk_at(s, is.off), s->dtype, n, a->scale);
 }
 
 static lk_status convert_fp8(const lk_convert_fp8_args *a) {

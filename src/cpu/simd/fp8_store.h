@@ -5,6 +5,11 @@
  *                               layer's fp8 store, bit for bit the src/core/fp8.h converter
  *                               the reference uses (tests/vec_check.c)
  *   lkq_absmax(m, v)            lane-wise max(m, |v|), NaN lanes of v ignored
+ *   lkq_fp8_row(d, dt, s, st, n, scale)  d[0, n) = s[0, n) where exactly one of the
+ *                               dtypes is fp8 and the other f32 / f16 / bf16: into fp8
+ *                               fp8(s / scale), out of fp8 round(s * scale) (one IEEE
+ *                               division / multiplication, as the references; the cache
+ *                               writes, gathers and convert_fp8)
  *   lkq_row_absmax(x, dt, D)    max |x[i]| over a row of D values of dtype dt (f32, f16,
  *                               bf16), NaN ignored (also the int8 kernels'
  *                               src/cpu/simd/int8_quant.c)
@@ -40,6 +45,33 @@ LK_ALWAYS_INLINE void lkq_store_fp8(void *p, lk_dtype dt, lkv_f32 v, int64_t n) 
  * operand for a NaN; the NEON form is a > m ? a : m) */
 LK_ALWAYS_INLINE lkv_f32 lkq_absmax(lkv_f32 m, lkv_f32 v) {
     return lkv_max(lkv_andnot(lkv_set1(-0.0f), v), m);
+}
+
+LK_ALWAYS_INLINE void lkq_fp8_row_dt(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, float scale) {
+    int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
+    int q = dt == LK_F8E4M3 || dt == LK_F8E5M2; /* into fp8 */
+    lkv_f32 k = lkv_set1(scale);
+    for (; i + 2 * LKV_W <= n; i += 2 * LKV_W) {
+        lkv_f32 a = lkv_load(s + i * ses, st), b = lkv_load(s + (i + LKV_W) * ses, st);
+        lkv_store(d + i * des, dt, q ? lkv_div(a, k) : lkv_mul(a, k));
+        lkv_store(d + (i + LKV_W) * des, dt, q ? lkv_div(b, k) : lkv_mul(b, k));
+    }
+    for (; i < n; i += LKV_W) {
+        int64_t m = n - i < LKV_W ? n - i : LKV_W;
+        lkv_f32 a = m == LKV_W ? lkv_load(s + i * ses, st) : lkv_load_part(s + i * ses, st, m);
+        a = q ? lkv_div(a, k) : lkv_mul(a, k);
+        if (m == LKV_W) lkv_store(d + i * des, dt, a);
+        else lkv_store_part(d + i * des, dt, a, m);
+    }
+}
+
+static inline void lkq_fp8_row(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, float scale) {
+#define INTO_FP8(xd, od) lkq_fp8_row_dt(d, od, s, xd, n, scale)
+#define FROM_FP8(xd, od) lkq_fp8_row_dt(d, xd, s, od, n, scale)
+    if (dt == LK_F8E4M3 || dt == LK_F8E5M2) LKQ_FP8_OUT(st, dt, INTO_FP8);
+    else LKQ_FP8_OUT(dt, st, FROM_FP8);
+#undef INTO_FP8
+#undef FROM_FP8
 }
 
 LK_ALWAYS_INLINE float lkq_row_absmax_dt(const char *x, lk_dtype dt, int64_t D) {

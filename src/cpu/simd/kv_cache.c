@@ -22,8 +22,7 @@
  */
 #include <string.h>
 
-#include "../kernels.h"
-#include "../vec/lkv.h"
+#include "fp8_store.h"
 
 /* cache bytes written by one call from which same-dtype rows use streaming stores */
 #define LK_KV_STREAM_BYTES ((int64_t)8 << 20)
@@ -114,15 +113,7 @@ static inline void put_run(char *d, lk_dtype dt, const char *s, lk_dtype st, int
         copy_row(d, dt, s, st, n, 0);
         return;
     }
-    int64_t ses = lk_esize(st), i = 0;
-    lkv_f32 r = lkv_set1(scale);
-    for (; i + 2 * LKV_W <= n; i += 2 * LKV_W) {
-        lkv_f32 a = lkv_div(lkv_load(s + i * ses, st), r), b = lkv_div(lkv_load(s + (i + LKV_W) * ses, st), r);
-        lkv_store(d + i, dt, a);
-        lkv_store(d + i + LKV_W, dt, b);
-    }
-    for (; i + LKV_W <= n; i += LKV_W) lkv_store(d + i, dt, lkv_div(lkv_load(s + i * ses, st), r));
-    if (i < n) lkv_store_part(d + i, dt, lkv_div(lkv_load_part(s + i * ses, st, n - i), r), n - i);
+    lkq_fp8_row(d, dt, s, st, n, scale);
 }
 
 /* entry (page, o) of pc = src[t, :, :] */

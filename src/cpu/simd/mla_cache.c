@@ -18,8 +18,7 @@
  */
 #include <string.h>
 
-#include "../kernels.h"
-#include "../vec/lkv.h"
+#include "fp8_store.h"
 
 static inline int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
@@ -29,16 +28,7 @@ static inline void convert(char *dst, lk_dtype dt, const char *src, lk_dtype st,
                            float scale) {
     int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
     if (is_fp8(dt) || is_fp8(st)) {
-        lkv_f32 k = lkv_set1(scale);
-        int q = is_fp8(dt);
-        for (; i + LKV_W <= n; i += LKV_W) {
-            lkv_f32 v = lkv_load(src + i * ses, st);
-            lkv_store(dst + i * des, dt, q ? lkv_div(v, k) : lkv_mul(v, k));
-        }
-        if (i < n) {
-            lkv_f32 v = lkv_load_part(src + i * ses, st, n - i);
-            lkv_store_part(dst + i * des, dt, q ? lkv_div(v, k) : lkv_mul(v, k), n - i);
-        }
+        lkq_fp8_row(dst, dt, src, st, n, scale);
         return;
     }
     if (stream && ((uintptr_t)dst & (uintptr_t)(LKV_W * des - 1)) == 0)
