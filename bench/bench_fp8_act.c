@@ -1,6 +1,7 @@
 /*
- * fp8 activations at LLM shapes (prefill 4096 tokens x hidden 4096, Llama-3-8B; the
- * merge at llama3 32 heads x 128): bf16 inputs to e4m3 outputs. One row per op:
+ * fp8 activations at LLM shapes (prefill 4096 tokens x hidden 4096, Llama-3-8B, and a
+ * decode batch of 16 tokens, whose data stay in cache; the merge at llama3 32 heads x
+ * 128): bf16 inputs to e4m3 outputs. One row per op:
  * static / dynamic per-tensor / dynamic per-token scaled_fp8_quant, rms_norm +
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
  * merge_attn_states into fp8; and the int8 quantizers (scaled_int8_quant: static and
@@ -45,8 +46,8 @@ static void run_q(void *p) {
     }
 }
 
-static void one_case(int op) {
-    int64_t T = 4096, D = 4096, H = 32, HD = 128, n = T * D;
+static void one_case(int op, int64_t T) {
+    int64_t D = 4096, H = 32, HD = 128, n = T * D;
     q_ctx c;
     c.op = op;
     float scale = op == M_FP8 ? 0.01f : 0.02f;
@@ -149,7 +150,8 @@ static void int8_case(int dynamic, int asym) {
 void bench_fp8_act(void) {
     bench_section("fp8 activations (bandwidth-bound; ceiling = read bandwidth)");
     if (bench_libs_have("lk_static_scaled_fp8_quant", "the fp8 rows"))
-        for (int op = 0; op < NQ; op++) one_case(op);
+        for (int64_t T = 4096; T >= 16; T /= 256) /* prefill; a decode batch (in cache) */
+            for (int op = 0; op < NQ; op++) one_case(op, T);
     if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))
         for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
 }
