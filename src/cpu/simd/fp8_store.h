@@ -47,6 +47,7 @@ LK_ALWAYS_INLINE lkv_f32 lkq_absmax(lkv_f32 m, lkv_f32 v) {
     return lkv_max(lkv_andnot(lkv_set1(-0.0f), v), m);
 }
 
+/* lkq_fp8_row with literal dtypes (one of them fp8, the other f32 / f16 / bf16) */
 LK_ALWAYS_INLINE void lkq_fp8_row_dt(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, float scale) {
     int64_t des = lk_esize(dt), ses = lk_esize(st), i = 0;
     int q = dt == LK_F8E4M3 || dt == LK_F8E5M2; /* into fp8 */
@@ -65,6 +66,8 @@ LK_ALWAYS_INLINE void lkq_fp8_row_dt(char *d, lk_dtype dt, const char *s, lk_dty
     }
 }
 
+/* the (fp8, float) pair as literals; a pair of two fp8 dtypes is not served (the float
+ * side would be read as f32): the callers' validation rules it out */
 static inline void lkq_fp8_row(char *d, lk_dtype dt, const char *s, lk_dtype st, int64_t n, float scale) {
 #define INTO_FP8(xd, od) lkq_fp8_row_dt(d, od, s, xd, n, scale)
 #define FROM_FP8(xd, od) lkq_fp8_row_dt(d, xd, s, od, n, scale)
