@@ -18,20 +18,6 @@
 
 #include "fp8_store.h"
 
-LK_ALWAYS_INLINE void quant_row_dt(char *o, lk_dtype ot, const char *x, lk_dtype xt, int64_t D, float s) {
-    int64_t es = lk_esize(xt), i = 0;
-    lkv_f32 vs = lkv_set1(s);
-    for (; i + LKV_W <= D; i += LKV_W) lkq_store_fp8(o + i, ot, lkv_div(lkv_load(x + i * es, xt), vs), LKV_W);
-    if (i < D) lkq_store_fp8(o + i, ot, lkv_div(lkv_load_part(x + i * es, xt, D - i), vs), D - i);
-}
-
-/* out = fp8(x / s) over one row, the dtypes as literals */
-static void quant_row(char *o, lk_dtype ot, const char *x, lk_dtype xt, int64_t D, float s) {
-#define QROW(xd, od) quant_row_dt(o, od, x, xd, D, s)
-    LKQ_FP8_OUT(xt, ot, QROW);
-#undef QROW
-}
-
 typedef struct {
     const lk_fp8_quant_args *a;
     float s;        /* static / per tensor: the scale */
@@ -65,7 +51,7 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
             ((float *)a->scales.data)[si.off] = s;
             lk_rowit_next(&si);
         }
-        quant_row(orow, out->dtype, xr, x->dtype, D, s);
+        lkq_fp8_row(orow, out->dtype, xr, x->dtype, D, s); /* fp8(x / s) */
     }
 }
 

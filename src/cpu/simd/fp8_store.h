@@ -9,7 +9,8 @@
  *                               dtypes is fp8 and the other f32 / f16 / bf16: into fp8
  *                               fp8(s / scale), out of fp8 round(s * scale) (one IEEE
  *                               division / multiplication, as the references; the cache
- *                               writes, gathers and convert_fp8)
+ *                               writes, gathers, convert_fp8, scaled_fp8_quant's rows
+ *                               and merge's fp8 out)
  *   lkq_row_absmax(x, dt, D)    max |x[i]| over a row of D values of dtype dt (f32, f16,
  *                               bf16), NaN ignored (also the int8 kernels'
  *                               src/cpu/simd/int8_quant.c)

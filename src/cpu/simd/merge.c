@@ -139,19 +139,10 @@ static void fill_row(char *orow, lk_dtype ot, int64_t D, float value) {
     if (j < D) lkv_store_part(orow + j * oes, ot, v, D - j);
 }
 
-/* o [n] = fp8(tile [n] / s), ot a literal */
-LK_ALWAYS_INLINE void store_tile_fp8(char *o, lk_dtype ot, const float *tile, int64_t n, lkv_f32 vs) {
-    int64_t j = 0;
-    for (; j + LKV_W <= n; j += LKV_W) lkq_store_fp8(o + j, ot, lkv_div(lkv_loadu(tile + j), vs), LKV_W);
-    if (j < n) lkq_store_fp8(o + j, ot, lkv_div(lkv_load_part(tile + j, LK_F32, n - j), vs), n - j);
-}
-
 /* fp8 out: row (t, h) summed into the f32 tile MERGE_TILE elements at a time, each
  * chunk then stored as fp8(value / out_scale) */
 static void merge_row_fp8(const lk_merge_args *a, const lk_merge_row *row, int64_t t, int64_t h, char *orow) {
     int64_t D = a->out.shape[2];
-    lk_dtype ot = a->out.dtype;
-    lkv_f32 vs = lkv_set1(a->out_scale);
     float tile[MERGE_TILE];
     for (int64_t d0 = 0; d0 < D; d0 += MERGE_TILE) {
         int64_t len = D - d0 < MERGE_TILE ? D - d0 : MERGE_TILE;
@@ -168,8 +159,7 @@ static void merge_row_fp8(const lk_merge_args *a, const lk_merge_row *row, int64
                 first = 0;
             } while (!last);
         }
-        if (ot == LK_F8E4M3) store_tile_fp8(orow + d0, LK_F8E4M3, tile, len, vs);
-        else store_tile_fp8(orow + d0, LK_F8E5M2, tile, len, vs);
+        lkq_fp8_row(orow + d0, a->out.dtype, (const char *)tile, LK_F32, len, a->out_scale);
     }
 }
 
