@@ -1133,8 +1133,9 @@ LK_ALWAYS_INLINE void softmax_g4(const float *S, int64_t sr, int64_t nb, float *
         lkv_f32 shift = lkv_zero_where(_mm512_cmp_ps_mask(mn, lkv_set1(-INFINITY), _CMP_EQ_OQ), mn);
         lkv_f32 l = lkv_mul(lkv_loadu(L + h), alpha);
         for (int64_t p = 0; p < np; p++) {
-            lkv_f32 p0 = lkv_exp(lkv_sub(S_AT(2 * p), shift));
-            lkv_f32 p1 = 2 * p + 1 < nb ? lkv_exp(lkv_sub(S_AT(2 * p + 1), shift)) : lkv_zero();
+            /* s - shift <= 0, or NaN (propagated) */
+            lkv_f32 p0 = lkv_exp_nonpos(lkv_sub(S_AT(2 * p), shift));
+            lkv_f32 p1 = 2 * p + 1 < nb ? lkv_exp_nonpos(lkv_sub(S_AT(2 * p + 1), shift)) : lkv_zero();
             l = lkv_add(lkv_add(l, p0), p1);
             lkv_bits_storeu(pw + p * sr + h, _mm512_permutexvar_epi16(iz, (__m512i)lkv_bf16_pack_rne(p0, p1)));
         }
@@ -1338,15 +1339,19 @@ LK_ALWAYS_INLINE void decode_row_amx(decode_ctx *c, int64_t b, int64_t lo, int64
     uint32_t *Vb = (uint32_t *)(Kb + DA * Dqk);                            // [Dv / 16][16][16]
     float *Ot = (float *)(Vb + Dv * 16);                                   // [2][16][16]
     const char *kd = (const char *)a->kc.data, *vd = (const char *)a->vc.data;
-    /* Qa: every query row's words (dim pairs in Kb's order) into column g of its KV head */
-    int perm[64];
-    for (int i = 0; i < 64; i++) perm[i] = x2_dim(i / 32, i % 32);
+    /* Qa: every query row's words (dim pairs in Kb's order: 64 dims at a time permuted by
+     * one VPERMI2W per 32 words) into column g of its KV head */
+    uint16_t perm[64];
+    for (int i = 0; i < 64; i++) perm[i] = (uint16_t)x2_dim(i / 32, i % 32);
+    const __m512i pm0 = _mm512_loadu_si512(perm), pm1 = _mm512_loadu_si512(perm + 32);
     for (int64_t h = 0; h < Hq; h++) {
         const uint16_t *q = q16 + h * Dqk;
-        uint32_t *col = Qa + (h / G) * TQ * 16 * G + h % G;
-        for (int64_t w = 0; w < Dqk / 2; w++) { /* word w: piece w / 16, pair w % 16 */
-            int64_t d0 = 2 * w / 64 * 64, i = 2 * w % 64;
-            col[w * G] = q[d0 + perm[i]] | (uint32_t)q[d0 + perm[i + 1]] << 16;
+        uint32_t *col = Qa + (h / G) * TQ * 16 * G + h % G, qw[32];
+        for (int64_t d0 = 0; d0 < Dqk; d0 += 64) { /* words w = d0 / 2 + i: piece w / 16, pair w % 16 */
+            __m512i q0 = _mm512_loadu_si512(q + d0), q1 = _mm512_loadu_si512(q + d0 + 32);
+            _mm512_storeu_si512(qw, _mm512_permutex2var_epi16(q0, pm0, q1));
+            _mm512_storeu_si512(qw + 16, _mm512_permutex2var_epi16(q0, pm1, q1));
+            for (int64_t i = 0; i < 32; i++) col[(d0 / 2 + i) * G] = qw[i];
         }
     }
     memset(S, 0, sizeof(float) * (size_t)(DA * sr)); /* columns no tile writes, once */

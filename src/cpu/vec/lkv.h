@@ -255,13 +255,13 @@ static inline lkv_f32 lkv_exp_nonan(lkv_f32 x) {
     return lkv_scale_pow2(p, n);
 }
 
-/* exp(x) for x <= 0 (-inf included; no NaN, no +inf), as after a softmax's max
- * subtraction: bit-identical to lkv_exp there with about 2/3 of its work (one 2^n
- * scaling since n >= -126). x < -87.3 gives 0. */
+/* exp(x) for x <= 0 (-inf included; no +inf), as after a softmax's max subtraction:
+ * bit-identical to lkv_exp there with about 2/3 of its work (one 2^n scaling since
+ * n >= -126). x < -87.3 gives 0; a NaN x gives NaN (lkv_max(lo, x) keeps it). */
 static inline lkv_f32 lkv_exp_nonpos(lkv_f32 x) {
     const lkv_f32 lo = lkv_set1(-87.3365447504f);
     lkv_m under = lkv_lt(x, lo);
-    lkv_f32 n, p = lkv_exp_poly(lkv_max(x, lo), &n);
+    lkv_f32 n, p = lkv_exp_poly(lkv_max(lo, x), &n);
     lkv_f32 e = lkv_as_f32(lkv_i32_slli(lkv_i32_add(lkv_cvt_i32(n), lkv_i32_set1(127)), 23));
     return lkv_zero_where(under, lkv_mul(p, e));
 }
