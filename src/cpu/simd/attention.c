@@ -990,18 +990,12 @@ LK_ALWAYS_INLINE __m512i codes64(const char *p, int64_t d0, int64_t cs) {
     return lkv_bits_join32(lkv_c32_loadu(p + (d0 >> 5) * cs), lkv_c32_loadu(p + ((d0 >> 5) + 1) * cs));
 }
 
-/* rows [nb, DB) of the key-major scores S (sr floats a row): -inf */
-static inline void neg_inf_rows(float *S, int64_t sr, int64_t nb) {
-    for (int64_t jj = nb; jj < DB; jj++)
-        for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(S + jj * sr + h, lkv_set1(-INFINITY));
-}
-
 /* S[jj][4 kh + g] = scale_kh * (q_{4 kh + g} . k_jj) (scores16_g4d128's loop, key-major)
- * for the block's nb bf16 K rows (rows >= nb: -inf), one key at a time, the next block's
- * K rows (kbase [DB, nk)) prefetched into L2 (its V rows: in pv_g4). The 4 heads' q rows
- * stay in 16 registers over the block; each q . k is one chain of four bf16-pair dot
- * products, the 4 heads' sums reduced side by side (lkv_hsum4) and stored as one 4-float
- * row piece. bf16 K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3
+ * for the block's nb bf16 K rows (softmax_g4 reads no row past nb), one key at a time,
+ * the next block's K rows (kbase [DB, nk)) prefetched into L2 (its V rows: in pv_g4).
+ * The 4 heads' q rows stay in 16 registers over the block; each q . k is one chain of
+ * four bf16-pair dot products, the 4 heads' sums reduced side by side (lkv_hsum4) and
+ * stored as one 4-float row piece. bf16 K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3
  * but 2-6 % slower from DRAM (8 x 4096 keys, Zen 5). */
 LK_ALWAYS_INLINE void scores_g4_rows(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
                                      int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
@@ -1030,7 +1024,6 @@ LK_ALWAYS_INLINE void scores_g4_rows(const lk_attn_args *a, const uint16_t *q16,
             _mm_storeu_ps(out + jj * sr, _mm_mul_ps(vs, lkv_hsum4(s[0], s[1], s[2], s[3])));
         }
     }
-    neg_inf_rows(S, sr, nb);
 }
 
 /* the four lanes of each 128-bit lane L of a0..a3 summed: lane L, element g = the sum of
@@ -1046,7 +1039,7 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
  * horizontal sum is taken per key: each accumulator holds one key pair and one head, its
  * 128-bit lanes 0-1 the first key's partial sums, 2-3 the second's (lane_sums4, then one
  * cross-lane add). q rows in g4_qdim's order, each 256-bit piece broadcast to both
- * halves. Keys past nb reread row nb - 1 (their scores are then set to -inf); the next
+ * halves. Keys past nb reread row nb - 1 (softmax_g4 reads no score past nb); the next
  * block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
  * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
  * KV head in L1; the whole decode 6-7 % (e4m3) and 13-15 % (e5m2) faster with K / V in
@@ -1094,7 +1087,6 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
             }
         }
     }
-    neg_inf_rows(S, sr, nb);
 }
 
 /* the g4 scores per K dtype, each out of line (its registers its own: inlined into the
