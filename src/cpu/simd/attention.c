@@ -131,6 +131,7 @@ static inline void mk(int64_t K, const float *A, int64_t lda, const float *B, fl
 
 /* element offset of dim d of a K/V row of `es`-byte elements starting at `base` */
 static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d, int64_t es) {
+    if (cs == TILE(es)) return base + d; /* ND (the sum below, which the compiler keeps) */
     return es == 1 ? base + (d >> 5) * cs + (d & 31) : base + (d >> 4) * cs + (d & 15);
 }
 
@@ -267,7 +268,7 @@ static float online_block(float *s, int64_t n, lk_online_state *st) {
     float alpha = lk_online_rescale(st, lkv_hmax(mx));
     lkv_f32 vm = lkv_set1(lk_online_shift(st->m));
     for (int64_t j = 0; j < n; j += LKV_W) {
-        lkv_f32 e = lkv_exp(lkv_sub(lkv_loadu(s + j), vm));
+        lkv_f32 e = lkv_exp_nonpos(lkv_sub(lkv_loadu(s + j), vm)); /* <= 0 or NaN */
         lkv_storeu(s + j, e);
         sum = lkv_add(sum, e);
     }
@@ -1782,7 +1783,7 @@ LK_ALWAYS_INLINE void softmax_g4f(float *S, int64_t sr, int64_t hw, int64_t nb, 
         lkv_f32 shift = lkv_zero_where(lkv_lt(mn, lkv_set1(-FLT_MAX)), mn); /* lk_online_shift */
         lkv_f32 l = lkv_mul(lkv_loadu(L + h), alpha);
         for (int64_t jj = 0; jj < nb; jj++) {
-            lkv_f32 p = lkv_exp(lkv_sub(lkv_loadu(S + jj * sr + h), shift));
+            lkv_f32 p = lkv_exp_nonpos(lkv_sub(lkv_loadu(S + jj * sr + h), shift)); /* <= 0 or NaN */
             l = lkv_add(l, p);
             lkv_storeu(S + jj * sr + h, p);
         }

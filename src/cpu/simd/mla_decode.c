@@ -257,7 +257,7 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
         lkv_f32 al = lkv_blend(one, lkv_exp(lkv_sub(mo, mn)), lkv_lt(mo, mn));
         lkv_f32 sh = lkv_zero_where(lkv_lt(mn, lkv_set1(-FLT_MAX)), mn), sum = lkv_zero();
         for (int64_t jj = 0; jj < nbp; jj++) {
-            lkv_f32 p = lkv_exp(lkv_sub(lkv_loadu(S + jj * Rp + v), sh));
+            lkv_f32 p = lkv_exp_nonpos(lkv_sub(lkv_loadu(S + jj * Rp + v), sh)); /* <= 0 or NaN */
             lkv_storeu(S + jj * Rp + v, p);
             sum = lkv_add(sum, p);
         }
