@@ -131,7 +131,6 @@ static inline void mk(int64_t K, const float *A, int64_t lda, const float *B, fl
 
 /* element offset of dim d of a K/V row of `es`-byte elements starting at `base` */
 static inline int64_t dim_off(int64_t base, int64_t cs, int64_t d, int64_t es) {
-    if (cs == TILE(es)) return base + d; /* ND (the sum below, which the compiler keeps) */
     return es == 1 ? base + (d >> 5) * cs + (d & 31) : base + (d >> 4) * cs + (d & 15);
 }
 
