@@ -1589,7 +1589,7 @@ static void scale_row(float *o, int64_t D, float alpha) {
  * back at the row's end), else in order. fp8 K/V through f16 words (lkv_load2_f8_raw,
  * 2W codes: one 32-dim tile on AVX-512): e4m3 is read as value / 256, the
  * scores and O multiplied back by 256 (exact), and its NaN code, which reads as a finite
- * value, found per block and KV head by byte maxima of the codes as they are converted
+ * value, found per block and KV head by maxima of the codes as they are converted
  * (lkv_load2_f8_raw) and put in afterwards: a NaN
  * in K makes the key's scores NaN for the KV head's heads, a NaN in V dim d makes O's dim
  * d NaN for them, whatever the weight, as the reference's sums do. */
@@ -1601,7 +1601,7 @@ static inline int g4f_dim(int e, lk_dtype dt) {
 
 /* dims [d0, d0 + 2W) of the K/V row at `row` (tiles cs elements apart) as two f32 vectors,
  * in g4f_dim order; e4m3 / 256 with its NaN code finite, its codes folded into *nan
- * (lkv_e4m3_nan_found's byte maxima). 2W fp8 codes are one tile, as are AVX2's 16 dims
+ * (lkv_e4m3_nan_found's maxima). 2W fp8 codes are one tile, as are AVX2's 16 dims
  * of a wider dtype; AVX-512's 32 such dims are two */
 LK_ALWAYS_INLINE void load2_raw(const char *row, int64_t d0, int64_t cs, lk_dtype dt, lkv_f32 *a, lkv_f32 *b,
                                 lkv_c32 *nan) {
@@ -1748,7 +1748,7 @@ LK_ALWAYS_INLINE void scores_g4f(const lk_attn_args *a, const float *qs, const i
     const float f = kt == LK_F8E4M3 ? 256.0f : 1.0f;
     for (int64_t kh = 0; kh < Hk; kh++) {
         const char *kp[DB], *kn[DB];
-        lkv_c32 m = lkv_c32_zero(); /* e4m3: byte maxima of every code read (load2_raw) */
+        lkv_c32 m = lkv_c32_zero(); /* e4m3: maxima of every code read (load2_raw) */
         for (int64_t jj = 0; jj < nb; jj++) kp[jj] = kd + kbase[jj] + kh * khs;
         for (int64_t jj = DB; jj < nk; jj++) kn[jj - DB] = kd + kbase[jj] + kh * khs;
         for (int64_t g0 = 0; g0 < G;) {
@@ -1836,13 +1836,43 @@ LK_ALWAYS_INLINE void pv_g4f(float *o, int64_t D, int ng, const float *P, int64_
     for (; d0 < D; d0 += 2 * LKV_W) pv_pieces(o, D, ng, 1, d0, P, sr, al, v, nb, cs, dt, vn, nn, nan);
 }
 
+/* the P.V step of one block for every KV head of the g4f path (decode_row_g4f): o [Hq][Dv]
+ * (g4f_dim order) = A o + P . V, P in S [DB][sr]; V rows at vbase [nk] (the next block's
+ * [DB, nk) prefetched), 16-dim chunks cs elements apart (TILE: ND, a constant) */
+LK_ALWAYS_INLINE void pv_heads_g4f(const lk_attn_args *a, float *o, const float *S, int64_t sr, const float *A,
+                                   const int64_t *vbase, int64_t nb, int64_t nk, int64_t cs, int64_t vhs, lk_dtype vt) {
+    const int64_t Hk = a->Hk, G = a->Hq / Hk, Dv = a->Dv;
+    const char *vd = (const char *)a->vc.data;
+    for (int64_t kh = 0; kh < Hk; kh++) {
+        const char *vp[DB], *vn[DB];
+        lkv_c32 m = lkv_c32_zero(); /* e4m3: maxima of every code read (load2_raw) */
+        for (int64_t jj = 0; jj < nb; jj++) vp[jj] = vd + vbase[jj] + kh * vhs;
+        for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = vd + vbase[jj] + kh * vhs;
+        for (int64_t g0 = 0; g0 < G;) {
+            int ng = group_size(G, g0);
+            int64_t h0 = kh * G + g0, nn = g0 == 0 ? nk - DB : 0;
+            if (ng == 4) pv_g4f(o + h0 * Dv, Dv, 4, S + h0, sr, A + h0, vp, nb, cs, vt, vn, nn, &m);
+            else if (ng == 2) pv_g4f(o + h0 * Dv, Dv, 2, S + h0, sr, A + h0, vp, nb, cs, vt, vn, nn, &m);
+            else pv_g4f(o + h0 * Dv, Dv, 1, S + h0, sr, A + h0, vp, nb, cs, vt, vn, nn, &m);
+            g0 += ng;
+        }
+        if (vt == LK_F8E4M3) { /* NaN codes of V (folded as read): those dims NaN for the KV head's heads */
+            if (lkv_e4m3_nan_found(m))
+                for (int64_t jj = 0; jj < nb; jj++)
+                    for (int64_t d = 0; d < Dv; d++)
+                        if (e4m3_nan_at(vp[jj], cs, d))
+                            for (int64_t g = 0; g < G; g++) o[(kh * G + g) * Dv + d] = NAN;
+        }
+    }
+}
+
 /* the keys [lo, hi] of one query row of request b on the g4f path (rows of keys up to
  * pf_hi >= hi prefetched): states st [Hq], o [Hq][Dv] (zeros on entry), qs [Hq][Dqk] the
  * scaled q rows (permuted here in place) */
 LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, int64_t pf_hi,
                                      lk_online_state *st, float *o, float *qs, float *sc, lk_dtype kt, lk_dtype vt) {
     const lk_attn_args *a = c->a;
-    const int64_t Hq = a->Hq, Hk = a->Hk, G = Hq / Hk, Dqk = a->Dqk, Dv = a->Dv, sr = HQP(Hq);
+    const int64_t Hq = a->Hq, Dqk = a->Dqk, Dv = a->Dv, sr = HQP(Hq);
     const int64_t hw = (Hq + LKV_W - 1) / LKV_W * LKV_W;
     const int64_t kcs = chunk_stride(&a->kc), vcs = chunk_stride(&a->vc), kes = lk_esize(kt), ves = lk_esize(vt);
     const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
@@ -1864,28 +1894,8 @@ LK_ALWAYS_INLINE void decode_row_g4f(decode_ctx *c, int64_t b, int64_t lo, int64
         if (kcs == TILE(kes)) scores_g4f(a, qs, kbase, nb, nk, TILE(kes), khs, S, sr, kt);
         else scores_g4f(a, qs, kbase, nb, nk, kcs, khs, S, sr, kt);
         softmax_g4f(S, sr, hw, nb, M, L, A);
-        const char *vd = (const char *)a->vc.data;
-        for (int64_t kh = 0; kh < Hk; kh++) {
-            const char *vp[DB], *vn[DB];
-            lkv_c32 m = lkv_c32_zero(); /* e4m3: byte maxima of every code read (load2_raw) */
-            for (int64_t jj = 0; jj < nb; jj++) vp[jj] = vd + vbase[jj] + kh * vhs;
-            for (int64_t jj = DB; jj < nk; jj++) vn[jj - DB] = vd + vbase[jj] + kh * vhs;
-            for (int64_t g0 = 0; g0 < G;) {
-                int ng = group_size(G, g0);
-                int64_t h0 = kh * G + g0, nn = g0 == 0 ? nk - DB : 0;
-                if (ng == 4) pv_g4f(o + h0 * Dv, Dv, 4, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
-                else if (ng == 2) pv_g4f(o + h0 * Dv, Dv, 2, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
-                else pv_g4f(o + h0 * Dv, Dv, 1, S + h0, sr, A + h0, vp, nb, vcs, vt, vn, nn, &m);
-                g0 += ng;
-            }
-            if (vt == LK_F8E4M3) { /* NaN codes of V (folded as read): those dims NaN for the KV head's heads */
-                if (lkv_e4m3_nan_found(m))
-                    for (int64_t jj = 0; jj < nb; jj++)
-                        for (int64_t d = 0; d < Dv; d++)
-                            if (e4m3_nan_at(vp[jj], vcs, d))
-                                for (int64_t g = 0; g < G; g++) o[(kh * G + g) * Dv + d] = NAN;
-            }
-        }
+        if (vcs == TILE(ves)) pv_heads_g4f(a, o, S, sr, A, vbase, nb, nk, TILE(ves), vhs, vt);
+        else pv_heads_g4f(a, o, S, sr, A, vbase, nb, nk, vcs, vhs, vt);
     }
     const float vf = vt == LK_F8E4M3 ? 256.0f : 1.0f;
     for (int64_t h = 0; h < Hq; h++) {

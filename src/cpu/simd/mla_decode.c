@@ -171,7 +171,7 @@ static inline int64_t chunk_tile(const lk_paged *c) { return c->layout == LK_KV_
 #if defined(F8_RAW)
 /* load_part_row for fp8 codes: 2W a load through f16 words (lkv_load2_f8_raw; 2W codes lie
  * in one tile), the rest W at a time by lkv_load; e4m3 as value / 256 throughout (c->kmul
- * has the 256), and where its NaN code was read (byte maxima) the row again by lkv_load */
+ * has the 256), and where its NaN code was read (lkv_e4m3_nan_found) the row again by lkv_load */
 LK_ALWAYS_INLINE void load_part_row_f8(float *dst, const char *p, int64_t tl, int64_t cs, int64_t n, int64_t room,
                                        lk_dtype dt) {
     const int e4 = dt == LK_F8E4M3;

@@ -364,13 +364,13 @@ static inline __m128i lkv__f8_half(__m128i c, lk_dtype dt) {
  * (lkv_e4m3_nan_found, below) */
 static inline void lkv_load2_f8_raw(const void *p, lk_dtype dt, lkv_f32 *a, lkv_f32 *b, lkv_c32 *nan) {
     __m128i c = _mm_loadu_si128((const __m128i *)p);
-    if (nan) *nan = _mm256_max_epu8(*nan, _mm256_zextsi128_si256(_mm_or_si128(c, _mm_set1_epi8((char)0x80))));
     if (dt == LK_F8E5M2) {
         *a = _mm256_cvtph_ps(lkv__f8_half(c, dt));
         *b = _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), c));
         return;
     }
     __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(c), 7), _mm256_set1_epi16((short)0xbfff));
+    if (nan) *nan = _mm256_max_epu16(*nan, _mm256_add_epi16(h, h)); /* lkv_e4m3_nan_found's words */
     *a = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
@@ -401,11 +401,18 @@ static inline void lkv__transpose_lanes(const lkv_f32 *u, lkv_f32 *r) {
 #endif /* ---------------------------------------------------------------- both */
 
 /* e4m3 NaN codes (S.1111.111) among the codes lkv_load2_f8_raw reads: from
- * *nan = lkv_c32_zero() it keeps the byte-wise max of (code | 0x80), which is 0xff exactly
- * where some code read was 0x7f or 0xff; lkv_e4m3_nan_found(*nan) tells that */
+ * *nan = lkv_c32_zero() it keeps, on AVX-512, the byte-wise max of (code | 0x80), which is
+ * 0xff exactly where some code read was 0x7f or 0xff; on AVX2 the word-wise max of twice
+ * the code's f16 word (S.0EEEE.MMM0000000 doubled drops the sign: 0x7f00 for the NaN
+ * code, at most 0x7e00 for the others; a byte-wise fold there cost 4 instructions per 16
+ * codes, this one 2). lkv_e4m3_nan_found(*nan) tells that */
 static inline lkv_c32 lkv_c32_zero(void) { return _mm256_setzero_si256(); }
 static inline int lkv_e4m3_nan_found(lkv_c32 acc) {
+#if LKV_W == 16
     return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, _mm256_set1_epi8(-1))) != 0;
+#else
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi16(acc, _mm256_set1_epi16(0x7f00))) != 0;
+#endif
 }
 
 #if defined(LKV_BF16DOT) /* ------------------------ AVX512_BF16 (-mavx512bf16) */
