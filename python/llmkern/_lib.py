@@ -288,6 +288,9 @@ def _register(x, name):
                     if hasattr(torch, nm):
                         _TORCH_DTYPES[getattr(torch, nm)] = dt
             fn = _torch_info
+        elif isinstance(x, np.generic):  # np.asarray would copy it into a temporary array
+            raise TypeError("%s: a NumPy scalar (%s), expected an array or a tensor (np.asarray(x) kept "
+                            "alive through the call)" % (name, type(x).__name__))
         elif hasattr(x, "__array_interface__"):
             fn = _iface_info
         else:

@@ -1,10 +1,13 @@
 """The operators, with vLLM's custom-op and flash-attention signatures (argument names and
 order). Each function maps its arguments onto one C call; the C side validates shapes,
-dtypes, index values and overlaps and its message becomes an LlmkernError. Python checks
+dtypes, index values and overlaps and its message becomes an LlmkernError (where a C
+parameter's name differs from the Python argument's, e.g. convert_fp8's dst / output, the
+message names the Python one). Python checks
 only what C cannot see: the device, the Python-only arguments (kv_cache_dtype, scales,
 head_size reshapes) and read-only NumPy outputs. Nothing is copied.
 """
 import math
+import re
 
 import numpy as np
 
@@ -13,6 +16,24 @@ from ._lib import LlmkernError  # noqa: F401  (re-exported)
 
 _view, _out, _tview = L.view, L.out_view, L.transposed_view
 _raise = L.raise_status
+
+
+def _is_number(x):
+    """A Python or NumPy number (np.float32(0.5)): scale arguments take them by value."""
+    return isinstance(x, (int, float, np.generic)) and not isinstance(x, (bool, np.bool_))
+
+
+def _raise_as(code, names):
+    """_raise, the C message's argument names given as the caller's (vLLM's) names:
+    names maps a C name (as the message writes it: "dst", "params.k_scale") to the Python
+    argument's. A name is replaced where the message uses it as one: followed by ':',
+    '[', ' [', "'s" or a dtype (" f32", " bf16", " i32")."""
+    try:
+        _raise(code)
+    except L.LlmkernError as e:
+        alt = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+        msg = re.sub(r"(?<![\w.])(%s)(?=:|\[| \[|'s| b?f\d| i\d)" % alt, lambda m: names[m.group(1)], e.message)
+        raise L.LlmkernError(e.code, e.status, msg) from None
 
 # ---------------------------------------------------------------- normalisation
 
@@ -186,13 +207,27 @@ def _fp8_out(x, name):
 
 def _scale_in(scale, name):
     """A per-tensor scale: a number becomes a one-element f32 array (validated in C)."""
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+    if _is_number(scale):
         return np.array([scale], dtype=np.float32)
     return scale
 
 
-def static_scaled_fp8_quant(out, input, scale):
-    """out = fp8(input / scale); scale: one f32 element."""
+def _per_tensor_group(group_shape, scale):
+    """vLLM's group_shape of a static scale: only per-tensor scales (one element; group_shape
+    None or (-1, -1)) are supported."""
+    n = 1 if _is_number(scale) else int(np.prod(tuple(getattr(scale, "shape", ()))))
+    if group_shape is not None and tuple(group_shape) != (-1, -1):
+        raise NotImplementedError("group_shape=%r: only per-tensor static scales (group_shape None or "
+                                  "(-1, -1)) are supported" % (group_shape,))
+    if n != 1:
+        raise NotImplementedError("scale: %d elements; only per-tensor static scales (one element) are "
+                                  "supported" % n)
+
+
+def static_scaled_fp8_quant(out, input, scale, group_shape=None):
+    """out = fp8(input / scale); scale: one f32 element (vLLM's group_shape: None or
+    (-1, -1), per tensor; per-channel / per-token / group static scales are not supported)."""
+    _per_tensor_group(group_shape, scale)
     scale = _scale_in(scale, "scale")
     s = L.static_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _view(scale, "scale"))
     if s:
@@ -243,11 +278,13 @@ def _f32_like(x, shape, zero=False):
 
 
 def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, use_per_token_if_dynamic=False,
-                     output=None):
-    """vLLM's scaled_fp8_quant: returns (output, scale). scale given: static per-tensor;
-    else dynamic, per token ([rows, 1] scales, scale_ub bounds the absmax) with
+                     output=None, group_shape=None):
+    """vLLM's scaled_fp8_quant: returns (output, scale). scale given: static per-tensor
+    (group_shape None or (-1, -1); other static groupings are not supported); else
+    dynamic, per token ([rows, 1] scales, scale_ub bounds the absmax) with
     use_per_token_if_dynamic, per tensor ([1]) otherwise. num_token_padding: output has
-    max(num_token_padding, rows) rows of which the first rows are written."""
+    max(num_token_padding, rows) rows of which the first rows are written; the per-token
+    scales have as many rows, as in vLLM (the padding rows' scales are 0)."""
     shape = tuple(input.shape)
     if num_token_padding:
         if output is not None:
@@ -261,13 +298,17 @@ def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, u
     if scale is None:
         if use_per_token_if_dynamic:
             n = int(np.prod(input.shape[:-1])) if len(input.shape) else 1
-            scale = _f32_like(input, (n, 1))
-            dynamic_per_token_scaled_fp8_quant(out, input, scale, scale_ub)
+            if num_token_padding:  # [padded rows, 1], the first n written
+                scale = _f32_like(input, (shape[0], 1), zero=True)
+                dynamic_per_token_scaled_fp8_quant(out, input, scale[:n], scale_ub)
+            else:
+                scale = _f32_like(input, (n, 1))
+                dynamic_per_token_scaled_fp8_quant(out, input, scale, scale_ub)
         else:
             scale = _f32_like(input, (1,), zero=True)
             dynamic_scaled_fp8_quant(out, input, scale)
     else:
-        static_scaled_fp8_quant(out, input, scale)
+        static_scaled_fp8_quant(out, input, scale, group_shape)
     return output, scale
 
 
@@ -408,7 +449,7 @@ def _check_scale(scale, name, heads=None):
     """With kv_cache_dtype 'auto' the cache holds values as they are and vLLM ignores the
     scales; they must still be a scale vLLM could pass: None, a number, or a float tensor of
     one element or (per head, reshape_and_cache_flash) [H]."""
-    if scale is None or isinstance(scale, (int, float)):
+    if scale is None or _is_number(scale):
         return
     shape = tuple(getattr(scale, "shape", ()))
     n = int(np.prod(shape)) if shape else 1
@@ -434,22 +475,32 @@ def _scale_arg(scale, name, required=True, scalar=False):
     Python number becomes a 0-d f32 array, arrays / tensors ([], [1], per head [H]) go to C
     as they are, which checks their dtype (f32), shape and values (finite, > 0);
     scalar=True (the C parameter is one f32: MLA prefill and decode): the value as a float,
-    from a number or a one-element array / tensor.
+    from a number or a one-element array / tensor, finite and > 0 (ValueError naming it).
+    NumPy scalars count as numbers (taken by value).
     None: an error when required, else NULL ((None, None); scalar: 1.0)."""
     if scale is None:
         if required:
             raise ValueError("%s: required with an fp8 kv_cache_dtype" % name)
         return 1.0 if scalar else (None, None)
-    if isinstance(scale, (int, float)):
+    if _is_number(scale):
         if scalar:
-            return float(scale)
+            return _finite_positive(float(scale), name)
         scale = np.array(scale, np.float32)
     if not scalar:
         return scale, _view(scale, name)
     shape = tuple(getattr(scale, "shape", ()))
     if int(np.prod(shape)) != 1:
         raise ValueError("%s: shape %s, expected one element (a per-tensor scale)" % (name, shape))
-    return float(scale.reshape(-1)[0])
+    return _finite_positive(float(scale.reshape(-1)[0]), name)
+
+
+def _finite_positive(v, name):
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError("%s: value %g must be finite and > 0" % (name, v))
+    return v
+
+
+_CACHE_NAMES = {"k": "key", "v": "value", "k_cache": "key_cache", "v_cache": "value_cache"}  # C -> vLLM
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -480,7 +531,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         s = L.reshape_and_cache_flash_fp8(_view(key, "key"), _view(value, "value"), kc, vc,
                                           _view(slot_mapping, "slot_mapping"), ksv, vsv, _layout(layout))
         if s:
-            _raise(s)
+            _raise_as(s, _CACHE_NAMES)
         return
     if kv_cache_dtype != "auto":
         raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
@@ -492,7 +543,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
                                   _out(key_cache, "key_cache"), _out(value_cache, "value_cache"),
                                   _view(slot_mapping, "slot_mapping"))
     if s:
-        _raise(s)
+        _raise_as(s, _CACHE_NAMES)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale=None,
@@ -510,7 +561,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                                        L.fp8_out_view(kv_cache, "kv_cache", dt), kpc,
                                        _view(slot_mapping, "slot_mapping"), _layout(layout), sv)
         if s:
-            _raise(s)
+            _raise_as(s, {"kv_c_cache": "kv_cache"})
         return
     _check_auto(kv_cache_dtype)
     _check_scale(scale, "scale")
@@ -518,7 +569,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                                _out(k_pe_cache, "k_pe_cache"), _view(slot_mapping, "slot_mapping"),
                                _layout(layout))
     if s:
-        _raise(s)
+        _raise_as(s, {"kv_c_cache": "kv_cache"})
 
 
 def _to_numpy(x, name="cu_seq_lens"):
@@ -538,8 +589,19 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
 
 
 def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale):
-    cu = _to_numpy(cu_seq_lens)[:batch_size + 1]
+    cu = _to_numpy(cu_seq_lens)
+    nreq = min(len(cu) - 1, len(block_table)) if len(cu.shape) == 1 and len(block_table.shape) == 2 else 0
+    if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
+            or not 0 <= batch_size <= nreq:
+        raise ValueError("batch_size: %r, expected an int in [0, %d] (cu_seq_lens has %d entries, block_table "
+                         "%d rows)" % (batch_size, nreq, len(cu), len(block_table)))
+    batch_size = int(batch_size)
+    cu = cu[:batch_size + 1]
     seq_lens = np.ascontiguousarray(np.diff(cu), dtype=np.int32)
+    if (seq_lens < 0).any():
+        i = int(np.argmax(seq_lens < 0))
+        raise ValueError("cu_seq_lens: cu_seq_lens[%d] = %d < cu_seq_lens[%d] = %d (must not decrease)"
+                         % (i + 1, int(cu[i + 1]), i, int(cu[i])))
     first, last = (int(cu[0]), int(cu[-1])) if len(cu) else (0, 0)
     out = dst[first:last]
     # seq_starts [B] int32 (vLLM's dtype; others are rejected by C naming it)
@@ -563,7 +625,7 @@ def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, la
     else:
         s = L.gather_cache(ov, cv, bt, sl, _layout(layout))
     if s:
-        _raise(s)
+        _raise_as(s, {"out": "dst", "cache": "src_cache"})
 
 
 def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, kv_cache_dtype,
@@ -577,7 +639,7 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, bat
     if not isinstance(batch_size, (int, np.integer)):  # token_to_seq, num_tokens, ...
         batch_size, kv_cache_dtype, scale, seq_starts = (len(_to_numpy(cu_seq_lens)) - 1, scale, seq_starts,
                                                          rest[0] if rest else None)
-    _gather(src_cache, dst, block_table, cu_seq_lens, int(batch_size), seq_starts, layout, kv_cache_dtype, scale)
+    _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale)
 
 
 def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None, layout="ND"):
@@ -596,8 +658,10 @@ def convert_fp8(output, input, scale=1.0, kv_dtype="fp8"):
     kv_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' names the fp8 format of uint8 buffers;
     'auto' copies between two float tensors (one rounding)."""
     if kv_dtype == "auto":
-        if L.is_fp8_buffer(output) or L.is_fp8_buffer(input):
-            raise ValueError("kv_dtype='auto': both tensors must be f32/f16/bf16")
+        for x, name in ((output, "output"), (input, "input")):
+            if L.is_fp8_buffer(x) or L.info(x, name)[1] not in (L.F32, L.F16, L.BF16):
+                raise ValueError("%s: dtype %s; kv_dtype='auto' copies between f32/f16/bf16 tensors"
+                                 % (name, getattr(x, "dtype", "?")))
         if tuple(output.shape) != tuple(input.shape):
             raise ValueError("output: shape %s, input %s" % (tuple(output.shape), tuple(input.shape)))
         _copy_into(output, input)
@@ -613,7 +677,7 @@ def convert_fp8(output, input, scale=1.0, kv_dtype="fp8"):
             _view(input, "input")
     s = L.convert_fp8(d, x, float(scale))
     if s:
-        _raise(s)
+        _raise_as(s, {"dst": "output", "src": "input"})
 
 
 def _block_view(x, name, write):
@@ -673,6 +737,11 @@ def _copy_into(dst, src):
         dst[...] = src.numpy() if L.is_torch(src) else src
 
 
+# C's names -> vLLM's (the LSEs as C sees them: [T, H], the transposes of vLLM's [H, T])
+_MERGE_NAMES = {"out": "output", "out_lse": "output_lse (transposed)", "a": "prefix_output",
+                "lse_a": "prefix_lse (transposed)", "b": "suffix_output", "lse_b": "suffix_lse (transposed)"}
+
+
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
                       output_lse=None, prefill_tokens_with_context=None, output_scale=None):
     """output [T, H, D] = LSE merge of (prefix_output, prefix_lse) and (suffix_output,
@@ -707,7 +776,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
                   _view(prefix_output, "prefix_output"), _tview(prefix_lse, "prefix_lse"),
                   _view(suffix_output, "suffix_output"), _tview(suffix_lse, "suffix_lse"))
         if s:
-            _raise(s)
+            _raise_as(s, _MERGE_NAMES)
         return
     # tokens [0, n): the merge (validates everything the copies below rely on: dtypes,
     # heads, head size, overlaps) over views of the first n tokens; then the copies
@@ -716,7 +785,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
               _view(prefix_output[:n], "prefix_output"), _tview(lse_head(prefix_lse), "prefix_lse"),
               _view(suffix_output[:n], "suffix_output"), _tview(lse_head(suffix_lse), "suffix_lse"))
     if s:
-        _raise(s)
+        _raise_as(s, _MERGE_NAMES)
     if scaled:  # the suffix quantized as it is
         s = L.static_scaled_fp8_quant(_fp8_out(output[n:], "output"), _view(suffix_output[n:], "suffix_output"),
                                       _view(output_scale, "output_scale"))
@@ -1259,20 +1328,19 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
     return meta, splits
 
 
-def _mla_cache_view(x, name, fp8_dt):
-    """A latent cache's view: a uint8 buffer (as vLLM allocates fp8 caches) is viewed as
-    the fp8 dtype fp8_dt; fp8-typed arrays / tensors (torch float8, ml_dtypes) and
-    f32/f16/bf16 ones as they are."""
+def _mla_cache_view(x, name, fp8_dt, is_fp8):
+    """A latent cache's view: with an fp8 kv_cache_dtype (fp8_dt) a uint8 buffer (as vLLM
+    allocates fp8 caches) is viewed as fp8_dt and an fp8-typed array / tensor must be of
+    it; else a uint8 buffer is e4m3 with is_fp8 (FlashMLA's is_fp8_kvcache), and fp8-typed
+    (torch float8, ml_dtypes) and f32/f16/bf16 caches are taken as they are."""
+    if fp8_dt is not None:
+        return L.fp8_in_view(x, name, fp8_dt)
     if x is None or not L._is_uint8(x):
         return _view(x, name)
-    if fp8_dt is None:
+    if not is_fp8:
         raise TypeError("%s: a uint8 cache needs kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' (or "
                         "is_fp8_kvcache=True: e4m3)" % name)
-    if isinstance(x, np.ndarray):
-        return L.pack(L._np_data(x), fp8_dt, x.shape, x.strides, name)  # itemsize 1: byte strides
-    if not x.is_cpu:
-        raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
-    return L.pack(x.data_ptr(), fp8_dt, x.shape, x.stride(), name)
+    return L.fp8_view(x, name, L.F8E4M3)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -1295,16 +1363,21 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     fp8 latent caches (FlashMLA's fp8 path): k_cache (and k_pe_cache) as torch
     float8_e4m3fn / float8_e5m2 tensors, ml_dtypes arrays, or uint8 buffers with
     kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2' (vLLM's names) or is_fp8_kvcache=True
-    (e4m3); NZ fp8 caches have 32-wide tiles [blocks, (Dl + Dr)/32, page, 32]. descale_k
-    (a number or a one-element tensor; default 1): an element c stands for c * descale_k,
-    dequantized in the kernel's registers; descale_q multiplies the scores (q's
-    dequantization scale; q itself is f32/f16/bf16)."""
+    (e4m3); NZ fp8 caches have 32-wide tiles [blocks, (Dl + Dr)/32, page, 32]. A typed
+    cache must agree: of the fp8 kv_cache_dtype's format, and an fp8 one with
+    is_fp8_kvcache=True (TypeError otherwise). descale_k (a number or a one-element
+    tensor; default 1): an element c stands for c * descale_k, dequantized in the
+    kernel's registers; descale_q multiplies the scores (q's dequantization scale; q
+    itself is f32/f16/bf16); both finite and > 0 (ValueError naming them)."""
     lay = _layout(kv_layout)
     fp8_dt = _FP8_KV.get(kv_cache_dtype)
     if fp8_dt is None and kv_cache_dtype != "auto":
         raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
-    if fp8_dt is None and is_fp8_kvcache:
-        fp8_dt = L.F8E4M3
+    if is_fp8_kvcache and fp8_dt is None:  # FlashMLA's flag: an fp8 cache (uint8 buffers: e4m3)
+        for x, name in ((k_cache, "k_cache"), (k_pe_cache, "k_pe_cache")):
+            if x is not None and not L.is_fp8_buffer(x):
+                raise TypeError("%s: dtype %s with is_fp8_kvcache=True: expected an fp8 cache (uint8 buffer, "
+                                "float8_e4m3fn / float8_e5m2)" % (name, getattr(x, "dtype", "?")))
     # FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor
     k_scale = _scale_arg(descale_k, "descale_k", required=False, scalar=True)
     q_scale = _scale_arg(descale_q, "descale_q", required=False, scalar=True)
@@ -1321,12 +1394,13 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if tile_scheduler_metadata is not None:
         split = int(tile_scheduler_metadata[0][0])
     params = L.mla_decode_params(softmax_scale * q_scale, 1 if causal else 0, lay, split, k_scale)
-    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "lse"), _view(q, "q"),
-                     _mla_cache_view(k_cache, "kv_c_cache", fp8_dt),
-                     _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt), _view(block_table, "block_table"),
-                     _view(cache_seqlens, "cache_seqlens"), params)
+    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "softmax_lse"), _view(q, "q"),
+                     _mla_cache_view(k_cache, "k_cache", fp8_dt, is_fp8_kvcache),
+                     _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt, is_fp8_kvcache),
+                     _view(block_table, "block_table"), _view(cache_seqlens, "cache_seqlens"), params)
     if s:
-        _raise(s)
+        _raise_as(s, {"kv_c_cache": "k_cache", "lse": "softmax_lse", "params.scale": "softmax_scale * descale_q",
+                      "params.k_scale": "descale_k"})
     return out, softmax_lse
 
 

@@ -61,7 +61,7 @@ def test_merge_attn_states_strided_and_errors(rng):
     close(out, ref_merge(a, la, b, lb)[0])
     with pytest.raises(lk.LlmkernError) as e:
         lk.merge_attn_states(out, a, la[:, :3], b, lb)  # prefix_lse of the wrong length
-    assert "lk_merge_attn_states" in str(e.value) and "lse_a" in str(e.value)
+    assert "lk_merge_attn_states" in str(e.value) and "prefix_lse" in str(e.value)  # vLLM's name, not C's lse_a
     with pytest.raises(lk.LlmkernError) as e:
         lk.merge_attn_states(out, a, la.astype(np.float16), b, lb)
     assert e.value.status == "LK_ERR_DTYPE"

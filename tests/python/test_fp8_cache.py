@@ -325,7 +325,7 @@ def test_convert_fp8_numpy(rng, kv):
     assert np.array_equal(back, q.view(np_fp8(kv)).astype(np.float32) * np.float32(0.5))
     with pytest.raises(lk.LlmkernError, match="scale"):
         lk.convert_fp8(q, x, float("nan"), kv)
-    with pytest.raises(lk.LlmkernError, match="dst"):  # f32 -> f32 with an fp8 kv_dtype
+    with pytest.raises(lk.LlmkernError, match="output: dtype f32 with input f32"):  # f32 -> f32, fp8 kv_dtype
         lk.convert_fp8(back, x, 1.0, kv)
 
 
