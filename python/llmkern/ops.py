@@ -27,15 +27,18 @@ def _raise_as(code, names):
     """_raise, the C message's argument names given as the caller's (vLLM's) names:
     names maps a C name (as the message writes it: "dst", "params.k_scale") to the Python
     argument's. A name is replaced where the message uses it as one: followed by ':',
-    '[', ' [', "'s" or a dtype (" f32", " bf16", " i32")."""
+    '[', ' [', "'s", ' (', a dtype (" f32", " bf16", " i32"), " and " or " overlap"."""
     try:
         _raise(code)
     except L.LlmkernError as e:
         alt = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-        msg = re.sub(r"(?<![\w.])(%s)(?=:|\[| \[|'s| b?f\d| i\d)" % alt, lambda m: names[m.group(1)], e.message)
+        msg = re.sub(r"(?<![\w.])(%s)(?=:|\[| \[|'s| b?f\d| i\d| and | overlap| \()" % alt, lambda m: names[m.group(1)], e.message)
         raise L.LlmkernError(e.code, e.status, msg) from None
 
 # ---------------------------------------------------------------- normalisation
+
+_NORM_NAMES = {"x": "input", "w": "weight", "eps": "epsilon"}  # C -> vLLM
+_ACT_NAMES = {"x": "input"}
 
 
 def rms_norm(out, input, weight, epsilon):
@@ -43,7 +46,7 @@ def rms_norm(out, input, weight, epsilon):
     weight None: no weight (vLLM's `Tensor? weight`)."""
     s = L.rms_norm(_out(out, "out"), _view(input, "input"), _view(weight, "weight"), epsilon, 0)
     if s:
-        _raise(s)
+        _raise_as(s, _NORM_NAMES)
 
 
 def fused_add_rms_norm(input, residual, weight, epsilon):
@@ -52,21 +55,21 @@ def fused_add_rms_norm(input, residual, weight, epsilon):
     s = L.fused_add_rms_norm(_out(input, "input"), _out(residual, "residual"),
                              _view(weight, "weight"), epsilon, 0)
     if s:
-        _raise(s)
+        _raise_as(s, _NORM_NAMES)
 
 
 def gemma_rms_norm(out, input, weight, epsilon):
     """Gemma's form: out = input * rsqrt(mean(input^2) + epsilon) * (1 + weight)."""
     s = L.rms_norm(_out(out, "out"), _view(input, "input"), _view(weight, "weight"), epsilon, 1)
     if s:
-        _raise(s)
+        _raise_as(s, _NORM_NAMES)
 
 
 def gemma_fused_add_rms_norm(input, residual, weight, epsilon):
     s = L.fused_add_rms_norm(_out(input, "input"), _out(residual, "residual"),
                              _view(weight, "weight"), epsilon, 1)
     if s:
-        _raise(s)
+        _raise_as(s, _NORM_NAMES)
 
 
 # ---------------------------------------------------------------- activations
@@ -76,35 +79,35 @@ def silu_and_mul(out, input):
     """out[..., d] = silu(input[..., :d]) * input[..., d:]."""
     s = L.silu_and_mul(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def gelu_tanh_and_mul(out, input):
     """out[..., d] = gelu_tanh(input[..., :d]) * input[..., d:]."""
     s = L.gelu_tanh_and_mul(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def gelu_and_mul(out, input):
     """out[..., d] = gelu(input[..., :d]) * input[..., d:], exact (erf) GELU."""
     s = L.gelu_and_mul(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def mul_and_silu(out, input):
     """out[..., d] = input[..., :d] * silu(input[..., d:]) (the activation on the second half)."""
     s = L.mul_and_silu(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def fatrelu_and_mul(out, input, threshold=0.0):
     """out[..., d] = (g > threshold ? g : 0) * input[..., d:], g = input[..., :d]."""
     s = L.fatrelu_and_mul(_out(out, "out"), _view(input, "input"), threshold)
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def swigluoai_and_mul(out, input, alpha=1.702, limit=7.0):
@@ -112,28 +115,28 @@ def swigluoai_and_mul(out, input, alpha=1.702, limit=7.0):
     out[..., d] = (u + 1) * g * sigmoid(alpha * g)."""
     s = L.swigluoai_and_mul(_out(out, "out"), _view(input, "input"), alpha, limit)
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def gelu_new(out, input):
     """out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), element-wise."""
     s = L.gelu_new(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def gelu_fast(out, input):
     """out = 0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2))), element-wise."""
     s = L.gelu_fast(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 def gelu_quick(out, input):
     """out = x * sigmoid(1.702 x), element-wise."""
     s = L.gelu_quick(_out(out, "out"), _view(input, "input"))
     if s:
-        _raise(s)
+        _raise_as(s, _ACT_NAMES)
 
 
 # ---------------------------------------------------------------- rotary
@@ -189,7 +192,7 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     s = L.rotary_embedding(pos, _heads_view(query, head_size, "query", batched),
                            k, _view(cos_sin_cache, "cos_sin_cache"), is_neox)
     if s:
-        _raise(s)
+        _raise_as(s, {"q": "query", "k": "key"})
 
 
 # ---------------------------------------------------------------- fp8 activations
@@ -363,7 +366,7 @@ def rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon,
                                            _out(scale, "scale"), epsilon, _view(scale_ub, "scale_ub"),
                                            None if residual is None else _out(residual, "residual"))
     if s:
-        _raise(s)
+        _raise_as(s, {"out": "result", "scales": "scale"})
 
 
 def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_ub=None, residual=None):
@@ -856,6 +859,11 @@ def _fp8_out_like(q, v):
     return np.float32
 
 
+# C's names -> flash-attention's (lse: the [Tq, Hq] transpose of softmax_lse [Hq, Tq])
+_ATTN_NAMES = {"params.scale": "softmax_scale", "params.softcap": "softcap", "params.window": "window_size",
+               "lse": "softmax_lse (transposed)"}
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -911,13 +919,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if len(q.shape) != 3:
             raise ValueError("q: shape %s, expected [total_q, num_heads, head_dim]" % (tuple(q.shape),))
         tq, hq = q.shape[0], q.shape[1]
+    dv = v.shape[-1]
+    if block_table is not None and lay == 1 and len(k.shape) == 4 and len(v.shape) == 4:
+        # NZ: [blocks, C/T, bs, T], C = Hk * D
+        kt = 32 if (f8 is not None or _fp8_code(k) is not None) else 16  # fp8: 32-wide tiles
+        vt = 32 if (f8 is not None or _fp8_code(v) is not None) else 16
+        hk = k.shape[1] * kt // dqk
+        dv = v.shape[1] * vt // hk if hk else dqk
+    if out is not None and len(out.shape) == 3 and out.shape[-1] != dv:
+        raise ValueError("out: shape %s, last dim must be v's head dim %d" % (tuple(out.shape), dv))
     if out is None:
-        dv = v.shape[-1]
-        if block_table is not None and lay == 1:  # NZ: [blocks, C/T, bs, T], C = Hk * D
-            kt = 32 if (f8 is not None or _fp8_code(k) is not None) else 16  # fp8: 32-wide tiles
-            vt = 32 if (f8 is not None or _fp8_code(v) is not None) else 16
-            hk = k.shape[1] * kt // dqk
-            dv = v.shape[1] * vt // hk if hk else dqk
         if output_scale is not None:  # the fp8 out of vLLM's fused output quantization
             out = _fp8_like(q, (tq, hq, dv))
         elif _fp8_code(q) is not None:
@@ -945,7 +956,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         s = L.flash_attn_varlen(_out(out, "out"), *args)
     del keep
     if s:
-        _raise(s)
+        _raise_as(s, _ATTN_NAMES)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_softmax_lse else out
@@ -1058,6 +1069,10 @@ def _append_fp8(k, v, k_cache, v_cache, slots, f8, k_descale, v_descale):
             _raise(s)
 
 
+# C's names -> flash_attn_with_kvcache's (C attends over k_cache / v_cache as k / v)
+_KVCACHE_NAMES = dict(_ATTN_NAMES, k="k_cache", v="v_cache", lse="softmax_lse (transposed)")
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -1067,9 +1082,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """flash-attention's decode entry point. q [B, s_q, Hq, D]; k_cache, v_cache dense
     [B_cache, S, Hk, D] (request b uses row cache_batch_idx[b], default b) or paged
     [num_blocks, block_size, Hk, D] with block_table [B, max_blocks]; cache_seqlens (int or
-    [B]): keys already cached (None: the whole cache). k, v [B, s_new, Hk, D] (optional) are
-    appended at positions cache_seqlens[b] .. + s_new before attending; with rotary_cos /
-    rotary_sin [seqlen_ro, rot / 2] the new k is rotated at those positions (and q at
+    [B]): keys already cached (None: the whole cache; required with k, v). k, v [B, s_new,
+    Hk, D] (optional) are appended at positions cache_seqlens[b] .. + s_new before
+    attending; with rotary_cos / rotary_sin [seqlen_ro >= cache_seqlens + s_new, rot / 2]
+    (only with k, v, as flash-attention) the new k is rotated at those positions (and q at
     cache_seqlens + i when causal or local, else at cache_seqlens), GPT-J pairs when
     rotary_interleaved, else NeoX; q and k themselves are not modified. Attention over
     cache_seqlens + s_new keys per request, bottom-right aligned (causal, window_size,
@@ -1095,6 +1111,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError("cache_leftpad: left-padded caches are not supported")
     if (k is None) != (v is None):
         raise ValueError("k, v: pass both new keys and new values, or neither")
+    if rotary_cos is not None and k is None:  # flash-attention rotates q only with an append
+        raise ValueError("rotary_cos: with rotary cos / sin the new k and v to append must be passed too")
+    if k is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: required with new k and v (where to append them)")
     f8 = _kv_fp8(kv_cache_dtype)
     cache_f8 = f8 is not None or _fp8_code(k_cache) is not None or _fp8_code(v_cache) is not None
     if len(q.shape) != 4:
@@ -1154,8 +1174,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cs = np.ascontiguousarray(np.concatenate([rotary_cos, rotary_sin], axis=1))
         qq = _fresh_copy(q)
         local = causal or (wl, wr) != (-1, -1)
-        qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else 0)).reshape(-1)
-        rotary_embedding(_side(q, np.broadcast_to(qpos, (B * sq,)).astype(np.int64)),
+        # q at cache_seqlens + i (causal / local), else every query at cache_seqlens
+        qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else np.zeros((1, sq), np.int64))).reshape(-1)
+        if int(rotary_cos.shape[0]) < int(total.max(initial=0)):
+            raise ValueError("rotary_cos: %d rows, the rotary positions reach %d (cache_seqlens + new tokens)"
+                             % (int(rotary_cos.shape[0]), int(total.max(initial=0))))
+        rotary_embedding(_side(q, qpos.astype(np.int64)),
                          qq.reshape(B * sq, Hq, D), None, D, cs, not rotary_interleaved)
         if k is not None:
             kk = _fresh_copy(k)
@@ -1186,6 +1210,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
         dv = int(v_cache.shape[-1])
+        if out is not None and len(out.shape) == 4 and int(out.shape[-1]) != dv:
+            raise ValueError("out: shape %s, last dim must be v_cache's head dim %d" % (tuple(out.shape), dv))
         if out is None:
             if output_scale is not None:  # the fp8 out of vLLM's fused output quantization
                 out = _fp8_like(q, (B, sq, Hq, dv))
@@ -1218,7 +1244,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             st = L.flash_attn_varlen(_tokens_view(out, "out", True), *args)
         del keep
         if st:
-            _raise(st)
+            _raise_as(st, _KVCACHE_NAMES)
     except BaseException:
         if saved is not None:  # put the appended slots' bytes back
             rk, rv, ipg, iof, ok, ov = saved
@@ -1388,6 +1414,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     b, sq, h = q.shape[0], q.shape[1], q.shape[2]
     if out is None:
         out = _empty(q, (b, sq, h, head_dim_v))
+    elif len(out.shape) != 4 or int(out.shape[-1]) != int(head_dim_v):
+        raise ValueError("out: shape %s, expected [%d, %d, %d, head_dim_v = %d]"
+                         % (tuple(out.shape), b, sq, h, int(head_dim_v)))
     if softmax_lse is None:
         softmax_lse = _empty(q, (b, h, sq), f32=True)
     split = 0
@@ -1400,7 +1429,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                      _view(block_table, "block_table"), _view(cache_seqlens, "cache_seqlens"), params)
     if s:
         _raise_as(s, {"kv_c_cache": "k_cache", "lse": "softmax_lse", "params.scale": "softmax_scale * descale_q",
-                      "params.k_scale": "descale_k"})
+                      "params.k_scale": "descale_k",
+                      "params.split_keys": "tile_scheduler_metadata[0][0] (split_keys)"})
     return out, softmax_lse
 
 

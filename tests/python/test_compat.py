@@ -334,7 +334,7 @@ def test_activations_bad_inputs(rng):
         assert ("lk_" + name) in str(e.value) and "out" in str(e.value) and e.value.status == "LK_ERR_SHAPE"
         with pytest.raises(lk.LlmkernError) as e:
             getattr(lk, name)(out, x[:, :15])
-        assert "x" in str(e.value)
+        assert "input: last dim" in str(e.value)  # vLLM's name, not C's x
     for name in ELEMENTWISE:
         with pytest.raises(lk.LlmkernError) as e:
             getattr(lk, name)(out, x)
@@ -442,9 +442,10 @@ def ref_decode(q, kseq, vseq, scale, causal, window=(-1, -1), softcap=0.0, slope
     return out, lse
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("rotary", [None, True, False])
-def test_flash_attn_with_kvcache(rng, paged, rotary):
+def test_flash_attn_with_kvcache(rng, paged, rotary, causal):
     torch = torch_or_skip()
     B, sq, Hq, Hk, D, S = 3, 2, 4, 2, 32, 24
     q = torch.randn(B, sq, Hq, D)
@@ -465,7 +466,7 @@ def test_flash_attn_with_kvcache(rng, paged, rotary):
     k0, v0, q0, kn0 = k_cache.clone(), v_cache.clone(), q.clone(), k_new.clone()
     out, lse = lk.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
                                           cache_seqlens=seqlens, cache_batch_idx=batch_idx, block_table=block_table,
-                                          causal=True, rotary_interleaved=bool(rotary), return_softmax_lse=True)
+                                          causal=causal, rotary_interleaved=bool(rotary), return_softmax_lse=True)
     assert out.shape == (B, sq, Hq, D) and lse.shape == (B, Hq, sq)
     assert torch.equal(q, q0) and torch.equal(k_new, kn0)  # inputs not modified
     for b in range(B):
@@ -480,15 +481,41 @@ def test_flash_attn_with_kvcache(rng, paged, rotary):
         qb = q[b]
         if rotary is not None:
             kn = rope_ref(kn, n + np.arange(sq), cos, sin, rotary)
-            qb = rope_ref(qb, n + np.arange(sq), cos, sin, rotary)
+            # q at cache_seqlens + i when causal (or local), else every query at cache_seqlens
+            qb = rope_ref(qb, n + (np.arange(sq) if causal else np.zeros(sq, np.int64)), cos, sin, rotary)
         kseq, vseq = seq(k_cache), seq(v_cache)
         close(kseq[n:], f64(kn))  # appended (and rotated) at cache_seqlens
         assert torch.equal(vseq[n:], v_new[b])
         old = seq(k0)
         assert torch.equal(kseq[:n], old[:n])
-        want, want_lse = ref_decode(qb, kseq, vseq, 1 / math.sqrt(D), True)
+        want, want_lse = ref_decode(qb, kseq, vseq, 1 / math.sqrt(D), causal)
         close(out[b], want, 2.0)
         np.testing.assert_allclose(lse[b].numpy(), want_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attn_with_kvcache_argument_checks(rng):
+    """flash-attention's own checks: rotary needs an append, an append needs cache_seqlens;
+    out's head dim against v_cache's, rotary tables covering the positions; nothing written."""
+    B, sq, H, D = 2, 1, 2, 16
+    q = rand(rng, (B, sq, H, D), np.float32)
+    kc, vc = rand(rng, (B, 8, H, D), np.float32), rand(rng, (B, 8, H, D), np.float32)
+    kn, vn = rand(rng, (B, 1, H, D), np.float32), rand(rng, (B, 1, H, D), np.float32)
+    ang = np.arange(8)[:, None] * 0.1 * np.arange(1, D // 2 + 1)[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    k0, v0 = kc.copy(), vc.copy()
+    lens = np.array([3, 6], np.int32)
+    with pytest.raises(ValueError, match="rotary_cos: with rotary cos / sin the new k and v"):
+        lk.flash_attn_with_kvcache(q, kc, vc, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="cache_seqlens: required with new k and v"):
+        lk.flash_attn_with_kvcache(q, kc, vc, kn, vn)
+    with pytest.raises(ValueError, match="rotary_cos: 6 rows, the rotary positions reach 7"):
+        lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cos[:6], sin[:6], cache_seqlens=lens)
+    out = np.full((B, sq, H, D + 1), 5.0, np.float32)
+    with pytest.raises(ValueError, match="out: shape .*last dim must be v_cache's head dim 16"):
+        lk.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, out=out)
+    assert np.array_equal(kc, k0) and np.array_equal(vc, v0) and np.all(out == 5.0)
+    with pytest.raises(lk.LlmkernError, match="window_size: values must be >= -1"):
+        lk.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, window_size=(-2, -2))
 
 
 def test_flash_attn_with_kvcache_no_append_alibi_window(rng):

@@ -130,6 +130,11 @@ def test_errors(rng):
     with pytest.raises(lk.LlmkernError) as e:
         lk.flash_mla_with_kvcache(q, cache, bt2, sl, 64, None, None, out=out)
     assert "block_table" in str(e.value)
+    for dv in (32, 65, 1000):  # head_dim_v must be out's last dim
+        with pytest.raises(ValueError, match="out: shape .*head_dim_v = %d" % dv):
+            lk.flash_mla_with_kvcache(q, cache, bt, sl, dv, None, None, out=out)
+    with pytest.raises(lk.LlmkernError, match=r"tile_scheduler_metadata\[0\]\[0\] \(split_keys\): must be >= 0"):
+        lk.flash_mla_with_kvcache(q, cache, bt, sl, 64, np.array([[-5, 0]], np.int32), None, out=out)
     assert np.array_equal(out, keep)
     with pytest.raises(lk.LlmkernError):
         lk.get_mla_metadata(np.array([3, -1], np.int32), 4, 1)

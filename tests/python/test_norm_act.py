@@ -84,7 +84,7 @@ def test_rms_norm_errors(rng):
     with pytest.raises(lk.LlmkernError) as e:
         lk.rms_norm(out, x, np.ones(63, np.float32), EPS)
     assert e.value.status == "LK_ERR_SHAPE"
-    assert "lk_rms_norm" in str(e.value) and "w:" in str(e.value)
+    assert "lk_rms_norm" in str(e.value) and "weight: shape [63] does not match last dim of input (64)" in str(e.value)
     assert isinstance(e.value, RuntimeError)
     assert np.all(out == 3.0)  # nothing written
     with pytest.raises(lk.LlmkernError) as e:
@@ -197,3 +197,18 @@ def test_torch_mixed_bf16_weights_f32(rng):
     out = torch.empty((3, 32), dtype=torch.float32)
     lk.rms_norm(out, x, w, EPS)
     np.testing.assert_allclose(out.numpy(), ref_rms(x, w, EPS, False), rtol=1e-5, atol=1e-5)
+
+
+def test_error_messages_name_python_arguments(rng):
+    """C's x / w / eps / q / k / out / a are given as vLLM's argument names"""
+    x = rand(rng, (4, 16), np.float32)
+    out = np.zeros((4, 16), np.float32)
+    with pytest.raises(lk.LlmkernError, match="lk_rms_norm: epsilon: must be finite and >= 0"):
+        lk.rms_norm(out, x, np.ones(16, np.float32), -1.0)
+    with pytest.raises(lk.LlmkernError, match="input and residual overlap"):
+        lk.fused_add_rms_norm(x, x, np.ones(16, np.float32), EPS)
+    with pytest.raises(lk.LlmkernError, match=r"query: shape \[4, 1, 16\] has 4 tokens"):
+        lk.rotary_embedding(np.arange(3), x.copy(), None, 16, np.ones((8, 16), np.float32), True)
+    st, lse = rand(rng, (3, 2, 16), np.float32), np.zeros((2, 3), np.float32)
+    with pytest.raises(lk.LlmkernError, match="output and prefix_output overlap"):
+        lk.merge_attn_states(st, st, lse, rand(rng, (3, 2, 16), np.float32), lse)
