@@ -364,7 +364,7 @@ LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *c
                                         const lk_tensor *seq_starts, lk_kv_layout layout,
                                         const lk_tensor *scale);
 
-/* vLLM's convert_fp8: dst and src of one shape (any rank <= LK_MAX_DIMS, any strides),
+/* vLLM's convert_fp8: dst and src of one shape (any rank 0..LK_MAX_DIMS, any strides),
  * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;
  * src f32/f16/bf16 -> dst fp8 = fp8(x / scale). scale finite and > 0 (LK_ERR_VALUE);
  * dst must not overlap itself or src. */

@@ -555,6 +555,23 @@ static void test_errors(void) {
     lk_tensor sx = lk_tensor_make(x.t.data, LK_F32, 1, (int64_t[]){R}); /* scales over the input */
     expect(lk_dynamic_per_token_scaled_fp8_quant(&out.t, &x.t, &sx, NULL), LK_ERR_ALIAS, "scales", all, nb,
            "scales overlapping input");
+    /* an input scale overlapping a written tensor (its value valid: 0.5) */
+    const float half = 0.5f;
+    memcpy(out.t.data, &half, sizeof half), memcpy(res.t.data, &half, sizeof half);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    lk_tensor so = lk_tensor_make(out.t.data, LK_F32, 1, (int64_t[]){1});
+    lk_tensor sr = lk_tensor_make(res.t.data, LK_F32, 0, NULL);
+    expect(lk_static_scaled_fp8_quant(&out.t, &x.t, &so), LK_ERR_ALIAS, "scale", all, nb, "scale in out");
+    expect(lk_dynamic_per_token_scaled_fp8_quant(&out.t, &x.t, &scs.t, &so), LK_ERR_ALIAS, "scale_ub", all, nb,
+           "scale_ub in out");
+    expect(lk_rms_norm_static_fp8_quant(&out.t, &x.t, &w.t, &so, 1e-6f), LK_ERR_ALIAS, "scale", all, nb,
+           "norm scale in out");
+    expect(lk_fused_add_rms_norm_static_fp8_quant(&out.t, &x.t, &res.t, &w.t, &sr, 1e-6f), LK_ERR_ALIAS,
+           "residual and scale", all, nb, "norm scale in residual");
+    expect(lk_rms_norm_dynamic_per_token_quant(&out.t, &x.t, &w.t, &scs.t, 1e-6f, &so, NULL), LK_ERR_ALIAS,
+           "out and scale_ub", all, nb, "norm scale_ub in out");
+    expect(lk_rms_norm_dynamic_per_token_quant(&out.t, &x.t, &w.t, &scs.t, 1e-6f, &sr, &res.t), LK_ERR_ALIAS,
+           "residual and scale_ub", all, nb, "norm scale_ub in residual");
     expect(lk_static_scaled_fp8_quant(NULL, &x.t, &sc.t), LK_ERR_NULL, "out", all, nb, "NULL out");
     /* merge */
     int64_t s3[3] = {2, 2, 8};

@@ -707,6 +707,19 @@ static void test_convert(void) {
              "convert_fp8: shape mismatch rejected (%s)", lk_last_error());
     tu_buf e0 = tu_alloc(LK_F8E4M3, 2, (int64_t[]){0, 4}, 0), e1 = tu_alloc(LK_F32, 2, (int64_t[]){0, 4}, 0);
     tu_check(lk_convert_fp8(&e0.t, &e1.t, 1.0f) == LK_OK, "convert_fp8: empty (%s)", lk_last_error());
+    /* 0-d views (rank 0 is a shape like any other): one element each way, every ISA */
+    for (int ii = 0; ii < nisa; ii++) {
+        lk_set_isa(isas[ii]);
+        float x = 3.0f, y = -1.0f;
+        uint8_t q = 0xaa;
+        lk_tensor tx = lk_tensor_make(&x, LK_F32, 0, NULL), tq = lk_tensor_make(&q, LK_F8E4M3, 0, NULL);
+        lk_tensor ty = lk_tensor_make(&y, LK_F32, 0, NULL);
+        lk_status r1 = lk_convert_fp8(&tq, &tx, 2.0f), r2 = lk_convert_fp8(&ty, &tq, 2.0f);
+        tu_check(r1 == LK_OK && r2 == LK_OK && q == 0x3c && y == 3.0f,
+                 "convert_fp8 isa=%s: 0-d f32 3 / 2 -> e4m3 0x3c (1.5) -> f32 3 (got 0x%02x, %g; %s)",
+                 lk_isa_name(isas[ii]), q, (double)y, lk_last_error());
+    }
+    lk_set_isa(isas[nisa - 1]);
     tu_free(&src), tu_free(&d0), tu_free(&d1), tu_free(&f2), tu_free(&f3), tu_free(&e0), tu_free(&e1);
 }
 

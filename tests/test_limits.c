@@ -238,10 +238,42 @@ static void test_registry_covers_header(void) {
     tu_check(found >= 13, "registry coverage: %d public operators found in %s", found, LK_PUBLIC_HEADER);
 }
 
+/* empty views whose dims multiply past int64 pass lk_check_view (no element is
+ * addressed); the operators that multiply such dims together (heads x dims of an NZ
+ * page or of a gather entry) must report it, naming the argument, without a signed
+ * overflow (the sanitizer builds abort on one) */
+static void test_empty_dims_overflow(void) {
+    static float f[16];
+    static unsigned char cache[1024];
+    static int64_t sm[1];
+    static int32_t cu[2], used[1], bt[1], sl[1];
+    const int64_t g40 = (int64_t)1 << 40, g60 = (int64_t)1 << 60;
+    lk_tensor k = {f, LK_F32, 3, {0, g40, g40}, {1, 1, 1}};
+    lk_tensor kc = {cache, LK_F8E4M3, 4, {1, 0, 1, 32}, {32, 32, 32, 1}};
+    lk_tensor slots = {sm, LK_I64, 1, {0}, {1}};
+    lk_status st = lk_reshape_and_cache_flash_fp8(&k, &k, &kc, &kc, &slots, NULL, NULL, LK_KV_NZ);
+    tu_check(st == LK_ERR_OVERFLOW && strstr(lk_last_error(), "k_cache: heads x dims"),
+             "reshape_and_cache_flash_fp8 NZ, k [0, 2^40, 2^40]: %s (%s)", lk_status_str(st), lk_last_error());
+    lk_tensor q = lk_tensor_make(f, LK_F32, 3, (int64_t[]){1, 1, 16}), o = q;
+    lk_tensor kz = {f, LK_F32, 4, {0, g60, 0, 16}, {0, 0, 0, 0}};
+    lk_tensor tcu = lk_tensor_make(cu, LK_I32, 1, (int64_t[]){2}), tu_ = lk_tensor_make(used, LK_I32, 1, (int64_t[]){1});
+    lk_tensor tbt = lk_tensor_make(bt, LK_I32, 2, (int64_t[]){1, 1}), tsl = lk_tensor_make(sl, LK_I32, 1, (int64_t[]){1});
+    lk_attn_params p = lk_attn_params_default(1.0f);
+    p.kv_layout = LK_KV_NZ;
+    st = lk_flash_attn_varlen(&o, NULL, &q, &kz, &kz, &tcu, NULL, &tu_, &tbt, &p);
+    tu_check(st == LK_ERR_OVERFLOW && strstr(lk_last_error(), "k: NZ shape"),
+             "flash_attn_varlen NZ, k [0, 2^60, 0, 16]: %s (%s)", lk_status_str(st), lk_last_error());
+    lk_tensor go = {f, LK_F32, 3, {0, g40, g40}, {1, 1, 1}}, gc = lk_tensor_make(f, LK_F32, 3, (int64_t[]){1, 1, 16});
+    st = lk_gather_cache(&go, &gc, &tbt, &tsl, LK_KV_ND);
+    tu_check(st == LK_ERR_OVERFLOW && strstr(lk_last_error(), "out: shape"),
+             "gather_cache, out [0, 2^40, 2^40]: %s (%s)", lk_status_str(st), lk_last_error());
+}
+
 int main(void) {
     tu_init();
     test_registry_covers_header();
     test_table();
     test_negative_strides();
+    test_empty_dims_overflow();
     return tu_finish("test_limits");
 }

@@ -317,6 +317,9 @@ static void test_grid(void) {
     c = base_case(), c.split = 1, c.B = 2, c.len[0] = 5, c.len[1] = 0, c.s_q = 2, c.causal = 1, c.ot = LK_F32;
     c.name = "split 1";
     check_case(&c);
+    c = base_case(), c.split = INT64_MAX, c.B = 2, c.len[0] = 13, c.len[1] = 130; /* one chunk, no overflow */
+    c.name = "split INT64_MAX";
+    check_case(&c);
 }
 
 /* NZ gives ND's bits on every ISA (one and two buffers, split or not) */

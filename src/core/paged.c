@@ -23,7 +23,10 @@ static lk_status paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layou
                          t->stride[0], t->stride[1], t->stride[2], t->stride[3], 16};
     } else {
         if ((s = check(t, name, 4, 4))) return s;
-        int64_t C = H * D, T = lk_dtype_size(t->dtype) == 1 ? 32 : 16;
+        int64_t C, T = lk_dtype_size(t->dtype) == 1 ? 32 : 16;
+        if (__builtin_mul_overflow(H, D, &C))
+            return lk_fail(LK_ERR_OVERFLOW, "%s: heads x dims (%lld x %lld) overflows int64", name, (long long)H,
+                           (long long)D);
         if (C % T)
             return lk_fail(LK_ERR_SHAPE, "%s: NZ layout (%s) needs heads * dims (%lld) to be a multiple of %lld",
                            name, lk_dtype_name(t->dtype), (long long)C, (long long)T);

@@ -53,7 +53,8 @@ lk_tensor lk_tensor_make(void *data, lk_dtype dtype, int32_t ndim, const int64_t
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = s;
-        s *= shape[d] > 0 ? shape[d] : 1;
+        /* wrapping (unsigned) product: absurd shapes give strides lk_check_view refuses, not UB */
+        s = (int64_t)((uint64_t)s * (uint64_t)(shape[d] > 0 ? shape[d] : 1));
     }
     return t;
 }
@@ -154,11 +155,16 @@ lk_status lk_scale_init(lk_scale *s, const lk_tensor *t, int64_t B, int64_t H, c
         nh = H, sh = t->stride[0];
     else if (t->ndim == 2 && B >= 0 && t->shape[0] == B && t->shape[1] == H)
         nb = B, nh = H, sb = B > 1 ? t->stride[0] : 0, sh = H > 1 ? t->stride[1] : 0;
-    else if (!(t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)))
-        return B >= 0 ? lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1], [%lld] or [%lld, %lld]", name,
-                                lk_shape_str(t), (long long)H, (long long)B, (long long)H)
-                      : lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1] or [%lld]", name,
-                                lk_shape_str(t), (long long)H);
+    else if (!(t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1))) {
+        if (B >= 0)
+            return H == 1 ? lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1] or [%lld, 1]", name, lk_shape_str(t),
+                                    (long long)B)
+                          : lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1], [%lld] or [%lld, %lld]", name,
+                                    lk_shape_str(t), (long long)H, (long long)B, (long long)H);
+        return H == 1 ? lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [] or [1]", name, lk_shape_str(t))
+                      : lk_fail(LK_ERR_SHAPE, "%s: shape %s: expected [], [1] or [%lld]", name, lk_shape_str(t),
+                                (long long)H);
+    }
     if (nb * nh == 0) { /* an empty [B, H] / [H] scale: nothing reads it */
         s->p = &one, s->sb = s->sh = 0;
         return LK_OK;

@@ -163,11 +163,14 @@ static lk_status check_attn(lk_attn_args *a, idx_copies *cp, const lk_tensor *ou
                            lk_shape_str(table), lk_shape_str(used), (long long)B);
         if ((s = lk_check_float8(k, "k", 4, 4)) || (s = lk_check_float8(v, "v", 4, 4))) return s;
         if (p->kv_layout == LK_KV_NZ) {
-            int64_t tile = lk_is_fp8(k->dtype) ? 32 : 16; /* 1-byte caches: 32-wide tiles */
-            if ((k->shape[1] * tile) % Dqk)
+            int64_t tile = lk_is_fp8(k->dtype) ? 32 : 16, C; /* 1-byte caches: 32-wide tiles */
+            if (__builtin_mul_overflow(k->shape[1], tile, &C))
+                return lk_fail(LK_ERR_OVERFLOW, "k: NZ shape %s: %lld tiles of %lld overflow int64", lk_shape_str(k),
+                               (long long)k->shape[1], (long long)tile);
+            if (C % Dqk)
                 return lk_fail(LK_ERR_SHAPE, "k: NZ page of %lld values is not a whole number of %lld-dim heads",
-                               (long long)(k->shape[1] * tile), (long long)Dqk);
-            Hk = k->shape[1] * tile / Dqk;
+                               (long long)C, (long long)Dqk);
+            Hk = C / Dqk;
         } else {
             Hk = k->shape[2];
         }

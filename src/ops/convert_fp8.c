@@ -18,8 +18,8 @@ lk_status lk_convert_fp8(const lk_tensor *dst, const lk_tensor *src, float scale
     lk_set_op("lk_convert_fp8");
     if (!dst || !src) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !dst ? "dst" : "src");
     lk_status s;
-    if ((s = lk_check_float8(dst, "dst", 1, LK_MAX_DIMS))) return s;
-    if ((s = lk_check_float8(src, "src", 1, LK_MAX_DIMS))) return s;
+    if ((s = lk_check_float8(dst, "dst", 0, LK_MAX_DIMS))) return s;
+    if ((s = lk_check_float8(src, "src", 0, LK_MAX_DIMS))) return s;
     if (lk_is_fp8(dst->dtype) == lk_is_fp8(src->dtype))
         return lk_fail(LK_ERR_DTYPE, "dst: dtype %s with src %s: exactly one of them must be fp8 (f8e4m3, f8e5m2)",
                        lk_dtype_name(dst->dtype), lk_dtype_name(src->dtype));
@@ -31,5 +31,10 @@ lk_status lk_convert_fp8(const lk_tensor *dst, const lk_tensor *src, float scale
     if ((s = lk_check_disjoint(dst, "dst", src, "src"))) return s;
     if (lk_numel(dst) == 0) return LK_OK;
     lk_convert_fp8_args a = {*dst, *src, scale};
+    if (dst->ndim == 0) { /* a 0-d view: the kernels' rows of one element */
+        a.dst.ndim = a.src.ndim = 1;
+        a.dst.shape[0] = a.src.shape[0] = 1;
+        a.dst.stride[0] = a.src.stride[0] = 1;
+    }
     return lk_kernels()->convert_fp8(&a);
 }

@@ -121,6 +121,7 @@ lk_status lk_static_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *inpu
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_STATIC, .ub = INFINITY};
     lk_status s = check_common(&a);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (!s) s = lk_check_disjoint(&a.out, "out", scale, "scale"); /* read at validation; not overwritten */
     if (s) return s;
     return run(&a);
 }
@@ -155,6 +156,7 @@ lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_t
     if (scale_ub) {
         if ((s = lk_q_scale_in(scale_ub, "scale_ub", &a.ub))) return s;
         if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
+        if ((s = lk_check_disjoint(&a.out, "out", scale_ub, "scale_ub"))) return s;
     }
     if (lk_rows(&a.x, 1) == 0) return LK_OK;
     /* rows of D == 0 (the views touch no element: row addresses are never formed) */

@@ -173,8 +173,11 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
         return lk_fail(LK_ERR_DTYPE, "out: dtype %s needs a cache of the same dtype (bit copy), cache is %s",
                        lk_dtype_name(out->dtype), lk_dtype_name(cache->dtype));
     int64_t C;
-    if (out->ndim == 3) *H = out->shape[1], *D = out->shape[2], C = *H * *D;
-    else if (layout == LK_KV_ND && cache->ndim == 4) {
+    if (out->ndim == 3) {
+        *H = out->shape[1], *D = out->shape[2];
+        if (__builtin_mul_overflow(*H, *D, &C))
+            return lk_fail(LK_ERR_OVERFLOW, "out: shape %s: heads x dims overflows int64", lk_shape_str(out));
+    } else if (layout == LK_KV_ND && cache->ndim == 4) {
         *H = cache->shape[2], *D = cache->shape[3], C = *H * *D; /* fits: cache passed its checks */
         if (C != out->shape[1])
             return lk_fail(LK_ERR_SHAPE, "cache: shape %s: heads x dims must equal out's last dim (%lld)",

@@ -122,6 +122,14 @@ static lk_status check_norm_quant(lk_rms_norm_quant_args *a, const lk_tensor *w,
     return LK_OK;
 }
 
+/* the tensors the call writes (out; residual when given) must not overlap an input scale t
+ * (read once at validation, but the caller's value would be overwritten) */
+static lk_status check_scale_disjoint(const lk_rms_norm_quant_args *a, const lk_tensor *t, const char *name) {
+    lk_status s = lk_check_disjoint(&a->out, "out", t, name);
+    if (!s && a->has_residual) s = lk_check_disjoint(&a->residual, "residual", t, name);
+    return s;
+}
+
 lk_status lk_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
                                        const lk_tensor *scale, float epsilon) {
     lk_clear_error();
@@ -131,6 +139,7 @@ lk_status lk_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_tensor *in
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
     lk_status s = check_norm_quant(&a, weight, NULL, 0);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (!s) s = check_scale_disjoint(&a, scale, "scale");
     if (s) return s;
     if (lk_numel(input) == 0) return LK_OK;
     return lk_kernels()->rms_norm_quant(&a);
@@ -147,6 +156,7 @@ lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_STATIC, .ub = INFINITY};
     lk_status s = check_norm_quant(&a, weight, residual, 0);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
+    if (!s) s = check_scale_disjoint(&a, scale, "scale");
     if (s) return s;
     if (lk_numel(input) == 0) return LK_OK;
     return lk_kernels()->rms_norm_quant(&a);
@@ -170,6 +180,7 @@ lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_ten
     if (scale_ub) {
         if ((s = lk_q_scale_in(scale_ub, "scale_ub", &a.ub))) return s;
         if ((s = lk_check_disjoint(scales, "scales", scale_ub, "scale_ub"))) return s;
+        if ((s = check_scale_disjoint(&a, scale_ub, "scale_ub"))) return s;
     }
     if (lk_rows(input, 1) == 0) return LK_OK;
     /* rows of D == 0 (the views touch no element: row addresses are never formed) */

@@ -1093,7 +1093,7 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
     if (!c.nsplit) return LK_ERR_NOMEM;
     c.slot0 = c.nsplit + B;
     for (int64_t b = 0; b < B; b++) {
-        int64_t ns = (a->seqlens[b] + a->split - 1) / a->split;
+        int64_t ns = a->seqlens[b] / a->split + (a->seqlens[b] % a->split != 0); /* no overflow at any split */
         c.nsplit[b] = ns < 1 ? 1 : ns;
         c.slot0[b] = c.nsplit[b] > 1 ? slots : -1;
         if (c.nsplit[b] > 1) slots += c.nsplit[b];
