@@ -209,9 +209,13 @@ def _fp8_out(x, name):
 
 
 def _scale_in(scale, name):
-    """A per-tensor scale: a number becomes a one-element f32 array (validated in C)."""
+    """A per-tensor scale: a number becomes a one-element f32 array, a one-element tensor of
+    any rank (vLLM takes [1, 1]) its [1] view; validated in C."""
     if _is_number(scale):
         return np.array([scale], dtype=np.float32)
+    shape = tuple(getattr(scale, "shape", ()))
+    if len(shape) > 1 and all(int(d) == 1 for d in shape):
+        return scale.reshape(1)
     return scale
 
 
@@ -700,9 +704,15 @@ def swap_blocks(src, dst, block_mapping):
         _raise(s)
 
 
-def _caches_array(caches, name):
-    caches = list(caches)
-    return len(caches), b"".join(_block_view(c, "%s[%d]" % (name, i), True) for i, c in enumerate(caches))
+def _caches_array(groups):
+    """(count, packed views) of the caches of groups [(name, caches), ...], each view named
+    name[i] as the caller passed it; and the C -> Python names of their positions."""
+    views, names = [], {}
+    for name, caches in groups:
+        for i, c in enumerate(caches):
+            names["caches[%d]" % len(views)] = "%s[%d]" % (name, i)
+            views.append(_block_view(c, "%s[%d]" % (name, i), True))
+    return len(views), b"".join(views), names
 
 
 def copy_blocks(key_caches, value_caches, block_mapping):
@@ -710,22 +720,22 @@ def copy_blocks(key_caches, value_caches, block_mapping):
     cache[block_mapping[i, 1]] = cache[block_mapping[i, 0]] (block_mapping [N, 2])."""
     if len(key_caches) != len(value_caches):
         raise ValueError("value_caches: %d caches, key_caches has %d" % (len(value_caches), len(key_caches)))
-    n, arr = _caches_array(list(key_caches) + list(value_caches), "caches")
+    n, arr, names = _caches_array((("key_caches", key_caches), ("value_caches", value_caches)))
     if n == 0:
         return
     s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
     if s:
-        _raise(s)
+        _raise_as(s, names)
 
 
 def copy_blocks_mla(kv_caches, block_mapping):
     """vLLM's copy_blocks_mla: the same on MLA latent caches [num_blocks, block_size, Dl + Dr]."""
-    n, arr = _caches_array(kv_caches, "caches")
+    n, arr, names = _caches_array((("kv_caches", kv_caches),))
     if n == 0:
         return
     s = L.copy_blocks(n, arr, _view(block_mapping, "block_mapping"))
     if s:
-        _raise(s)
+        _raise_as(s, names)
 
 
 # ---------------------------------------------------------------- attention
@@ -1439,6 +1449,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
 def set_num_threads(n):
     """Threads used by the operators; n <= 0 restores the default. Results never depend on it."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not -2**31 <= n < 2**31:
+        raise ValueError("n: %r, expected an int (32-bit; <= 0: the default)" % (n,))
     L.set_num_threads(int(n))
 
 

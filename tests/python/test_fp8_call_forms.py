@@ -1,8 +1,9 @@
 """The fp8 operators' Python call forms as vLLM / FlashMLA make them: NumPy scalar scales,
 batch_size and cu_seq_lens of the cache gathers, FlashMLA's descale_q / is_fp8_kvcache /
 kv_cache_dtype against the cache's own dtype, convert_fp8's 'auto' dtypes,
-scaled_fp8_quant's padded per-token scales and group_shape, and error messages that name
-the arguments as the caller wrote them (vLLM's names, not the C parameters')."""
+scaled_fp8_quant's padded per-token scales and group_shape, one-element scales of any
+rank, and error messages that name the arguments as the caller wrote them (vLLM's names,
+not the C parameters'); copy_blocks' cache names and set_num_threads' range beside them."""
 import numpy as np
 import pytest
 
@@ -187,3 +188,38 @@ def test_error_messages_name_python_arguments():
         lk.merge_attn_states(np.zeros((3, 2, 16), E4), pa.astype(E4), la, pa, la, output_scale=0.5)
     with pytest.raises(lk.LlmkernError, match="output_lse"):
         lk.merge_attn_states(np.zeros((3, 2, 16), E4), pa, la, pa, la, la.astype(np.float16), output_scale=0.5)
+
+
+def test_one_element_scales_of_any_rank(rng):
+    """vLLM takes any one-element static scale ([1, 1] included), for fp8 and int8"""
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    a, b = np.zeros((3, 16), E4), np.zeros((3, 16), E4)
+    lk.static_scaled_fp8_quant(a, x, np.full((1, 1), 0.25, np.float32))
+    lk.static_scaled_fp8_quant(b, x, 0.25)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    i, j = np.zeros((3, 16), np.int8), np.zeros((3, 16), np.int8)
+    lk.static_scaled_int8_quant(i, x, np.full((1, 1, 1), 0.05, np.float32))
+    lk.static_scaled_int8_quant(j, x, 0.05)
+    assert np.array_equal(i, j)
+    with pytest.raises(lk.LlmkernError, match=r"scale: shape \[2\]: expected \[\] or \[1\]$"):  # not "[1] or [1]"
+        lk.static_scaled_int8_quant(i, x, np.full((2,), 0.25, np.float32))
+
+
+def test_copy_blocks_names_the_caches():
+    k0, k1 = np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 8), np.float32)
+    v0, bad = np.zeros((4, 2, 8), np.float32), np.zeros((4, 2, 8), np.int32)
+    m = np.array([[0, 1]], np.int64)
+    with pytest.raises(lk.LlmkernError, match=r"value_caches\[1\]: dtype i32"):
+        lk.copy_blocks([k0, k1], [v0, bad], m)
+    with pytest.raises(lk.LlmkernError, match=r"value_caches\[0\] and key_caches\[0\] overlap"):
+        lk.copy_blocks([k0, k1], [k0, v0], m)
+    with pytest.raises(lk.LlmkernError, match=r"kv_caches\[1\]: dtype i32"):
+        lk.copy_blocks_mla([k0, bad], m)
+
+
+def test_set_num_threads_range():
+    for bad in (2 ** 31, 2 ** 32 + 1, -2 ** 31 - 1, 1.9, True, "2"):
+        with pytest.raises(ValueError, match="n: "):
+            lk.set_num_threads(bad)
+    lk.set_num_threads(np.int32(1))
+    lk.set_num_threads(0)
