@@ -32,8 +32,10 @@ def _raise_as(code, names):
         _raise(code)
     except L.LlmkernError as e:
         alt = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-        msg = re.sub(r"(?<![\w.])(%s)(?=:|\[| \[|'s| b?f\d| i\d| and | overlap| \()" % alt, lambda m: names[m.group(1)], e.message)
+        pat = r"(?<![\w.])(%s)(?=:|\[| \[|'s| b?f\d| i\d| and | overlap| \()" % alt
+        msg = re.sub(pat, lambda m: names[m.group(1)], e.message)
         raise L.LlmkernError(e.code, e.status, msg) from None
+
 
 # ---------------------------------------------------------------- normalisation
 

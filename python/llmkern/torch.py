@@ -102,8 +102,10 @@ _register("copy_blocks_mla", "(Tensor(a!)[] kv_caches, Tensor block_mapping) -> 
 
 # ---------------------------------------------------------------- fp8 activations (vLLM's _C schemas)
 
-_register("static_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor scale) -> ()",
-          lambda result, input, scale: _ops.static_scaled_fp8_quant(result, input, scale))
+_register("static_scaled_fp8_quant",
+          "(Tensor! result, Tensor input, Tensor scale, int[]? group_shape=None) -> ()",
+          lambda result, input, scale, group_shape=None: _ops.static_scaled_fp8_quant(result, input, scale,
+                                                                                      group_shape))
 _register("dynamic_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! scale) -> ()",
           lambda result, input, scale: _ops.dynamic_scaled_fp8_quant(result, input, scale))
 _register("dynamic_per_token_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) -> ()",

@@ -82,6 +82,7 @@ def cases():
     # fp8 activations
     f8 = torch.float8_e4m3fn
     c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.tensor([0.02])), {}))
+    c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.tensor([[0.02]]), [-1, -1]), {}))
     c.append(("dynamic_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.zeros(1)), {}))
     c.append(("dynamic_per_token_scaled_fp8_quant", (torch.empty(T, D, dtype=torch.float8_e5m2), rn(T, D),
                                                      torch.empty(T, 1), torch.tensor([2.0])), {}))
@@ -166,7 +167,8 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "gather_and_maybe_dequant_cache": "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor! dst, "
                                       "Tensor block_table, Tensor cu_seq_lens, int batch_size, "
                                       "str kv_cache_dtype, Tensor scale, Tensor? seq_starts=None) -> ()",
-    "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale) -> ()",
+    "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+                               "int[]? group_shape=None) -> ()",
     "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
     "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
                                           "Tensor! scale, Tensor? scale_ub) -> ()",
