@@ -23,6 +23,11 @@ def _is_number(x):
     return isinstance(x, (int, float, np.generic)) and not isinstance(x, (bool, np.bool_))
 
 
+def _is_int(x):
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _raise_as(code, names):
     """_raise, the C message's argument names given as the caller's (vLLM's) names:
     names maps a C name (as the message writes it: "dst", "params.k_scale") to the Python
@@ -600,8 +605,7 @@ def gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_start
 def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv_cache_dtype, scale):
     cu = _to_numpy(cu_seq_lens)
     nreq = min(len(cu) - 1, len(block_table)) if len(cu.shape) == 1 and len(block_table.shape) == 2 else 0
-    if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
-            or not 0 <= batch_size <= nreq:
+    if not _is_int(batch_size) or not 0 <= batch_size <= nreq:
         raise ValueError("batch_size: %r, expected an int in [0, %d] (cu_seq_lens has %d entries, block_table "
                          "%d rows)" % (batch_size, nreq, len(cu), len(block_table)))
     batch_size = int(batch_size)
@@ -776,7 +780,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     n = prefill_tokens_with_context
     T = output.shape[0] if len(output.shape) else 0
     if n is not None:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= T:
+        if not _is_int(n) or not 0 <= n <= T:
             raise ValueError("prefill_tokens_with_context: %r, expected an int in [0, %d] "
                              "(output's tokens)" % (n, T))
         n = int(n)
@@ -1082,7 +1086,7 @@ def _append_fp8(k, v, k_cache, v_cache, slots, f8, k_descale, v_descale):
 
 
 # C's names -> flash_attn_with_kvcache's (C attends over k_cache / v_cache as k / v)
-_KVCACHE_NAMES = dict(_ATTN_NAMES, k="k_cache", v="v_cache", lse="softmax_lse (transposed)")
+_KVCACHE_NAMES = dict(_ATTN_NAMES, k="k_cache", v="v_cache")
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -1161,7 +1165,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cap = table.shape[1] * bs
     if cache_seqlens is None:
         lens = np.full(B, cap - s_new, np.int64)
-    elif isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+    elif _is_int(cache_seqlens):
         lens = np.full(B, int(cache_seqlens), np.int64)
     else:
         lens = _to_numpy(cache_seqlens, "cache_seqlens").astype(np.int64).reshape(-1)
@@ -1188,9 +1192,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         local = causal or (wl, wr) != (-1, -1)
         # q at cache_seqlens + i (causal / local), else every query at cache_seqlens
         qpos = (lens[:, None] + (np.arange(sq)[None, :] if local else np.zeros((1, sq), np.int64))).reshape(-1)
-        if int(rotary_cos.shape[0]) < int(total.max(initial=0)):
+        reach = int(total.max(initial=0))
+        if int(rotary_cos.shape[0]) < reach:
             raise ValueError("rotary_cos: %d rows, the rotary positions reach %d (cache_seqlens + new tokens)"
-                             % (int(rotary_cos.shape[0]), int(total.max(initial=0))))
+                             % (int(rotary_cos.shape[0]), reach))
         rotary_embedding(_side(q, qpos.astype(np.int64)),
                          qq.reshape(B * sq, Hq, D), None, D, cs, not rotary_interleaved)
         if k is not None:
@@ -1369,10 +1374,14 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
 def _mla_cache_view(x, name, fp8_dt, is_fp8):
     """A latent cache's view: with an fp8 kv_cache_dtype (fp8_dt) a uint8 buffer (as vLLM
     allocates fp8 caches) is viewed as fp8_dt and an fp8-typed array / tensor must be of
-    it; else a uint8 buffer is e4m3 with is_fp8 (FlashMLA's is_fp8_kvcache), and fp8-typed
-    (torch float8, ml_dtypes) and f32/f16/bf16 caches are taken as they are."""
+    it; else with is_fp8 (FlashMLA's is_fp8_kvcache) the cache must be fp8 (a uint8 buffer
+    is e4m3), and fp8-typed (torch float8, ml_dtypes) and f32/f16/bf16 caches are taken as
+    they are."""
     if fp8_dt is not None:
         return L.fp8_in_view(x, name, fp8_dt)
+    if is_fp8 and x is not None and not L.is_fp8_buffer(x):
+        raise TypeError("%s: dtype %s with is_fp8_kvcache=True: expected an fp8 cache (uint8 buffer, "
+                        "float8_e4m3fn / float8_e5m2)" % (name, getattr(x, "dtype", "?")))
     if x is None or not L._is_uint8(x):
         return _view(x, name)
     if not is_fp8:
@@ -1411,11 +1420,6 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     fp8_dt = _FP8_KV.get(kv_cache_dtype)
     if fp8_dt is None and kv_cache_dtype != "auto":
         raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
-    if is_fp8_kvcache and fp8_dt is None:  # FlashMLA's flag: an fp8 cache (uint8 buffers: e4m3)
-        for x, name in ((k_cache, "k_cache"), (k_pe_cache, "k_pe_cache")):
-            if x is not None and not L.is_fp8_buffer(x):
-                raise TypeError("%s: dtype %s with is_fp8_kvcache=True: expected an fp8 cache (uint8 buffer, "
-                                "float8_e4m3fn / float8_e5m2)" % (name, getattr(x, "dtype", "?")))
     # FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor
     k_scale = _scale_arg(descale_k, "descale_k", required=False, scalar=True)
     q_scale = _scale_arg(descale_q, "descale_q", required=False, scalar=True)
@@ -1451,7 +1455,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
 def set_num_threads(n):
     """Threads used by the operators; n <= 0 restores the default. Results never depend on it."""
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not -2**31 <= n < 2**31:
+    if not _is_int(n) or not -2**31 <= n < 2**31:
         raise ValueError("n: %r, expected an int (32-bit; <= 0: the default)" % (n,))
     L.set_num_threads(int(n))
 
