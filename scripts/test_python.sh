@@ -4,7 +4,8 @@
 #           built beforehand by `make build` (default build dir: build);
 #  LLMKERN_PY_INSTALL=1: `pip install ./python` first, into <build-dir>/py-install (pip
 #           --target: nothing outside the build directory changes; the package builds its
-#           own copy of the library with cmake), and test that installed package.
+#           own copy of the library with cmake, or, with LLMKERN_LIB set to a library file,
+#           ships that one: python/setup.py), and test that installed package.
 # Installs numpy, pytest and ml_dtypes (NumPy's bf16 dtype) when missing, and torch from
 # PyPI (the torch-path tests and the llmkern.torch custom ops need it; PyPI's Linux wheel
 # is a CUDA build: torch ~0.9 GB plus ~2.5 GB of nvidia-* / triton packages, a few minutes
