@@ -628,6 +628,22 @@ LK_API lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tens
  * scale_ub [1] f32 or NULL bounds the absmax */
 LK_API lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
                                                        const lk_tensor *scales, const lk_tensor *scale_ub);
+/* Per-token-group dynamic quantization (vLLM's per_token_group_fp8_quant / Python
+ * per_token_group_quant_fp8: the activations of block-fp8 checkpoints such as
+ * DeepSeek-V3's, groups of 128). input [..., D] with D a multiple of group_size (>= 1);
+ * scales f32, [..., D / group_size] (input's leading dims) or [rows, D / group_size], any
+ * strides (vLLM's column-major scales are the transposed view of a [D / G, rows] buffer,
+ * TMA-padded rows included), written; per row r and group g (elements g G .. g G + G - 1):
+ *   s = max(absmax(group), eps) / fp8_max
+ *   scale_ue8m0: s = the smallest power of two >= max(s, 1e-10) (DeepGEMM's UE8M0 scales)
+ *   scales[r, g] = s; out[r, i] = fp8(input[r, i] / s)
+ * absmax ignores NaN; NaN elements stay NaN (vLLM's clamp turns them into -fp8_max); an
+ * inf element makes its group's scale inf (finite values -> 0, inf -> NaN). eps must be
+ * finite and >= fp8_max * FLT_MIN (the smallest scale a normal f32), else LK_ERR_VALUE;
+ * group_size < 1 (LK_ERR_VALUE) or not dividing D (LK_ERR_SHAPE) names group_size. */
+LK_API lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                              const lk_tensor *scales, int64_t group_size, float eps,
+                                              int scale_ue8m0);
 /* RMSNorm then quantization (no gemma form):
  *   y = input * rsqrt(sum(input^2) / D + epsilon) * weight   (f32, weight NULL: 1)
  *   out = fp8(y / scale)                                      scale [1] given

@@ -10,6 +10,8 @@
  *                             squares (element i in lane i % 16, each lane an FMA chain in
  *                             element order): pairwise halving 8, 4, 2, 1
  *   lk_q_absmax_fold(m, v)    absmax step ignoring NaN (vLLM's fmaxf)
+ *   lk_q_group_scale(absmax, eps, ue8m0, dt)  per-token-group scale max(absmax, eps) /
+ *                             fp8_max, with ue8m0 the smallest power of two >= max(it, 1e-10)
  * and the int8 output of rms_norm_dynamic_per_token_quant (LK_I8, vLLM's int8 rules):
  *   lk_q_max(LK_I8) = 127, lk_q_scale's min_scale = FLT_EPSILON for LK_I8,
  *   lk_q_i8(v)                round to nearest even, saturate to [-128, 127], NaN -> 0
@@ -57,6 +59,19 @@ static inline void lk_q_quant(void *p, lk_dtype dt, int64_t i, float y, float s,
 static inline float lk_q_absmax_fold(float m, float v) {
     float a = fabsf(v);
     return a > m ? a : m; /* false for NaN: ignored */
+}
+
+/* the smallest power of two >= s (s > 0; inf and NaN pass through) */
+static inline float lk_q_pow2_ceil(float s) {
+    if (!(s < INFINITY)) return s;
+    int e;
+    float m = frexpf(s, &e); /* s = m 2^e, m in [0.5, 1) */
+    return m == 0.5f ? s : ldexpf(1.0f, e);
+}
+
+static inline float lk_q_group_scale(float absmax, float eps, int ue8m0, lk_dtype dt) {
+    float s = (absmax > eps ? absmax : eps) / lk_q_max(dt);
+    return ue8m0 ? lk_q_pow2_ceil(s > 1e-10f ? s : 1e-10f) : s;
 }
 
 static inline float lk_ss_reduce(float *s) {

@@ -96,7 +96,8 @@ typedef struct {
 typedef enum {
     LK_Q_STATIC = 0,  /* scale given */
     LK_Q_TENSOR,      /* dynamic per tensor: scale written */
-    LK_Q_TOKEN        /* dynamic per token (row): scales written */
+    LK_Q_TOKEN,       /* dynamic per token (row): scales written */
+    LK_Q_GROUP        /* dynamic per token group: scales written per (row, group) */
 } lk_quant_mode;
 
 /* scaled_fp8_quant: out = fp8(x / scale) */
@@ -107,6 +108,10 @@ typedef struct {
     float *scale_out;  /* LK_Q_TENSOR: where the scale goes */
     lk_tensor scales;  /* LK_Q_TOKEN: [rows] f32 view (a [..., 1] view flattened) */
     float ub;          /* LK_Q_TOKEN: scale_ub, or +inf without one */
+    lk_tensor gscales; /* LK_Q_GROUP: [..., D / group] f32 view (x's leading dims) */
+    int64_t group;     /* LK_Q_GROUP: elements per group, divides D */
+    float eps;         /* LK_Q_GROUP: absmax floor */
+    int ue8m0;         /* LK_Q_GROUP: scales rounded up to powers of two */
 } lk_fp8_quant_args;
 
 /* scaled_int8_quant (src/ops/int8_quant.c, src/cpu/int8_quant.h): out = sat8(sat32(rn(v))

@@ -1,16 +1,19 @@
 /*
  * Public entry points of the fp8 activation quantizers (vLLM's static_scaled_fp8_quant,
- * dynamic_scaled_fp8_quant, dynamic_per_token_scaled_fp8_quant): validation before any
- * store, then the fp8_quant kernel of the ISA in use. Contract in include/llmkern.h.
+ * dynamic_scaled_fp8_quant, dynamic_per_token_scaled_fp8_quant, per_token_group_fp8_quant):
+ * validation before any store, then the fp8_quant kernel of the ISA in use. Contract in
+ * include/llmkern.h.
  *
  *   out[..., D] fp8 = fp8(x[..., D] / scale)
  *   static: scale [1] given; per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale)
  *   written first; per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max,
- *   min_scale) per row r.
+ *   min_scale) per row r; per token group: scales[r, g] = max(absmax(x[r, gG:gG+G]),
+ *   eps) / fp8_max (ue8m0: rounded up to a power of two) per row r and group g.
  *
  * Also the scale / fp8-output checks the fused rms_norm + quant ops (src/ops/rms_norm.c)
  * and the merge with an fp8 output (src/ops/merge.c) share (src/cpu/fp8_quant.h).
  */
+#include <float.h>
 #include <math.h>
 
 #include "../cpu/fp8_quant.h"
@@ -161,5 +164,63 @@ lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_t
     if (lk_rows(&a.x, 1) == 0) return LK_OK;
     /* rows of D == 0 (the views touch no element: row addresses are never formed) */
     if (lk_numel(&a.x) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    return lk_kernels()->fp8_quant(&a);
+}
+
+/* written per-(row, group) scales of x [..., D]: f32 [..., ng] (x's leading dims) or
+ * [rows, ng], no self overlap; *view = the [..., ng] form with x's leading dims */
+static lk_status groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, lk_tensor *view) {
+    lk_status s = lk_check_view(t, "scales", 1, LK_MAX_DIMS);
+    if (s) return s;
+    if (t->dtype != LK_F32)
+        return lk_fail(LK_ERR_DTYPE, "scales: dtype %s not supported (scales are f32)", lk_dtype_name(t->dtype));
+    int nd = x->ndim, ok = t->ndim == nd && t->shape[nd - 1] == ng;
+    int64_t rows = lk_rows(x, 1);
+    for (int d = 0; ok && d < nd - 1; d++) ok = t->shape[d] == x->shape[d];
+    int flat = !ok && t->ndim == 2 && t->shape[0] == rows && t->shape[1] == ng;
+    if (!ok && !flat)
+        return lk_fail(LK_ERR_SHAPE, "scales: shape %s, expected [%lld, %lld] or the input's leading dims and %lld "
+                       "(one scale per group of each row of input %s)", lk_shape_str(t), (long long)rows,
+                       (long long)ng, (long long)ng, lk_shape_str(x));
+    if ((s = lk_check_no_self_overlap(t, "scales"))) return s;
+    *view = *t;
+    if (flat) { /* [rows, ng]: dim 0 spread over x's leading dims (as lk_q_rows_out) */
+        int64_t st = rows > 0 ? t->stride[0] : 0;
+        view->ndim = nd;
+        view->shape[nd - 1] = ng;
+        view->stride[nd - 1] = t->stride[1];
+        for (int d = nd - 2; d >= 0; d--) {
+            view->shape[d] = x->shape[d];
+            view->stride[d] = x->shape[d] > 1 ? st : 0;
+            if (d > 0) st *= x->shape[d];
+        }
+    }
+    return LK_OK;
+}
+
+lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *scales,
+                                       int64_t group_size, float eps, int scale_ue8m0) {
+    lk_clear_error();
+    lk_set_op("lk_per_token_group_fp8_quant");
+    if (!out || !input || !scales)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
+    lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_GROUP, .ub = INFINITY, .group = group_size,
+                           .eps = eps, .ue8m0 = scale_ue8m0 != 0};
+    lk_status s;
+    if ((s = check_common(&a))) return s;
+    int64_t D = a.x.shape[a.x.ndim - 1];
+    if (group_size < 1)
+        return lk_fail(LK_ERR_VALUE, "group_size: %lld, expected >= 1", (long long)group_size);
+    if (D % group_size)
+        return lk_fail(LK_ERR_SHAPE, "group_size: %lld does not divide input's last dim %lld (input %s)",
+                       (long long)group_size, (long long)D, lk_shape_str(&a.x));
+    float lo = lk_q_max(a.out.dtype) * FLT_MIN;
+    if (!(eps >= lo) || !(eps < INFINITY))
+        return lk_fail(LK_ERR_VALUE, "eps: %g, expected finite and >= fp8_max * FLT_MIN = %g (the smallest "
+                       "scale a normal f32)", (double)eps, (double)lo);
+    if ((s = groups_out(scales, &a.x, D / group_size, &a.gscales))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
+    if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
+    if (lk_numel(&a.x) == 0) return LK_OK; /* no rows, or D == 0: no groups */
     return lk_kernels()->fp8_quant(&a);
 }

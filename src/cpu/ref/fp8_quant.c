@@ -5,8 +5,10 @@
  *   static:     s = the given scale
  *   per tensor: s = max(absmax(x) / fp8_max, min_scale), written to *scale_out first
  *   per token:  s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
+ *   per group:  s = gscales[r, g] = lk_q_group_scale(absmax(x[r, gG:gG+G]), eps, ue8m0)
+ *               for the elements of group g (G = group elements)
  * absmax ignores NaN (src/cpu/fp8_quant.h). Shapes: x, out [..., D] (rows walked in
- * row-major order, any strides); scales [..., 1]. No threads.
+ * row-major order, any strides); scales [..., 1]; gscales [..., D / G]. No threads.
  */
 #include "../../core/half.h"
 #include "../fp8_quant.h"
@@ -36,9 +38,23 @@ lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a) {
     lk_rowit_init(&xi, x, 1, 0);
     lk_rowit_init(&oi, out, 1, 0);
     if (a->mode == LK_Q_TOKEN) lk_rowit_init(&si, &a->scales, 1, 0);
+    if (a->mode == LK_Q_GROUP) lk_rowit_init(&si, &a->gscales, 1, 0);
     for (int64_t r = 0; r < rows; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
         const void *xr = lk_at(x, xi.off); // [D] stride xs
         void *orow = lk_at(out, oi.off);   // [D] stride os
+        if (a->mode == LK_Q_GROUP) {
+            const lk_tensor *gs = &a->gscales; // [..., D / G]
+            int64_t G = a->group, gst = gs->stride[gs->ndim - 1];
+            for (int64_t g = 0; g < D / G; g++) {
+                const char *xg = (const char *)xr + g * G * xs * lk_esize(x->dtype); // [G] stride xs
+                s = lk_q_group_scale(row_absmax(xg, x->dtype, xs, G), a->eps, a->ue8m0, out->dtype);
+                ((float *)gs->data)[si.off + g * gst] = s;
+                for (int64_t i = g * G; i < g * G + G; i++)
+                    lk_q_store(orow, out->dtype, i * os, lk_load_f(xr, x->dtype, i * xs) / s);
+            }
+            lk_rowit_next(&si);
+            continue;
+        }
         if (a->mode == LK_Q_TOKEN) {
             s = lk_q_scale(row_absmax(xr, x->dtype, xs, D), a->ub, out->dtype);
             ((float *)a->scales.data)[si.off] = s;

@@ -42,10 +42,22 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
     lk_rowit_init(&xi, x, 1, r0);
     lk_rowit_init(&oi, out, 1, r0);
     if (a->mode == LK_Q_TOKEN) lk_rowit_init(&si, &a->scales, 1, r0);
+    if (a->mode == LK_Q_GROUP) lk_rowit_init(&si, &a->gscales, 1, r0);
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
         const char *xr = lk_at(x, xi.off); // [D]
         char *orow = lk_at(out, oi.off);   // [D]
         float s = c->s;
+        if (a->mode == LK_Q_GROUP) {
+            const lk_tensor *gs = &a->gscales; // [..., D / G]
+            int64_t G = a->group, gst = gs->stride[gs->ndim - 1], xes = lk_esize(x->dtype);
+            for (int64_t g = 0; g < D / G; g++) {
+                s = lk_q_group_scale(lkq_row_absmax(xr + g * G * xes, x->dtype, G), a->eps, a->ue8m0, out->dtype);
+                ((float *)gs->data)[si.off + g * gst] = s;
+                lkq_fp8_row(orow + g * G, out->dtype, xr + g * G * xes, x->dtype, G, s);
+            }
+            lk_rowit_next(&si);
+            continue;
+        }
         if (a->mode == LK_Q_TOKEN) {
             s = lk_q_scale(lkq_row_absmax(xr, x->dtype, D), a->ub, out->dtype);
             ((float *)a->scales.data)[si.off] = s;
