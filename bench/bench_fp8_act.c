@@ -4,7 +4,9 @@
  * 128): bf16 inputs to e4m3 outputs. One row per op:
  * static / dynamic per-tensor / dynamic per-token scaled_fp8_quant, rms_norm +
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
- * merge_attn_states into fp8; and the int8 quantizers (scaled_int8_quant: static and
+ * merge_attn_states into fp8; per_token_group_fp8_quant at DeepSeek-V3's hidden size (7168,
+ * groups of 128, column-major scales as vLLM allocates them for DeepGEMM; 4096 and 16
+ * tokens; f32 scales and UE8M0 ones); and the int8 quantizers (scaled_int8_quant: static and
  * dynamic per-token, symmetric and with a zero point, bf16 to i8; error: max
  * |code - ref| / (1 + |ref|)). Bytes: what the op must move once (inputs read, outputs
  * written: a per-tensor dynamic scale reads the input twice but counts it once), set
@@ -96,6 +98,49 @@ static void one_case(int op, int64_t T) {
     bench_free(b), bench_free(la), bench_free(lb);
 }
 
+/* ---- per_token_group_fp8_quant: [T, 7168] bf16 -> e4m3, groups of 128 ---- */
+
+typedef struct {
+    int ue8m0;
+    lk_tensor out, x, scales;
+} g_ctx;
+
+static void run_g(void *p) {
+    g_ctx *c = p;
+    (void)lk_per_token_group_fp8_quant(&c->out, &c->x, &c->scales, 128, 1e-10f, c->ue8m0);
+}
+
+static void group_case(int64_t T, int ue8m0) {
+    int64_t D = 7168, G = 128, n = T * D, s2[2] = {T, D};
+    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
+    float *sc = bench_alloc(LK_F32, T * (D / G), 0, 0), *rsc = bench_alloc(LK_F32, T * (D / G), 0, 0);
+    g_ctx c = {.ue8m0 = ue8m0};
+    c.out = lk_tensor_make(out, LK_F8E4M3, 2, s2);
+    c.x = lk_tensor_make(x, LK_BF16, 2, s2);
+    /* column-major: the [T, D / G] view of a [D / G, T] buffer */
+    c.scales = (lk_tensor){sc, LK_F32, 2, {T, D / G}, {1, T}};
+    double ms = bench_time(run_g, &c);
+    g_ctx r = c;
+    r.out = lk_tensor_make(ref, LK_F8E4M3, 2, s2);
+    r.scales.data = rsc;
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_g(&r);
+    lk_set_isa(isa);
+    double err = 0;
+    for (int v = 0; bench_use_variant(v); v++) {
+        run_g(&c);
+        double e = bench_max_err(out, ref, LK_F8E4M3, n), es = bench_max_err(sc, rsc, LK_F32, T * (D / G));
+        if (e > err) err = e;
+        if (es > err) err = es;
+    }
+    char shp[64];
+    snprintf(shp, sizeof shp, "%lld x %lld g%lld%s", (long long)T, (long long)D, (long long)G, ue8m0 ? " ue8m0" : "");
+    bench_row("per_token_group_fp8_quant", shp, "bf16->e4m3", ms,
+              (double)n * (2 + 1) + (double)T * (D / G) * 4, BENCH_READ_BW, err);
+    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc);
+}
+
 /* ---- int8: scaled_int8_quant's two ops, symmetric and with a zero point ---- */
 
 typedef struct {
@@ -152,6 +197,9 @@ void bench_fp8_act(void) {
     if (bench_libs_have("lk_static_scaled_fp8_quant", "the fp8 rows"))
         for (int64_t T = 4096; T >= 16; T /= 256) /* prefill; a decode batch (in cache) */
             for (int op = 0; op < NQ; op++) one_case(op, T);
+    if (bench_libs_have("lk_per_token_group_fp8_quant", "the per-token-group rows"))
+        for (int64_t T = 4096; T >= 16; T /= 256)
+            for (int ue = 0; ue < 2; ue++) group_case(T, ue);
     if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))
         for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
 }

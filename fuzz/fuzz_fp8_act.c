@@ -3,7 +3,8 @@
  * lk_static_scaled_fp8_quant, lk_dynamic_scaled_fp8_quant,
  * lk_dynamic_per_token_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
  * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant,
- * lk_merge_attn_states_scaled, and the int8 quantizers lk_static_scaled_int8_quant /
+ * lk_merge_attn_states_scaled, lk_per_token_group_fp8_quant (see group_case), and the
+ * int8 quantizers lk_static_scaled_int8_quant /
  * lk_dynamic_scaled_int8_quant (symmetric or with a zero point: azp values from 0 to
  * INT32_MIN / INT32_MAX, given or written; an azp of the wrong dtype or size; a non-i8
  * out; input ranges that reach the int32 saturation or make rows constant, tiny or
@@ -21,16 +22,21 @@
 
 #include "fuzz_common.h"
 
-enum { OP_STATIC, OP_TENSOR, OP_TOKEN, OP_NORM, OP_FUSED, OP_NORM_TOKEN, OP_MERGE, OP_I8_STATIC, OP_I8_DYNAMIC, NOPS };
+enum {
+    OP_STATIC, OP_TENSOR, OP_TOKEN, OP_NORM, OP_FUSED, OP_NORM_TOKEN, OP_MERGE, OP_I8_STATIC, OP_I8_DYNAMIC, OP_GROUP,
+    NOPS
+};
 static const char *OPN[NOPS] = {"lk_static_scaled_fp8_quant", "lk_dynamic_scaled_fp8_quant",
                                 "lk_dynamic_per_token_scaled_fp8_quant", "lk_rms_norm_static_fp8_quant",
                                 "lk_fused_add_rms_norm_static_fp8_quant", "lk_rms_norm_dynamic_per_token_quant",
                                 "lk_merge_attn_states_scaled", "lk_static_scaled_int8_quant",
-                                "lk_dynamic_scaled_int8_quant"};
+                                "lk_dynamic_scaled_int8_quant", "lk_per_token_group_fp8_quant"};
 
 typedef struct {
     int op, out, x, w, res, scale, ub, lse_a, b, lse_b, out_lse, azp;
     float eps;
+    int64_t group; /* OP_GROUP: group_size */
+    int ue8m0;     /* OP_GROUP: scale_ue8m0 */
 } q_attrs;
 
 static lk_status call(const fz_world *w, const void *ap) {
@@ -46,6 +52,7 @@ static lk_status call(const fz_world *w, const void *ap) {
         return lk_rms_norm_dynamic_per_token_quant(out, x, fz_t(w, a->w), sc, a->eps, ub, fz_t(w, a->res));
     case OP_I8_STATIC: return lk_static_scaled_int8_quant(out, x, sc, fz_t(w, a->azp));
     case OP_I8_DYNAMIC: return lk_dynamic_scaled_int8_quant(out, x, sc, fz_t(w, a->azp));
+    case OP_GROUP: return lk_per_token_group_fp8_quant(out, x, sc, a->group, a->eps, a->ue8m0);
     default:
         return lk_merge_attn_states_scaled(out, fz_t(w, a->out_lse), x, fz_t(w, a->lse_a), fz_t(w, a->b),
                                            fz_t(w, a->lse_b), sc);
@@ -165,15 +172,220 @@ static void int8_case(fz_world *w, fz_in *in, q_attrs *a) {
     fz_run(w, call, a);
 }
 
+/* the contract's scales shapes for input [..., D] (leading dims xs[0 .. nd - 2], rows of
+ * them) and ng groups a row: [..., ng] (input's leading dims) or [rows, ng] */
+static int gscales_shape_ok(int snd, const int64_t *ss, int nd, const int64_t *xs, int64_t rows, int64_t ng) {
+    int lead = snd == nd && ss[nd - 1] == ng;
+    for (int d = 0; lead && d < nd - 1; d++) lead = ss[d] == xs[d];
+    return lead || (snd == 2 && ss[0] == rows && ss[1] == ng);
+}
+
+/* scales placed in the buffer of view p (out or input): a contiguous f32 view of shape ss
+ * at a 4-byte aligned offset inside p's arena from the input, else (too big) p's own
+ * tensor. Overlapping bytes of p (fz_overlaps decides) must be rejected; one lying in p's
+ * padding only is valid, but the library's disjointness proof may refuse it: not clean. */
+static int gscales_in(fz_world *w, fz_in *in, int p, int snd, const int64_t *ss) {
+    int vi = fz_view_alias(w, p, "scales", FZ_OUT);
+    fz_view *v = &w->v[vi];
+    v->inplace_of = -1;
+    w->clean = 0;
+    int64_t n = 1;
+    for (int d = 0; d < snd; d++) n *= ss[d];
+    const fz_arena *ar = &w->a[v->arena];
+    if (n > 0 && (size_t)n * 4 <= ar->n) {
+        size_t slots = (ar->n - (size_t)n * 4) / 4 + 1, off = 4 * (size_t)(fz_u32(in) % slots);
+        lk_tensor *t = &v->t;
+        t->dtype = LK_F32;
+        t->ndim = snd;
+        for (int d = 0; d < snd; d++) t->shape[d] = ss[d];
+        fz_contiguous(t);
+        t->data = ar->p + off;
+    }
+    return vi;
+}
+
+/* the contract, independently of the kernels (which share their scale rule): after an
+ * accepted call, every scales[r, g] = max(absmax(group), eps) / fp8_max (absmax ignoring
+ * NaN; ue8m0: the smallest power of two >= max(that, 1e-10)) and every out[r, i] =
+ * fp8(input[r, i] / scales[r, g]), bitwise */
+static void group_check(fz_world *w, const q_attrs *a) {
+    const lk_tensor *x = &w->v[a->x].t, *out = &w->v[a->out].t, *sc = &w->v[a->scale].t;
+    int64_t G = a->group, n = fz_numel(x);
+    float fmax = out->dtype == LK_F8E5M2 ? 57344.0f : 448.0f;
+    for (int64_t i0 = 0; i0 < n; i0 += G) { /* group (r, g) = element i0 / G of scales */
+        float m = 0.0f;
+        for (int64_t i = i0; i < i0 + G; i++) {
+            float v = fabsf(lk_load_f(x->data, x->dtype, fz_off(x, i)));
+            if (v > m) m = v;
+        }
+        float s = (m > a->eps ? m : a->eps) / fmax;
+        if (a->ue8m0) {
+            if (s < 1e-10f) s = 1e-10f;
+            uint32_t b;
+            memcpy(&b, &s, 4);
+            if (s < INFINITY && (b & 0x7fffffu)) b = (b | 0x7fffffu) + 1u; /* next binade */
+            memcpy(&s, &b, 4);
+        }
+        float got = ((const float *)sc->data)[fz_off(sc, i0 / G)];
+        if (memcmp(&got, &s, 4))
+            fz_report(w, "scales[%lld] = %.9g, the contract gives %.9g (group absmax %.9g, eps %g, ue8m0 %d)",
+                      (long long)(i0 / G), (double)got, (double)s, (double)m, (double)a->eps, a->ue8m0);
+        for (int64_t i = i0; i < i0 + G; i++) {
+            uint8_t q, o = ((const uint8_t *)out->data)[fz_off(out, i)];
+            lk_store_f(&q, out->dtype, 0, lk_load_f(x->data, x->dtype, fz_off(x, i)) / s);
+            if (q != o)
+                fz_report(w, "out[%lld] = 0x%02x, the contract gives fp8(%.9g / %.9g) = 0x%02x", (long long)i, o,
+                          (double)lk_load_f(x->data, x->dtype, fz_off(x, i)), (double)s, q);
+        }
+    }
+}
+
+/* lk_per_token_group_fp8_quant: input [..., D] (rank 1..3), D = ng * G; group_size G
+ * (rarely 0, < 0, a non-divisor of D, D itself, INT64_MAX); eps (mostly vLLM's 1e-10;
+ * rarely 0, -0, < 0, NaN, +-inf, subnormal, FLT_MIN, and fp8_max * FLT_MIN, the smallest
+ * accepted, exactly and one ulp below, for either fp8 dtype); ue8m0 0 / 1; scales [..., ng]
+ * or [rows, ng] (any fz_view_new layout; or vLLM's column-major scales: the transposed
+ * view of an [ng, rows + pad] buffer; rarely f16, a wrong shape, or placed in the buffer of
+ * out or input); out e4m3 / e5m2 (rarely i8, the input itself, or of another shape).
+ * out and scales are compared with the ref bitwise. */
+static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
+    lk_dtype ot = fz_u8(in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+    int i8_bad = fz_chance(in, 8);
+    if (i8_bad) ot = LK_I8;
+    int nd = 1 + (int)(fz_u8(in) % 3);
+    int64_t shape[3] = {1, 1, 1};
+    for (int d = 0; d < nd - 1; d++) shape[d] = fz_dim(in, 5);
+    static const int64_t GS[12] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 64, 128};
+    int64_t G = GS[fz_u8(in) % 12], ng = fz_dim(in, G >= 64 ? 3 : 8), D = ng * G, rows = 1;
+    shape[nd - 1] = D;
+    for (int d = 0; d < nd - 1; d++) rows *= shape[d];
+    /* the group_size passed: rarely not G (some of these still divide D: valid) */
+    int64_t gs = G;
+    if (fz_chance(in, 20)) {
+        const int64_t BG[8] = {0, -1, INT64_MIN, G + 1, 2 * D + 1, D, INT64_MAX, G * 2};
+        gs = BG[fz_u8(in) % 8];
+    }
+    /* scales per row: D / group_size when group_size is valid; for a non-divisor either
+     * ng or D / group_size rounded down (only the group_size rule rejects it then) */
+    int64_t ngs = ng;
+    if (gs < 1) fz_fail_expected(w, "group_size < 1");
+    else if (D % gs) {
+        fz_fail_expected(w, "group_size does not divide D");
+        if (fz_u8(in) & 1) ngs = D / gs;
+    } else
+        ngs = D / gs;
+    a->group = gs;
+    a->ue8m0 = (int)(fz_u8(in) & 1);
+
+    a->x = fz_view_new(w, in, "input", fz_ftype(in), nd, shape, FZ_IN);
+    int64_t os[3] = {shape[0], shape[1], shape[2]};
+    if (fz_chance(in, 8)) {
+        os[fz_u8(in) % (unsigned)nd] += 1;
+        fz_fail_expected(w, "out shape differs from input");
+    }
+    if (fz_chance(in, 12) && fz_usable(w, a->x)) { /* out written over the input: rejected */
+        a->out = fz_view_alias(w, a->x, "out", FZ_OUT);
+        w->v[a->out].inplace_of = -1;
+        fz_fail_expected(w, "out aliases input (not fp8)");
+    } else {
+        a->out = fp8_out_new(w, in, "out", ot, nd, os);
+        if (i8_bad && w->v[a->out].t.dtype == LK_I8) fz_fail_expected(w, "i8 out");
+    }
+
+    /* values: ordinary (also past the input's end), off-centre, below eps, near f32's max,
+     * f16's range */
+    static const double LO[6] = {-4, 1, -1e-12, -3e38, -1e-30, -7e4}, HI[6] = {4, 9, 1e-12, 3e38, 1e-30, 7e4};
+    unsigned rg = fz_u8(in) % 8;
+    rg = rg < 6 ? rg : 0;
+    fz_fill(w, a->x, LO[rg], HI[rg]);
+    unsigned pat = fz_u8(in);
+    if (pat < 16 && fz_usable(w, a->x)) { /* constant rows, or every third group zero */
+        pat &= 1;
+        lk_tensor *t = &w->v[a->x].t;
+        for (int64_t i = 0, n = fz_numel(t); i < n; i++)
+            if (pat == 0) lk_store_f(t->data, t->dtype, fz_off(t, i), 2.5f);
+            else if ((i % D) / G % 3 == 0) lk_store_f(t->data, t->dtype, fz_off(t, i), 0.0f);
+    }
+
+    /* eps, judged against out's fp8_max: 448 * FLT_MIN = 0x1.cp-118 (e4m3),
+     * 57344 * FLT_MIN = 0x1.cp-111 (e5m2) */
+    lk_dtype odt = w->v[a->out].t.dtype;
+    float lo = odt == LK_F8E5M2 ? 0x1.cp-111f : 0x1.cp-118f;
+    unsigned eb = fz_u8(in);
+    if (eb < 192) a->eps = 1e-10f;
+    else {
+        const float EPS[19] = {1e-6f, 1e-4f, 0.5f, 3.0f, 1e30f, FLT_MAX, lo, 0x1.cp-118f, 0x1.cp-111f,
+                               nextafterf(lo, 0.0f), 0.0f, -0.0f, -1e-6f, NAN, INFINITY, -INFINITY,
+                               FLT_MIN, FLT_TRUE_MIN, 1e-37f};
+        a->eps = EPS[eb % 19];
+    }
+    if (!(a->eps >= lo && a->eps < INFINITY)) fz_fail_expected(w, "eps not finite >= fp8_max * FLT_MIN");
+
+    /* scales' shape: [..., ngs], [rows, ngs], or rarely a wrong one */
+    int64_t ss[4] = {0, 0, 0, 0};
+    int snd;
+    unsigned form = fz_u8(in) % 16;
+    if (form < 8) {
+        snd = nd;
+        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
+        ss[nd - 1] = ngs;
+    } else if (form < 14) {
+        snd = 2, ss[0] = rows, ss[1] = ngs;
+    } else { /* per-token [..., 1] / [rows], a group too many or too few, a row too many, flat 1-D */
+        unsigned k = fz_u8(in) % 6;
+        snd = k == 1 || k == 5 ? 1 : nd;
+        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
+        ss[nd - 1] = ngs;
+        if (k == 0) ss[nd - 1] = 1;
+        if (k == 1) ss[0] = rows;
+        if (k == 2) ss[nd - 1] = ngs + 1;
+        if (k == 3 && ngs > 0) ss[nd - 1] = ngs - 1;
+        if (k == 4) snd = 2, ss[0] = rows + 1, ss[1] = ngs;
+        if (k == 5) ss[0] = rows * ngs;
+    }
+    if (!gscales_shape_ok(snd, ss, nd, shape, rows, ngs)) fz_fail_expected(w, "scales shape");
+    lk_dtype sdt = fz_chance(in, 6) ? LK_F16 : LK_F32;
+    unsigned place = fz_u8(in);
+    if (place < 12 && fz_usable(w, place & 1 ? a->out : a->x)) { /* in out's or input's buffer */
+        a->scale = gscales_in(w, in, place & 1 ? a->out : a->x, snd, ss);
+        const lk_tensor *t = &w->v[a->scale].t; /* p's own tensor when the scales did not fit */
+        if (t->ndim != snd || !gscales_shape_ok(t->ndim, t->shape, nd, shape, rows, ngs))
+            fz_fail_expected(w, "scales (aliased) shape");
+    } else if (snd == 2 && place >= 176) { /* column-major: [ng, rows + pad] transposed */
+        int64_t pad = fz_u8(in) & 1 ? (4 - ss[0] % 4) % 4 : (int64_t)(fz_u8(in) % 5); /* TMA: rows % 4 */
+        int64_t ps[2] = {ss[1], ss[0] + pad};
+        int par = fz_view_new(w, in, "scales_buf", sdt, 2, ps, FZ_NONE);
+        a->scale = fz_view_narrow(w, par, "scales", 1, 0, ss[0], FZ_OUT);
+        lk_tensor *t = &w->v[a->scale].t;
+        int64_t sh = t->shape[0], st = t->stride[0];
+        t->shape[0] = t->shape[1], t->stride[0] = t->stride[1];
+        t->shape[1] = sh, t->stride[1] = st;
+    } else
+        a->scale = fz_view_new(w, in, "scales", sdt, snd, ss, FZ_OUT);
+    if (w->v[a->scale].t.dtype != LK_F32) fz_fail_expected(w, "scales not f32");
+
+    if (fz_chance(in, 6)) {
+        unsigned k = fz_u8(in) % 3;
+        if (k == 0) a->x = -1;
+        else if (k == 1) a->out = -1;
+        else a->scale = -1;
+        fz_fail_expected(w, "NULL tensor pointer");
+    }
+    fz_run(w, call, a);
+    /* accepted (the ISA fz_run used; the call repeated: same outputs): the contract's values */
+    if (!w->must_fail && fz_usable(w, a->x) && call(w, a) == LK_OK) group_check(w, a);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in = {data, size, 0};
     fz_world w;
     fz_init(&w, &in, "fp8_act");
-    q_attrs a = {0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1e-6f};
+    q_attrs a = {0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1e-6f, 0, 0};
     a.op = (int)(fz_u8(&in) % NOPS);
     w.op = OPN[a.op];
-    if (a.op == OP_I8_STATIC || a.op == OP_I8_DYNAMIC) {
-        int8_case(&w, &in, &a);
+    if (a.op == OP_I8_STATIC || a.op == OP_I8_DYNAMIC || a.op == OP_GROUP) {
+        if (a.op == OP_GROUP) group_case(&w, &in, &a);
+        else int8_case(&w, &in, &a);
         fz_free(&w);
         return 0;
     }

@@ -678,6 +678,19 @@ static void make_quant_token(oc_inst *in, oc_size sz) {
 static lk_status call_quant_token(const oc_inst *in) {
     return lk_dynamic_per_token_scaled_fp8_quant(T(in, 0), T(in, 1), T(in, 2), T(in, 3));
 }
+/* per token group: out, input, scales [R, D / G] written; G 8 (D 40, 520), 128 (D 1024,
+ * DeepSeek-V3's); eps 1e-10, UE8M0 scales in the medium size */
+static void make_quant_group(oc_inst *in, oc_size sz) {
+    make_quant(in, sz, LK_F8E4M3, LK_BF16);
+    int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
+    in->group = sz == OC_LARGE ? 128 : 8;
+    add(in, "scales", LK_F32, 2, (int64_t[]){R, D / in->group}, 1, 1);
+    in->eps = 1e-10f;
+    in->flag = sz == OC_MEDIUM; /* scale_ue8m0 */
+}
+static lk_status call_quant_group(const oc_inst *in) {
+    return lk_per_token_group_fp8_quant(T(in, 0), T(in, 1), T(in, 2), in->group, in->eps, in->flag);
+}
 
 static void make_norm_quant(oc_inst *in, oc_size sz, lk_dtype xt, int residual) {
     make_quant(in, sz, LK_F8E4M3, xt);
@@ -897,6 +910,7 @@ const oc_op OC_OPS[] = {
     {"lk_static_scaled_fp8_quant", make_quant_static, call_quant_static},
     {"lk_dynamic_scaled_fp8_quant", make_quant_tensor, call_quant_tensor},
     {"lk_dynamic_per_token_scaled_fp8_quant", make_quant_token, call_quant_token},
+    {"lk_per_token_group_fp8_quant", make_quant_group, call_quant_group},
     {"lk_rms_norm_static_fp8_quant", make_norm_static, call_norm_static},
     {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},

@@ -1,8 +1,8 @@
 /*
  * fp8 activations: lk_static_scaled_fp8_quant, lk_dynamic_scaled_fp8_quant,
- * lk_dynamic_per_token_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
- * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant and
- * lk_merge_attn_states_scaled.
+ * lk_dynamic_per_token_scaled_fp8_quant, lk_per_token_group_fp8_quant,
+ * lk_rms_norm_static_fp8_quant, lk_fused_add_rms_norm_static_fp8_quant,
+ * lk_rms_norm_dynamic_per_token_quant and lk_merge_attn_states_scaled.
  *
  * Every ISA against ref bit for bit over the outputs' WHOLE allocations (written
  * elements, padding garbage, guard zones) and the scales; ref against float64: every
@@ -14,9 +14,19 @@
  * fallback), [rows] and [rows, 1] scales, scale_ub, residual dtypes, weightless norms;
  * the int8 out of the per-token norm on the same grid (within half an integer step of
  * the float64 value / scale, scales max(absmax / 127, FLT_EPSILON)) and its converter.
- * Also: NaN / inf / saturation, empty inputs, thread-count independence (1-4 threads,
- * bitwise) and the bad-input catalogue (status, message naming the argument, every
- * buffer intact).
+ * Per-token-group quant: the same two comparisons (every scale exactly the f32 formula
+ * max(absmax, eps) / fp8_max; with UE8M0 the smallest power of two >= max(s, 1e-10),
+ * checked to be a power of two >= s and < 2 s, or 2^-33 when clamped; each group's absmax
+ * element at the max code) over input dtypes x out dtypes, group sizes 1, 7, 16, 128 (D =
+ * G, 3 G, and DeepSeek-V3's 7168 / 128), rows 1..5, contiguous / padded / transposed
+ * (reference fallback) inputs and outs, 3-D inputs [2, 3, D] with [2, 3, ng] or flat
+ * [6, ng] scales, row-major, padded and column-major scales (vLLM's transposed view of a
+ * [ng, rows padded to 4] buffer, padding intact), UE8M0 on and off, eps 1e-10, its
+ * minimum fp8_max * FLT_MIN, and a large eps (1) that dominates.
+ * Also: NaN / inf / saturation (per group: NaN ignored by the absmax and kept, an inf
+ * makes the group's scale inf, all-zero and all-NaN groups get eps / fp8_max), empty
+ * inputs, thread-count independence (1-4 threads, bitwise) and the bad-input catalogue
+ * (status, message naming the argument, every buffer intact).
  */
 #include <float.h>
 #include <math.h>
@@ -599,6 +609,417 @@ static void test_errors(void) {
     tu_free(&mo), tu_free(&ma), tu_free(&ml), tu_free(&mf);
 }
 
+/* ---------------------------------------------------------------- per-token-group quant */
+
+/* the smallest power of two >= v (v > 0 finite), by doubling / halving in float64 */
+static double pow2_at_least(double v) {
+    double p = 1.0;
+    while (p < v) p *= 2;
+    while (p / 2 >= v) p /= 2;
+    return p;
+}
+
+/* input layouts of group_case: 0 contiguous, 1 padded strides, 2 input's last stride != 1
+ * (stored transposed: the reference fallback), 3 contiguous input, out stored transposed
+ * (the fallback through out), 4 3-D [2, 3, D] contiguous, 5 3-D padded.
+ * scales forms: 0 [rows, ng] / [2, 3, ng] contiguous, 1 the same padded, 2 column-major
+ * (vLLM's: the transposed view of a [ng, rows padded to a multiple of 4] buffer; 3-D:
+ * flat [6, ng]), 3 (3-D only) flat [6, ng] padded */
+enum { GX_LAYOUTS = 6, GS_FORMS = 4 };
+
+static tu_buf group_scales(int64_t rows, int64_t ng, int three, int sl) {
+    int64_t rp = (rows + 3) / 4 * 4;
+    if (sl == 2) return tu_alloc_perm(LK_F32, 2, (int64_t[]){rows, ng}, (int[]){1, 0}, (int)(rp - rows));
+    if (three && sl < 2) return tu_alloc(LK_F32, 3, (int64_t[]){2, 3, ng}, sl);
+    return tu_alloc(LK_F32, 2, (int64_t[]){rows, ng}, sl != 0);
+}
+
+/* flat index of the first element of group k (row k / ng, group k % ng) */
+static int64_t group_at(int64_t k, int64_t D, int64_t G) { return k / (D / G) * D + k % (D / G) * G; }
+
+static void group_case(lk_dtype xt, lk_dtype ot, int64_t R, int64_t D, int64_t G, int xl, int sl, int ue8m0,
+                       float eps, double amp, int specials) {
+    int three = xl >= 4;
+    int64_t rows = three ? 6 : R, ng = D / G;
+    tu_buf x, out;
+    if (three) {
+        x = tu_alloc(xt, 3, (int64_t[]){2, 3, D}, xl == 5);
+        out = tu_alloc(ot, 3, (int64_t[]){2, 3, D}, xl == 4);
+    } else {
+        x = tu_alloc_rows(xt, R, D, xl == 3 ? 0 : xl);
+        out = tu_alloc_rows(ot, R, D, xl == 3 ? 2 : xl == 2 ? 1 : xl);
+    }
+    tu_buf sc = group_scales(rows, ng, three, sl);
+    fill_x(&x, amp, 0);
+    int64_t ngroups = rows * ng;
+    if (specials) {
+        /* a NaN; group 1 holds +inf, group 2 is all zero (+-0), group 3 all NaN, group 4 -inf
+         * and a NaN; the last group's elements at +-amp / 3 (all but one): its absmax
+         * element quantizes to the max code */
+        tu_set(&x, 1, NAN);
+        for (int64_t k = 1; k < 5 && k < ngroups; k++) {
+            int64_t at = group_at(k, D, G);
+            for (int64_t i = 0; i < G && (k == 2 || k == 3); i++) tu_set(&x, at + i, k == 3 ? NAN : i % 2 ? -0.0 : 0.0);
+            if (k == 1) tu_set(&x, at + G / 2, INFINITY);
+            if (k == 4) tu_set(&x, at + G - 1, -INFINITY), tu_set(&x, at, NAN);
+        }
+        if (ngroups > 5) {
+            int64_t at = group_at(ngroups - 1, D, G);
+            for (int64_t i = 0; i < G; i++) tu_set(&x, at + i, i % 3 ? amp / 3 : -amp / 3);
+            tu_set(&x, at + G / 2, -amp);
+        }
+    }
+    tu_snapshot(&out), tu_snapshot(&sc);
+    tu_saved o0 = tu_save(&out), s0 = tu_save(&sc), oref = {0}, sref = {0};
+    int okall = 1, f64 = 1, scales_ok = 1;
+    float fm = (float)fmax8(ot);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_restore(&out, &o0), tu_restore(&sc, &s0);
+        lk_status s = lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, eps, ue8m0);
+        if (!tu_check(s == LK_OK, "%s group quant: %s", lk_isa_name(isas[ii]), lk_last_error())) continue;
+        if (ii > 0) {
+            okall &= tu_same(&out, &oref) && tu_same(&sc, &sref);
+            continue;
+        }
+        oref = tu_save(&out), sref = tu_save(&sc);
+        f64 &= tu_outside_intact(&out) && tu_outside_intact(&sc);
+        for (int64_t k = 0; k < ngroups; k++) {
+            int64_t at = group_at(k, D, G), am = -1;
+            double m = 0;
+            for (int64_t i = 0; i < G; i++) {
+                double v = fabs(tu_get(&x, at + i));
+                if (v > m) m = v, am = at + i; /* NaN ignored */
+            }
+            /* the contract's f32 formula; absmax (a value of x, 0 or inf) is exact in f32 */
+            float want = ((float)m > eps ? (float)m : eps) / fm, got = (float)tu_get(&sc, k);
+            if (ue8m0 && !isinf(want)) {
+                double p = pow2_at_least(want > 1e-10 ? want : 1e-10);
+                int e;
+                double mant = frexp(got, &e);
+                scales_ok &= mant == 0.5 && got >= want && (want < 1e-10 ? got == ldexp(1.0, -33) : got < 2.0 * want);
+                want = (float)p;
+            }
+            scales_ok &= got == want;
+            for (int64_t i = 0; i < G; i++) {
+                double v = tu_get(&x, at + i);
+                f64 &= fp8_close(ot, v / got, (float)tu_get(&out, at + i), 0);
+            }
+            /* without UE8M0 the absmax element lands on +-max (with UE8M0 it is at most max) */
+            if (!ue8m0 && am >= 0 && (float)m > eps && !isinf(m))
+                f64 &= fabs(tu_get(&out, am)) == fmax8(ot);
+        }
+    }
+    tu_check(f64 && scales_ok, "group quant %s -> %s R=%lld D=%lld G=%lld layout=%d scales=%d%s eps=%g amp=%g%s: ref "
+             "within half an fp8 step of float64 (absmax elements at the max code), scales as the f32 formula%s, "
+             "padding intact", lk_dtype_name(xt), lk_dtype_name(ot), (long long)rows, (long long)D, (long long)G, xl,
+             sl, ue8m0 ? " ue8m0" : "", (double)eps, amp, specials ? " specials" : "",
+             ue8m0 ? " rounded up to a power of two (< 2 s, or 2^-33 when clamped)" : "");
+    tu_check(okall, "group quant %s -> %s R=%lld D=%lld G=%lld layout=%d scales=%d%s: every ISA bit-identical to ref "
+             "(whole allocations)", lk_dtype_name(xt), lk_dtype_name(ot), (long long)rows, (long long)D, (long long)G,
+             xl, sl, ue8m0 ? " ue8m0" : "");
+    free(o0.bytes), free(s0.bytes), free(oref.bytes), free(sref.bytes);
+    tu_free(&x), tu_free(&out), tu_free(&sc);
+}
+
+static void test_group_grid(void) {
+    static const int64_t GS[] = {1, 7, 16, 128};
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int gi = 0; gi < 4; gi++)
+                for (int k = 0; k < 2; k++)
+                    for (int xl = 0; xl < GX_LAYOUTS; xl++)
+                        for (int sl = 0; sl < (xl >= 4 ? 4 : 3); sl++) {
+                            int64_t G = GS[gi], D = k ? 3 * G : G, R = 1 + (gi + k + xl + sl) % 5;
+                            int ue = (xl + sl + k) & 1;
+                            group_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, D, G, xl, sl, ue, 1e-10f, 3.0, 0);
+                        }
+    /* DeepSeek-V3's activations: D 7168, groups of 128 */
+    for (int xi = 0; xi < 3; xi++)
+        for (int sl = 0; sl < 3; sl++)
+            for (int ue = 0; ue < 2; ue++)
+                if (!tu_emulated() || (xi == 2 && sl == 2))
+                    group_case(TU_FLOAT_DTYPES[xi], LK_F8E4M3, 2 + sl, 7168, 128, sl == 1, sl, ue, 1e-10f, 3.0, 0);
+    group_case(LK_BF16, LK_F8E5M2, 3, 7168, 128, 0, 2, 1, 1e-10f, 3.0, 0);
+    /* a large eps dominating some groups (amp 1.5) or all of them (amp 0.5: s = eps / fp8_max) */
+    for (int oi = 0; oi < 2; oi++)
+        for (int ue = 0; ue < 2; ue++) {
+            group_case(LK_F32, FP8[oi], 3, 21, 7, 0, 2, ue, 1.0f, 1.5, 0);
+            group_case(LK_BF16, FP8[oi], 4, 48, 16, 1, 1, ue, 1.0f, 0.5, 0);
+            group_case(LK_F16, FP8[oi], 5, 8, 1, 4, 3, ue, 1.0f, 1.5, 0);
+        }
+    /* specials; eps at its minimum fp8_max * FLT_MIN (an all-zero group: scale FLT_MIN) */
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int ue = 0; ue < 2; ue++) {
+                lk_dtype xt = TU_FLOAT_DTYPES[xi], ot = FP8[oi];
+                float lo = (float)fmax8(ot) * FLT_MIN;
+                group_case(xt, ot, 2, 48, 16, 0, 0, ue, 1e-10f, 3.0, 1);
+                group_case(xt, ot, 3, 21, 7, 1, 2, ue, lo, 3.0, 1);
+                group_case(xt, ot, 2, 6, 1, 4, 2, ue, 1e-10f, 3.0, 1);
+                group_case(xt, ot, 4, 256, 128, 2, 1, ue, lo, 3.0, 1);
+            }
+}
+
+/* the group rules by their codes, per ISA: NaN ignored by the absmax and kept; an inf
+ * makes the group's scale inf (finite -> signed 0, the inf -> NaN); an all-zero group gets
+ * eps / fp8_max and zero codes; UE8M0 rounds up to a power of two, a tiny scale to 2^-33 */
+static void test_group_specials(void) {
+    enum { G = 20, NG = 3 };
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int oi = 0; oi < 2; oi++) {
+            lk_dtype ot = FP8[oi];
+            float fm = (float)fmax8(ot), x[G * NG], sc[NG];
+            uint8_t q[G * NG], mx = ot == LK_F8E4M3 ? 0x7e : 0x7b;
+            for (int i = 0; i < G * NG; i++) x[i] = (float)(i % 5) - 2.0f; /* -2 .. 2 */
+            x[3] = NAN, x[4] = -NAN, x[7] = 3.0f, x[8] = -3.0f;         /* group 0: absmax 3 */
+            x[G + 5] = INFINITY, x[G + 6] = -0.0f;                       /* group 1: inf */
+            for (int i = 2 * G; i < 3 * G; i++) x[i] = i % 2 ? -0.0f : 0.0f; /* group 2: zero */
+            lk_tensor tx = lk_tensor_make(x, LK_F32, 2, (int64_t[]){1, G * NG});
+            lk_tensor tq = lk_tensor_make(q, ot, 2, (int64_t[]){1, G * NG});
+            lk_tensor ts = lk_tensor_make(sc, LK_F32, 2, (int64_t[]){1, NG});
+            lk_status s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1e-10f, 0);
+            int ok = s == LK_OK && sc[0] == 3.0f / fm && q[3] == 0x7f && q[4] == 0xff && q[7] == mx &&
+                     q[8] == (0x80 | mx);
+            tu_check(ok, "%s group quant -> %s: NaN ignored by the absmax and kept with its sign, the absmax at the "
+                     "max code", isa, lk_dtype_name(ot));
+            ok = isinf(sc[1]) && sc[1] > 0 && (q[G + 5] & 0x7f) == 0x7f && q[G + 6] == 0x80;
+            for (int i = G; i < 2 * G; i++)
+                if (i != G + 5) ok &= q[i] == (x[i] < 0 || signbit(x[i]) ? 0x80 : 0x00);
+            tu_check(ok, "%s group quant -> %s: an inf makes its group's scale inf (finite -> signed 0, the inf -> "
+                     "NaN)", isa, lk_dtype_name(ot));
+            ok = sc[2] == 1e-10f / fm;
+            for (int i = 2 * G; i < 3 * G; i++) ok &= q[i] == (i % 2 ? 0x80 : 0x00);
+            tu_check(ok, "%s group quant -> %s: an all-zero group gets eps / fp8_max, codes +-0", isa,
+                     lk_dtype_name(ot));
+            s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1e-10f, 1);
+            ok = s == LK_OK && sc[0] == pow2_at_least(3.0 / fm) && isinf(sc[1]) && sc[2] == ldexpf(1.0f, -33);
+            for (int i = 2 * G; i < 3 * G; i++) ok &= q[i] == (i % 2 ? 0x80 : 0x00);
+            tu_check(ok, "%s group quant -> %s, ue8m0: 3 / fp8_max rounded up to a power of two, inf kept, a zero "
+                     "group's eps / fp8_max clamped to 1e-10 then 2^-33", isa, lk_dtype_name(ot));
+        }
+    }
+}
+
+/* 1-4 threads bitwise identical (row-major and column-major scales, UE8M0 on and off), on
+ * every ISA; 64 rows of 4096 (groups of 128) and 7 rows of 7168 */
+static void test_group_threads(void) {
+    for (int sh = 0; sh < 2; sh++) {
+        int64_t R = sh ? 7 : 64, D = sh ? 7168 : 4096, G = 128;
+        tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, D}, 0);
+        tu_fill_uniform(&x, -3, 3);
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            for (int v = 0; v < 4; v++) {
+                tu_buf sc = group_scales(R, D / G, 0, v & 1 ? 2 : 0);
+                tu_saved first[2] = {{0}};
+                int ok = 1;
+                for (int th = 1; th <= 4; th++) {
+                    lk_set_num_threads(th);
+                    ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, 1e-10f, v >> 1) == LK_OK;
+                    if (th == 1) first[0] = tu_save(&out), first[1] = tu_save(&sc);
+                    else ok &= tu_same(&out, &first[0]) && tu_same(&sc, &first[1]);
+                }
+                lk_set_num_threads(0);
+                tu_check(ok, "%s group quant R=%lld D=%lld G=128 %s scales%s: 1-4 threads bitwise identical (out, "
+                         "scales)", lk_isa_name(isas[ii]), (long long)R, (long long)D,
+                         v & 1 ? "column-major" : "row-major", v >> 1 ? " ue8m0" : "");
+                free(first[0].bytes), free(first[1].bytes);
+                tu_free(&sc);
+            }
+        }
+        tu_free(&x), tu_free(&out);
+    }
+}
+
+/* no rows, or D == 0: LK_OK, nothing written (out and scales intact) */
+static void test_group_empty(void) {
+    static const int64_t SH[4][3] = {{0, 8}, {2, 0}, {0, 3, 16}, {2, 3, 0}};
+    static const int ND[4] = {2, 2, 3, 3};
+    int ok = 1;
+    for (int c = 0; c < 4; c++) {
+        int nd = ND[c];
+        int64_t sshape[3] = {SH[c][0], SH[c][1], SH[c][2]};
+        sshape[nd - 1] = SH[c][nd - 1] / 8;
+        tu_buf x = tu_alloc(LK_BF16, nd, SH[c], 1), out = tu_alloc(LK_F8E4M3, nd, SH[c], 1);
+        tu_buf sc = tu_alloc(LK_F32, nd, sshape, 1);
+        tu_snapshot(&x), tu_snapshot(&out), tu_snapshot(&sc);
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 8, 1e-10f, ii & 1) == LK_OK && tu_intact(&x) &&
+                  tu_intact(&out) && tu_intact(&sc);
+        }
+        /* a flat [rows, 0] for the 3-D input with D == 0; an empty view's strides are
+         * unconstrained (stride +-2^62 on its rows): spreading them over the
+         * input's leading dims must not overflow (the sanitizer builds abort on one) */
+        if (c == 3) {
+            tu_buf sf = tu_alloc(LK_F32, 2, (int64_t[]){6, 0}, 0);
+            tu_snapshot(&sf);
+            ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sf.t, 5, 1e-10f, 0) == LK_OK && tu_intact(&sf) &&
+                  tu_intact(&out);
+            for (int k = 0; k < 2; k++) {
+                lk_tensor big = sf.t;
+                big.stride[0] = k ? -((int64_t)1 << 62) : (int64_t)1 << 62;
+                ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &big, 5, 1e-10f, 0) == LK_OK && tu_intact(&sf);
+            }
+            tu_free(&sf);
+        }
+        tu_free(&x), tu_free(&out), tu_free(&sc);
+    }
+    tu_check(ok, "group quant of empty inputs (0 rows, D == 0; 2-D and 3-D): LK_OK, nothing written");
+}
+
+/* a 3-D input: scales [2, 3, ng], flat [6, ng], padded, column-major give the same bits
+ * (values per (row, group)); a 1-D input: [ng] and [1, ng] */
+static void test_group_scale_shapes(void) {
+    enum { A = 2, B = 3, D = 96, G = 16, NG = D / G };
+    tu_buf x = tu_alloc(LK_F16, 3, (int64_t[]){A, B, D}, 0), out = tu_alloc(LK_F8E5M2, 3, (int64_t[]){A, B, D}, 0);
+    tu_fill_uniform(&x, -4, 4);
+    tu_buf ref = group_scales(A * B, NG, 1, 0);
+    int ok = lk_per_token_group_fp8_quant(&out.t, &x.t, &ref.t, G, 1e-10f, 0) == LK_OK;
+    tu_saved o0 = tu_save(&out);
+    for (int sl = 1; sl < GS_FORMS; sl++) {
+        tu_buf sc = group_scales(A * B, NG, 1, sl);
+        memset(out.t.data, 0, (size_t)(A * B * D));
+        ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, 1e-10f, 0) == LK_OK && tu_same(&out, &o0);
+        for (int64_t k = 0; k < A * B * NG; k++) ok &= tu_get(&sc, k) == tu_get(&ref, k);
+        tu_free(&sc);
+    }
+    /* the 1-D input's rows */
+    float s1[NG], s2[1][NG];
+    uint8_t q1[D], q2[D];
+    lk_tensor x1 = x.t, o1 = lk_tensor_make(q1, LK_F8E5M2, 1, (int64_t[]){D}), o2 = o1;
+    x1.ndim = 1, x1.shape[0] = D, x1.stride[0] = 1;
+    o2.data = q2;
+    lk_tensor t1 = lk_tensor_make(s1, LK_F32, 1, (int64_t[]){NG});
+    lk_tensor t2 = lk_tensor_make(s2, LK_F32, 2, (int64_t[]){1, NG});
+    ok &= lk_per_token_group_fp8_quant(&o1, &x1, &t1, G, 1e-10f, 1) == LK_OK &&
+          lk_per_token_group_fp8_quant(&o2, &x1, &t2, G, 1e-10f, 1) == LK_OK && !memcmp(q1, q2, D) &&
+          !memcmp(s1, s2, sizeof s1);
+    tu_check(ok, "group quant of a 3-D input: scales [2, 3, ng], flat [6, ng], padded and column-major give the same "
+             "bits; a 1-D input: [ng] and [1, ng]");
+    free(o0.bytes);
+    tu_free(&x), tu_free(&out), tu_free(&ref);
+}
+
+/* expect() with the message starting "lk_per_token_group_fp8_quant: <name>" */
+static void gexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "lk_per_token_group_fp8_quant: %s", name);
+    int named = !strncmp(lk_last_error(), pre, strlen(pre));
+    expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
+}
+
+static void test_group_errors(void) {
+    int64_t R = 3, D = 20, G = 4, NG = D / G;
+    tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, D}, 0);
+    tu_buf sc = tu_alloc(LK_F32, 2, (int64_t[]){R, NG}, 0), o5 = tu_alloc(LK_F8E5M2, 2, (int64_t[]){R, D}, 0);
+    tu_buf sc16 = tu_alloc(LK_F16, 2, (int64_t[]){R, NG}, 0), ob = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0);
+    tu_buf big = tu_alloc(LK_F32, 2, (int64_t[]){7, 6}, 0), o8 = tu_alloc(LK_I8, 2, (int64_t[]){R, D}, 0);
+    tu_buf x3 = tu_alloc(LK_BF16, 3, (int64_t[]){2, 3, D}, 0), o3 = tu_alloc(LK_F8E4M3, 3, (int64_t[]){2, 3, D}, 0);
+    tu_fill_uniform(&x, -1, 1), tu_fill_uniform(&x3, -1, 1);
+    tu_buf *all[] = {&x, &out, &sc, &o5, &sc16, &ob, &big, &o8, &x3, &o3};
+    int nb = 10;
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    const float e = 1e-10f;
+    gexpect(lk_per_token_group_fp8_quant(NULL, &x.t, &sc.t, G, e, 0), LK_ERR_NULL, "out", all, nb, "group: NULL out");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, NULL, &sc.t, G, e, 0), LK_ERR_NULL, "input", all, nb,
+            "group: NULL input");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, NULL, G, e, 0), LK_ERR_NULL, "scales", all, nb,
+            "group: NULL scales");
+    lk_tensor nd = sc.t;
+    nd.data = NULL;
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &nd, G, e, 0), LK_ERR_NULL, "scales", all, nb,
+            "group: scales with NULL data");
+    /* group_size */
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 0, e, 0), LK_ERR_VALUE, "group_size", all, nb,
+            "group_size 0");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, -1, e, 1), LK_ERR_VALUE, "group_size", all, nb,
+            "group_size -1");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, INT64_MIN, e, 0), LK_ERR_VALUE, "group_size", all, nb,
+            "group_size INT64_MIN");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 8, e, 0), LK_ERR_SHAPE, "group_size", all, nb,
+            "group_size 8 not dividing D 20");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 3, e, 0), LK_ERR_SHAPE, "group_size", all, nb,
+            "group_size 3 not dividing D 20");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 40, e, 0), LK_ERR_SHAPE, "group_size", all, nb,
+            "group_size 40 > D 20");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, INT64_MAX, e, 0), LK_ERR_SHAPE, "group_size", all, nb,
+            "group_size INT64_MAX");
+    /* eps: finite and >= fp8_max * FLT_MIN (448 FLT_MIN e4m3, 57344 FLT_MIN e5m2) */
+    const float lo4 = 448.0f * FLT_MIN, lo5 = 57344.0f * FLT_MIN;
+    const float BAD[] = {0.0f, -0.0f, -1.0f, NAN, -NAN, INFINITY, -INFINITY, nextafterf(lo4, 0.0f), FLT_MIN,
+                         FLT_TRUE_MIN};
+    for (size_t k = 0; k < sizeof BAD / sizeof BAD[0]; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "group: eps %g (e4m3 out)", (double)BAD[k]);
+        gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, BAD[k], k & 1), LK_ERR_VALUE, "eps", all, nb,
+                what);
+    }
+    gexpect(lk_per_token_group_fp8_quant(&o5.t, &x.t, &sc.t, G, nextafterf(lo5, 0.0f), 0), LK_ERR_VALUE, "eps", all,
+            nb, "group: eps just below 57344 FLT_MIN (e5m2 out)");
+    gexpect(lk_per_token_group_fp8_quant(&o5.t, &x.t, &sc.t, G, lo4, 0), LK_ERR_VALUE, "eps", all, nb,
+            "group: eps 448 FLT_MIN (e5m2 out: below its bound)");
+    /* scales */
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sc16.t, G, e, 0), LK_ERR_DTYPE, "scales", all, nb,
+            "group: f16 scales");
+    lk_tensor si = sc.t;
+    si.dtype = LK_I32;
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &si, G, e, 0), LK_ERR_DTYPE, "scales", all, nb,
+            "group: i32 scales");
+    static const int64_t BADSH[][3] = {{3, 6}, {4, 5}, {2, 5}, {5, 3}, {15}, {3, 5, 1}, {1, 3, 5}, {3, 1}};
+    static const int BADND[] = {2, 2, 2, 2, 1, 3, 3, 2};
+    for (size_t k = 0; k < sizeof BADND / sizeof BADND[0]; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, BADND[k], BADSH[k]);
+        char what[96];
+        snprintf(what, sizeof what, "group: scales %s for input [3, 20] G 4", lk_shape_str(&t));
+        gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &t, G, e, 0), LK_ERR_SHAPE, "scales", all, nb, what);
+    }
+    /* scales of the 3-D input: [2, 3, ng] and [6, ng] only */
+    static const int64_t BAD3[][3] = {{3, 2, 5}, {2, 3, 1}, {6, 5, 1}, {30}, {2, 15}, {1, 6, 5}};
+    static const int BAD3ND[] = {3, 3, 3, 1, 2, 3};
+    for (size_t k = 0; k < sizeof BAD3ND / sizeof BAD3ND[0]; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, BAD3ND[k], BAD3[k]);
+        char what[96];
+        snprintf(what, sizeof what, "group: scales %s for input [2, 3, 20] G 4", lk_shape_str(&t));
+        gexpect(lk_per_token_group_fp8_quant(&o3.t, &x3.t, &t, G, e, 0), LK_ERR_SHAPE, "scales", all, nb, what);
+    }
+    lk_tensor s0 = sc.t;
+    s0.stride[0] = 0;
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &s0, G, e, 0), LK_ERR_ALIAS, "scales", all, nb,
+            "group: scales with a zero stride");
+    lk_tensor so = lk_tensor_make(out.t.data, LK_F32, 2, (int64_t[]){R, NG}); /* 60 bytes over out's 60 */
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &so, G, e, 0), LK_ERR_ALIAS, "scales", all, nb,
+            "group: scales overlapping out");
+    lk_tensor sx = lk_tensor_make((char *)x.t.data + 8, LK_F32, 2, (int64_t[]){R, NG});
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &x.t, &sx, G, e, 0), LK_ERR_ALIAS, "scales", all, nb,
+            "group: scales overlapping input");
+    /* out / input */
+    gexpect(lk_per_token_group_fp8_quant(&ob.t, &x.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "out", all, nb, "group: bf16 out");
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "out", all, nb, "group: i8 out");
+    gexpect(lk_per_token_group_fp8_quant(&out.t, &out.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "input", all, nb,
+            "group: fp8 input");
+    gexpect(lk_per_token_group_fp8_quant(&o3.t, &x.t, &sc.t, G, e, 0), LK_ERR_SHAPE, "out", all, nb,
+            "group: out [2, 3, 20] for input [3, 20]");
+    lk_tensor on = out.t;
+    on.shape[1] = 16;
+    gexpect(lk_per_token_group_fp8_quant(&on, &x.t, &sc.t, G, e, 0), LK_ERR_SHAPE, "out", all, nb,
+            "group: out [3, 16] for input [3, 20]");
+    lk_tensor ox = lk_tensor_make(x.t.data, LK_F8E4M3, 2, (int64_t[]){R, D});
+    gexpect(lk_per_token_group_fp8_quant(&ox, &x.t, &sc.t, G, e, 0), LK_ERR_ALIAS, "out", all, nb,
+            "group: out overlapping input");
+    /* the valid calls, for contrast: the bounds themselves pass */
+    lk_tensor s1 = lk_tensor_make(big.t.data, LK_F32, 2, (int64_t[]){R, 1}); /* G = D: one group */
+    int ok = lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, lo4, 1) == LK_OK &&
+             lk_per_token_group_fp8_quant(&o5.t, &x.t, &sc.t, G, lo5, 0) == LK_OK &&
+             lk_per_token_group_fp8_quant(&out.t, &x.t, &s1, D, FLT_MAX, 0) == LK_OK &&
+             tu_get(&big, 0) == FLT_MAX / 448.0f;
+    tu_check(ok, "group quant: eps = fp8_max * FLT_MIN and FLT_MAX accepted, G = D accepted (%s)", lk_last_error());
+    for (int b = 0; b < nb; b++) tu_free(all[b]);
+}
+
 int main(void) {
     tu_init();
     ni = tu_isas(isas);
@@ -611,6 +1032,12 @@ int main(void) {
     test_empty();
     test_scale_shapes();
     test_errors();
+    test_group_grid();
+    test_group_specials();
+    test_group_threads();
+    test_group_empty();
+    test_group_scale_shapes();
+    test_group_errors();
     lk_set_isa(isas[ni - 1]);
     return tu_finish("test_fp8_act");
 }

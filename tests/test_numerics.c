@@ -432,6 +432,67 @@ static void test_fp8_act(void) {
     }
 }
 
+/* lk_per_token_group_fp8_quant's special values (docs/numerics.md "Per-token-group
+ * scales"), per ISA, f32 and bf16 inputs: 2 rows of D = 40 in groups of 20 (full vectors
+ * and tails on every ISA) */
+static void test_fp8_group(void) {
+    enum { G = D / 2 };
+    static const lk_dtype XT[2] = {LK_F32, LK_BF16};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int xi = 0; xi < 2; xi++)
+            for (int oi = 0; oi < 2; oi++) {
+                lk_dtype xt = XT[xi], ot = oi ? LK_F8E5M2 : LK_F8E4M3;
+                const char *xn = lk_dtype_name(xt), *on = lk_dtype_name(ot);
+                float fm = oi ? 57344.0f : 448.0f, v[2][D], sc[2][2], xb[2 * D]; /* xb: [2, D] of dtype xt */
+                uint8_t q[2][D], mx = oi ? 0x7b : 0x7e;
+                /* group (0, 0): -2 .. 2, NaN, -NaN, 200: scale 200 / fp8_max, 200 at the max code;
+                 * group (0, 1): an inf: scale inf, finite -> signed 0, the inf -> NaN;
+                 * group (1, 0): +-0: scale eps / fp8_max, codes +-0; group (1, 1): all NaN */
+                for (int i = 0; i < D; i++) v[0][i] = (float)(i % 5) - 2.0f, v[1][i] = i % 2 ? -0.0f : 0.0f;
+                v[0][3] = NAN, v[0][4] = -NAN, v[0][5] = 200.0f, v[0][G + 7] = INFINITY;
+                for (int i = G; i < D; i++) v[1][i] = NAN;
+                for (int r = 0; r < 2; r++)
+                    for (int i = 0; i < D; i++) lk_store_f(xb, xt, r * D + i, v[r][i]);
+                lk_tensor tx = t2(xb, xt, 2, D), tq = lk_tensor_make(q, ot, 2, (int64_t[]){2, D});
+                lk_tensor ts = t2(sc, LK_F32, 2, 2);
+                lk_status s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1e-10f, 0);
+                int ok = s == LK_OK && sc[0][0] == 200.0f / fm && q[0][3] == 0x7f && q[0][4] == 0xff && q[0][5] == mx;
+                tu_check(ok, "%s per_token_group_fp8_quant %s -> %s: NaN ignored by the absmax and kept (with its "
+                         "sign), the absmax at the max code (%s)", isa, xn, on, lk_status_str(s));
+                ok = isinf(sc[0][1]) && sc[0][1] > 0 && (q[0][G + 7] & 0x7f) == 0x7f;
+                for (int i = G; i < D; i++)
+                    if (i != G + 7) ok &= q[0][i] == (signbit(v[0][i]) ? 0x80 : 0x00);
+                tu_check(ok, "%s per_token_group_fp8_quant %s -> %s: an inf makes its group's scale inf (finite "
+                         "values signed zeros, the inf NaN)", isa, xn, on);
+                ok = sc[1][0] == 1e-10f / fm && sc[1][1] == 1e-10f / fm;
+                for (int i = 0; i < G; i++) ok &= q[1][i] == (i % 2 ? 0x80 : 0x00) && (q[1][G + i] & 0x7f) == 0x7f;
+                tu_check(ok, "%s per_token_group_fp8_quant %s -> %s: an all-zero group and an all-NaN group get eps / "
+                         "fp8_max (codes +-0, NaN)", isa, xn, on);
+                /* UE8M0: 200 / 448 -> 0.5 (200 / 0.5 = 400, a tie between 384 and 416: 384, 0x7c);
+                 * 200 / 57344 -> 2^-8 (51200 -> 49152, 0x7a); inf stays; eps / fp8_max < 1e-10 -> 2^-33 */
+                s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1e-10f, 1);
+                ok = s == LK_OK && sc[0][0] == (oi ? 0x1p-8f : 0.5f) && q[0][5] == (oi ? 0x7a : 0x7c) &&
+                     q[0][3] == 0x7f && isinf(sc[0][1]) && sc[1][0] == 0x1p-33f && sc[1][1] == 0x1p-33f;
+                for (int i = 0; i < G; i++) ok &= q[1][i] == (i % 2 ? 0x80 : 0x00);
+                tu_check(ok, "%s per_token_group_fp8_quant %s -> %s, ue8m0: scales rounded up to a power of two, "
+                         "inf kept, a tiny scale clamped to 1e-10 then 2^-33 (%s)", isa, xn, on, lk_status_str(s));
+                /* a power-of-two scale stays (absmax 14 = 448 2^-5, or 57344 2^-12); eps dominating:
+                 * eps 1 -> scale 1 / fp8_max, the group's codes x * fp8_max */
+                for (int i = 0; i < D; i++)
+                    lk_store_f(xb, xt, i, (float)(i % 3) * 0.125f), lk_store_f(xb, xt, D + i, 0.0f);
+                lk_store_f(xb, xt, 1, fm / 32.0f);
+                s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1.0f, 1);
+                ok = s == LK_OK && sc[0][0] == 1.0f / 32.0f && q[0][1] == mx && sc[0][1] == ldexpf(1.0f, oi ? -15 : -8);
+                s = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1.0f, 0);
+                ok &= s == LK_OK && sc[0][1] == 1.0f / fm && sc[1][0] == 1.0f / fm;
+                tu_check(ok, "%s per_token_group_fp8_quant %s -> %s: a power-of-two scale kept by ue8m0, a large eps "
+                         "dominates (scale eps / fp8_max, rounded up to 2^-8 / 2^-15 by ue8m0)", isa, xn, on);
+            }
+    }
+}
+
 /* the int8 quantizers' special values (docs/numerics.md "int8 activations"), per ISA */
 static void test_int8_act(void) {
     for (int ii = 0; ii < ni; ii++) {
@@ -1469,6 +1530,7 @@ int main(void) {
     test_fp8_cache();
     test_fp8_ops(); /* fp8 cache operators */
     test_fp8_act();
+    test_fp8_group();
     test_int8_act();
     test_merge();
     test_softmax();

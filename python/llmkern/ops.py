@@ -391,6 +391,128 @@ def rms_norm_dynamic_per_token_quant(input, weight, epsilon, quant_dtype, scale_
     return out, scales
 
 
+# ---- per-token-group quantization (vLLM's per_token_group_fp8_quant custom op and its
+# Python per_token_group_quant_fp8; block-fp8 activations such as DeepSeek-V3's, groups of
+# 128): a scale per (row, group of group_size elements of the last dim)
+
+_FP8_MAX = {L.F8E4M3: 448.0, L.F8E5M2: 57344.0}
+_FP8_CODE = {"float8_e4m3fn": L.F8E4M3, "float8_e5m2": L.F8E5M2}
+
+
+def _group_size_arg(group_size):
+    """An int (not a bool) within int64; its value (the range rules are C's)."""
+    if not _is_int(group_size) or not -2**63 <= group_size < 2**63:
+        raise TypeError("group_size: %r, expected an int" % (group_size,))
+    return int(group_size)
+
+
+def _fp8_lk_dtype(x, name):
+    """The lk dtype of an fp8 output as the C call sees it (a uint8 buffer: e4m3)."""
+    return L.F8E4M3 if L._is_uint8(x) else L.info(x, name)[1]
+
+
+def per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0=False,
+                              dummy_is_scale_transposed=False, dummy_is_tma_aligned=False):
+    """vLLM's custom op (torch.ops._C.per_token_group_fp8_quant), written in place: per row r
+    of input [..., D] and group g (elements g * group_size .. + group_size - 1 of the last
+    dim), output_s[r, g] = s = max(absmax(group), eps) / fp8_max in f32 (scale_ue8m0: the
+    smallest power of two >= max(s, 1e-10), DeepGEMM's UE8M0 scales) and
+    output_q[r, i] = fp8(input[r, i] / s). output_q: float8_e4m3fn / float8_e5m2 (torch,
+    ml_dtypes) or a uint8 buffer taken as e4m3; output_s f32 [..., D / group_size] (input's
+    leading dims) or [rows, D / group_size], any strides (vLLM's column-major and
+    TMA-aligned scales: transposed views of a [D / group_size, rows (padded)] buffer).
+    fp8_min / fp8_max must be output_q's own range (-448 / 448 e4m3fn, -57344 / 57344
+    e5m2): the C op quantizes to the dtype's range and has no such parameters, any other
+    pair raises ValueError. eps must be finite and >= fp8_max * FLT_MIN (LlmkernError).
+    dummy_is_scale_transposed / dummy_is_tma_aligned: the two trailing bools of newer vLLM's
+    schema, ignored as there (output_s's strides give its layout)."""
+    g = _group_size_arg(group_size)
+    ov = _fp8_out(output_q, "output_q")
+    dt = _fp8_lk_dtype(output_q, "output_q")
+    fmax = _FP8_MAX.get(dt)
+    if fmax is not None and (float(fp8_min) != -fmax or float(fp8_max) != fmax):
+        raise ValueError("fp8_min, fp8_max: (%r, %r); only the range of output_q's dtype is supported: %s (%r, %r)%s"
+                         % (fp8_min, fp8_max, "float8_e4m3fn" if dt == L.F8E4M3 else "float8_e5m2", -fmax, fmax,
+                            ", a uint8 buffer is taken as e4m3" if L._is_uint8(output_q) else ""))
+    s = L.per_token_group_fp8_quant(ov, _view(input, "input"), _out(output_s, "output_s"), g, float(eps),
+                                    1 if scale_ue8m0 else 0)
+    if s:
+        _raise_as(s, {"out": "output_q", "scales": "output_s"})
+
+
+def _fp8_dtype_name(dtype):
+    """'float8_e4m3fn' or 'float8_e5m2' for dtype (torch / ml_dtypes types or their names;
+    None: float8_e4m3fn)."""
+    if dtype is None:
+        return "float8_e4m3fn"
+    name = str(dtype).replace("torch.", "")
+    if name not in _FP8_CODE:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in _FP8_CODE:
+        raise NotImplementedError("dtype: %r, only float8_e4m3fn and float8_e5m2 are supported" % (dtype,))
+    return name
+
+
+def _fp8_empty(x, shape, name):
+    """A new fp8 output of `shape` beside x: torch's / ml_dtypes' `name` dtype (NumPy without
+    ml_dtypes: a uint8 buffer for e4m3)."""
+    if L.is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, name))
+    try:
+        import ml_dtypes
+    except ImportError:
+        if name != "float8_e4m3fn":
+            raise ValueError("dtype: %s NumPy outputs need ml_dtypes (or pass out_q, a uint8 buffer)" % name) from None
+        return np.empty(shape, dtype=np.uint8)
+    return np.empty(shape, dtype=getattr(ml_dtypes, name))
+
+
+def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major_scales=False,
+                              tma_aligned_scales=False, out_q=None, use_ue8m0=None):
+    """vLLM's per_token_group_quant_fp8 (fp8_utils): returns (x_q, x_s), x_q = fp8(x / scale)
+    of x's shape, x_s f32 with shape x.shape[:-1] + (D // group_size,), one scale per
+    group as per_token_group_fp8_quant (use_ue8m0: power-of-two scales; None: False).
+    dtype: float8_e4m3fn (None) or float8_e5m2. out_q: the fp8 output to write (its own
+    float8 dtype, or a uint8 buffer taken as dtype), else a new one. x_s layouts as vLLM
+    allocates them: row-major; column_major_scales: the transposed view of an
+    x.shape[:-2] + (D // group_size, M) buffer (M = x.shape[-2]; stride 1 along M);
+    with tma_aligned_scales too, M padded to a multiple of 4 (DeepGEMM's TMA alignment, 2-D
+    strides (1, padded M); the padding is zeros, never written). tma_aligned_scales without
+    column_major_scales is row-major, as in vLLM. NumPy arrays or torch tensors, results of
+    the same kind."""
+    g = _group_size_arg(group_size)
+    name = _fp8_dtype_name(dtype)
+    shape = tuple(x.shape)
+    D = shape[-1] if shape else 0
+    ng = D // g if g >= 1 and D % g == 0 else 0  # else C refuses group_size before looking at x_s
+    if out_q is None:
+        out_q = _fp8_empty(x, shape, name)
+    if L._is_uint8(out_q):
+        ov = L.fp8_out_view(out_q, "out_q", _FP8_CODE[name])
+    else:
+        ov = _out(out_q, "out_q")
+        got = L.info(out_q, "out_q")[1]
+        if dtype is not None and got in _FP8_MAX and got != _FP8_CODE[name]:
+            raise TypeError("out_q: dtype %s, not the dtype asked for (%s)" % (out_q.dtype, name))
+    if column_major_scales:
+        if len(shape) < 2:
+            raise ValueError("column_major_scales: x has shape %s, expected at least 2 dims" % (shape,))
+        m = shape[-2]
+        mp = (m + 3) // 4 * 4 if tma_aligned_scales else m
+        buf = _f32_like(x, shape[:-2] + (ng, mp), zero=True)
+        x_s = buf[..., :m].transpose(-1, -2) if L.is_torch(x) else np.swapaxes(buf[..., :m], -1, -2)
+    else:
+        x_s = _f32_like(x, shape[:-1] + (ng,))
+    s = L.per_token_group_fp8_quant(ov, _view(x, "x"), _out(x_s, "x_s"), g, float(eps), 1 if use_ue8m0 else 0)
+    if s:
+        _raise_as(s, {"out": "out_q", "input": "x", "scales": "x_s"})
+    return out_q, x_s
+
+
 # ---------------------------------------------------------------- int8 activations
 # vLLM's static_scaled_int8_quant / dynamic_scaled_int8_quant (written in place) and the
 # scaled_int8_quant wrapper that allocates (out int8, scale, azp) as vLLM's does.

@@ -110,6 +110,11 @@ _register("dynamic_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! sc
           lambda result, input, scale: _ops.dynamic_scaled_fp8_quant(result, input, scale))
 _register("dynamic_per_token_scaled_fp8_quant", "(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) -> ()",
           lambda result, input, scale, scale_ub: _ops.dynamic_per_token_scaled_fp8_quant(result, input, scale, scale_ub))
+_register("per_token_group_fp8_quant",
+          "(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, float eps, float fp8_min, "
+          "float fp8_max, bool scale_ue8m0, bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()",
+          lambda input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, transposed, tma:
+          _ops.per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0))
 _register("rms_norm_static_fp8_quant", "(Tensor! result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()",
           lambda result, input, weight, scale, epsilon: _ops.rms_norm_static_fp8_quant(result, input, weight, scale,
                                                                                        epsilon))

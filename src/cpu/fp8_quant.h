@@ -24,6 +24,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../core/fp8.h"
 #include "kernels.h"
@@ -61,12 +62,14 @@ static inline float lk_q_absmax_fold(float m, float v) {
     return a > m ? a : m; /* false for NaN: ignored */
 }
 
-/* the smallest power of two >= s (s > 0; inf and NaN pass through) */
+/* the smallest power of two >= s, for a normal s > 0 or +inf (a power of two: mantissa
+ * bits 0; else the next exponent, 2^128 = +inf past the largest binade) */
 static inline float lk_q_pow2_ceil(float s) {
-    if (!(s < INFINITY)) return s;
-    int e;
-    float m = frexpf(s, &e); /* s = m 2^e, m in [0.5, 1) */
-    return m == 0.5f ? s : ldexpf(1.0f, e);
+    uint32_t u;
+    memcpy(&u, &s, 4);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u;
+    memcpy(&s, &u, 4);
+    return s;
 }
 
 static inline float lk_q_group_scale(float absmax, float eps, int ue8m0, lk_dtype dt) {

@@ -185,7 +185,8 @@ static lk_status groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, 
     if ((s = lk_check_no_self_overlap(t, "scales"))) return s;
     *view = *t;
     if (flat) { /* [rows, ng]: dim 0 spread over x's leading dims (as lk_q_rows_out) */
-        int64_t st = rows > 0 ? t->stride[0] : 0;
+        /* no scales (rows or ng 0): the view's strides are unchecked, use 0 */
+        int64_t st = rows > 0 && ng > 0 ? t->stride[0] : 0;
         view->ndim = nd;
         view->shape[nd - 1] = ng;
         view->stride[nd - 1] = t->stride[1];
@@ -216,7 +217,7 @@ lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *in
                        (long long)group_size, (long long)D, lk_shape_str(&a.x));
     float lo = lk_q_max(a.out.dtype) * FLT_MIN;
     if (!(eps >= lo) || !(eps < INFINITY))
-        return lk_fail(LK_ERR_VALUE, "eps: %g, expected finite and >= fp8_max * FLT_MIN = %g (the smallest "
+        return lk_fail(LK_ERR_VALUE, "eps: %.9g, expected finite and >= fp8_max * FLT_MIN = %.9g (the smallest "
                        "scale a normal f32)", (double)eps, (double)lo);
     if ((s = groups_out(scales, &a.x, D / group_size, &a.gscales))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;

@@ -86,6 +86,9 @@ def cases():
     c.append(("dynamic_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.zeros(1)), {}))
     c.append(("dynamic_per_token_scaled_fp8_quant", (torch.empty(T, D, dtype=torch.float8_e5m2), rn(T, D),
                                                      torch.empty(T, 1), torch.tensor([2.0])), {}))
+    # column-major scales, as vLLM allocates them for DeepGEMM
+    c.append(("per_token_group_fp8_quant", (rn(T, D), torch.empty(T, D, dtype=f8), torch.empty(D // 16, T).t(), 16,
+                                            1e-10, -448.0, 448.0, True, True, False), {}))
     c.append(("rms_norm_static_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D), torch.tensor([0.02]), 1e-6), {}))
     c.append(("fused_add_rms_norm_static_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(T, D), rn(D),
                                                       torch.tensor([0.02]), 1e-6), {}))
@@ -172,6 +175,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
     "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
                                           "Tensor! scale, Tensor? scale_ub) -> ()",
+    "per_token_group_fp8_quant": "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, "
+                                 "int group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0, "
+                                 "bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()",
     "rms_norm_static_fp8_quant": "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, "
                                  "Tensor scale, float epsilon) -> ()",
     "fused_add_rms_norm_static_fp8_quant": "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, "

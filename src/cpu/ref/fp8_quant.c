@@ -1,5 +1,6 @@
 /*
- * scaled_fp8_quant (static, dynamic per tensor, dynamic per token), scalar reference.
+ * scaled_fp8_quant (static, dynamic per tensor, dynamic per token) and
+ * per_token_group_fp8_quant, scalar reference.
  *
  *   out[r, i] = fp8(x[r, i] / s)          one f32 division, then the fp8.h converter
  *   static:     s = the given scale

@@ -1,15 +1,19 @@
 /*
- * scaled_fp8_quant (static, dynamic per tensor, dynamic per token), every vector ISA
- * (src/cpu/vec/lkv.h, W lanes).
+ * scaled_fp8_quant (static, dynamic per tensor, dynamic per token) and
+ * per_token_group_fp8_quant, every vector ISA (src/cpu/vec/lkv.h, W lanes).
  *
  *   out[r, i] = fp8(x[r, i] / s)
  *   static: s given; per tensor: s = max(absmax(x) / fp8_max, min_scale);
  *   per token: s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
+ *   per token group (G elements): s = gscales[r, g] = lk_q_group_scale(absmax of the
+ *   group, eps, ue8m0) for the elements of group g
  *
- * Shapes: x, out [..., D]; scales [..., 1]. Fast path: last-dim stride 1 on x and out,
+ * Shapes: x, out [..., D]; scales [..., 1]; gscales [..., D / G]. Fast path: last-dim stride 1 on x and out,
  * else the reference. Work split: rows, contiguous chunks per thread (lk_parallel_for).
  * Per tensor: pass 1 writes each row's absmax to a scratch array (threads over rows),
- * the max of those is taken in row order on the calling thread, pass 2 quantizes. The
+ * the max of those is taken in row order on the calling thread, pass 2 quantizes. Per
+ * token group: each row's group scales first (written to gscales), then its codes (the
+ * scales read back; the row stays in L1 between the two). The
  * absmax is a max (exact, so any order gives the same bits); the quantization is one
  * f32 division per element and the fp8.h converter (src/cpu/simd/fp8_store.h): results
  * are bit-identical to the reference on every ISA and thread count.
@@ -33,6 +37,17 @@ static void absmax_rows(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi)) c->rowmax[r] = lkq_row_absmax(lk_at(x, xi.off), x->dtype, D);
 }
 
+/* one row's groups of G with literal dtypes, in two passes over the row (in L1 between
+ * them): the scales sr[g] (stride gst), then the codes, so that one group's absmax
+ * reduction and scale division do not wait on the previous group's quantization */
+LK_ALWAYS_INLINE void group_row_dt(char *orow, lk_dtype od, const char *xr, lk_dtype xd, int64_t D, int64_t G,
+                                   float *sr, int64_t gst, const lk_fp8_quant_args *a) {
+    int64_t xes = lk_esize(xd);
+    for (int64_t g = 0; g < D / G; g++)
+        sr[g * gst] = lk_q_group_scale(lkq_row_absmax_dt(xr + g * G * xes, xd, G), a->eps, a->ue8m0, od);
+    for (int64_t g = 0; g < D / G; g++) lkq_fp8_row_dt(orow + g * G, od, xr + g * G * xes, xd, G, sr[g * gst]);
+}
+
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
     const quant_ctx *c = ctx;
     const lk_fp8_quant_args *a = c->a;
@@ -49,12 +64,11 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
         float s = c->s;
         if (a->mode == LK_Q_GROUP) {
             const lk_tensor *gs = &a->gscales; // [..., D / G]
-            int64_t G = a->group, gst = gs->stride[gs->ndim - 1], xes = lk_esize(x->dtype);
-            for (int64_t g = 0; g < D / G; g++) {
-                s = lk_q_group_scale(lkq_row_absmax(xr + g * G * xes, x->dtype, G), a->eps, a->ue8m0, out->dtype);
-                ((float *)gs->data)[si.off + g * gst] = s;
-                lkq_fp8_row(orow + g * G, out->dtype, xr + g * G * xes, x->dtype, G, s);
-            }
+            int64_t G = a->group, gst = gs->stride[gs->ndim - 1];
+            float *sr = (float *)gs->data + si.off; // [D / G] stride gst
+#define GROUP_ROW(xd, od) group_row_dt(orow, od, xr, xd, D, G, sr, gst, a)
+            LKQ_FP8_OUT(x->dtype, out->dtype, GROUP_ROW);
+#undef GROUP_ROW
             lk_rowit_next(&si);
             continue;
         }
