@@ -628,6 +628,16 @@ LK_API lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tens
  * scale_ub [1] f32 or NULL bounds the absmax */
 LK_API lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
                                                        const lk_tensor *scales, const lk_tensor *scale_ub);
+/* Static quantization with a grid of given scales (vLLM's static_scaled_fp8_quant with a
+ * 1-D or 2-D scale and its group_shape: per channel, per token, or 2-D blocks). input
+ * [..., N] with M rows (the leading dims flattened); scale f32 [sm, sn], any strides, sm
+ * dividing M and sn dividing N (else LK_ERR_SHAPE naming scale), every value finite and
+ * > 0 (LK_ERR_VALUE naming the element); groups of gm = M / sm rows by gn = N / sn columns:
+ *   out[r, c] = fp8(input[r, c] / scale[r / gm, c / gn])
+ * ([1, 1]: per tensor; [1, N]: per channel; [M, 1]: per token). Rows of 0 or N == 0 write
+ * nothing. */
+LK_API lk_status lk_static_group_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input,
+                                                  const lk_tensor *scale);
 /* Per-token-group dynamic quantization (vLLM's per_token_group_fp8_quant / Python
  * per_token_group_quant_fp8: the activations of block-fp8 checkpoints such as
  * DeepSeek-V3's, groups of 128). input [..., D] with D a multiple of group_size (>= 1);

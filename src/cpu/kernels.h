@@ -97,7 +97,8 @@ typedef enum {
     LK_Q_STATIC = 0,  /* scale given */
     LK_Q_TENSOR,      /* dynamic per tensor: scale written */
     LK_Q_TOKEN,       /* dynamic per token (row): scales written */
-    LK_Q_GROUP        /* dynamic per token group: scales written per (row, group) */
+    LK_Q_GROUP,       /* dynamic per token group: scales written per (row, group) */
+    LK_Q_STATIC_GRID  /* given scales per block of gm rows x group columns */
 } lk_quant_mode;
 
 /* scaled_fp8_quant: out = fp8(x / scale) */
@@ -109,7 +110,9 @@ typedef struct {
     lk_tensor scales;  /* LK_Q_TOKEN: [rows] f32 view (a [..., 1] view flattened) */
     float ub;          /* LK_Q_TOKEN: scale_ub, or +inf without one */
     lk_tensor gscales; /* LK_Q_GROUP: [..., D / group] f32 view (x's leading dims) */
-    int64_t group;     /* LK_Q_GROUP: elements per group, divides D */
+    int64_t group;     /* LK_Q_GROUP, LK_Q_STATIC_GRID: columns per group, divides D */
+    int64_t gm;        /* LK_Q_STATIC_GRID: rows per group, divides the row count */
+    lk_scale grid;     /* LK_Q_STATIC_GRID: the validated [rows / gm, D / group] scales */
     float eps;         /* LK_Q_GROUP: absmax floor */
     int ue8m0;         /* LK_Q_GROUP: scales rounded up to powers of two */
 } lk_fp8_quant_args;

@@ -1,11 +1,12 @@
 /*
  * Public entry points of the fp8 activation quantizers (vLLM's static_scaled_fp8_quant,
- * dynamic_scaled_fp8_quant, dynamic_per_token_scaled_fp8_quant, per_token_group_fp8_quant):
+ * with a per-tensor scale or a grid of them, dynamic_scaled_fp8_quant,
+ * dynamic_per_token_scaled_fp8_quant, per_token_group_fp8_quant):
  * validation before any store, then the fp8_quant kernel of the ISA in use. Contract in
  * include/llmkern.h.
  *
  *   out[..., D] fp8 = fp8(x[..., D] / scale)
- *   static: scale [1] given; per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale)
+ *   static: scale [1] given (grid: scale[r / gm, c / gn] of a given [M / gm, N / gn]); per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale)
  *   written first; per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max,
  *   min_scale) per row r; per token group: scales[r, g] = max(absmax(x[r, gG:gG+G]),
  *   eps) / fp8_max (ue8m0: rounded up to a power of two) per row r and group g.
@@ -223,5 +224,26 @@ lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *in
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
     if (lk_numel(&a.x) == 0) return LK_OK; /* no rows, or D == 0: no groups */
+    return lk_kernels()->fp8_quant(&a);
+}
+
+lk_status lk_static_group_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *scale) {
+    lk_clear_error();
+    lk_set_op("lk_static_group_scaled_fp8_quant");
+    if (!out || !input || !scale)
+        return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
+    lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_STATIC_GRID, .ub = INFINITY};
+    lk_status s;
+    if ((s = check_common(&a))) return s;
+    if ((s = lk_check_view(scale, "scale", 2, 2))) return s;
+    int64_t M = lk_rows(&a.x, 1), N = a.x.shape[a.x.ndim - 1], sm = scale->shape[0], sn = scale->shape[1];
+    if (sm < 1 || sn < 1 || M % sm || N % sn)
+        return lk_fail(LK_ERR_SHAPE, "scale: shape %s does not split input's %lld rows x %lld columns into groups "
+                       "(expected [rows / group_m, columns / group_n], input %s)", lk_shape_str(scale),
+                       (long long)M, (long long)N, lk_shape_str(&a.x));
+    if ((s = lk_scale_init(&a.grid, scale, sm, sn, "scale"))) return s; /* f32, every value finite and > 0 */
+    if ((s = lk_check_disjoint(&a.out, "out", scale, "scale"))) return s;
+    if (lk_numel(&a.x) == 0) return LK_OK;
+    a.gm = M / sm, a.group = N / sn;
     return lk_kernels()->fp8_quant(&a);
 }

@@ -1,15 +1,17 @@
 /*
- * scaled_fp8_quant (static, dynamic per tensor, dynamic per token) and
- * per_token_group_fp8_quant, scalar reference.
+ * scaled_fp8_quant (static per tensor or on a grid of scales, dynamic per tensor, dynamic
+ * per token) and per_token_group_fp8_quant, scalar reference.
  *
  *   out[r, i] = fp8(x[r, i] / s)          one f32 division, then the fp8.h converter
  *   static:     s = the given scale
  *   per tensor: s = max(absmax(x) / fp8_max, min_scale), written to *scale_out first
  *   per token:  s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
+ *   grid:       s = scale[r / gm, i / gn] (given) for element i of row r
  *   per group:  s = gscales[r, g] = lk_q_group_scale(absmax(x[r, gG:gG+G]), eps, ue8m0)
  *               for the elements of group g (G = group elements)
  * absmax ignores NaN (src/cpu/fp8_quant.h). Shapes: x, out [..., D] (rows walked in
- * row-major order, any strides); scales [..., 1]; gscales [..., D / G]. No threads.
+ * row-major order, any strides); scales [..., 1]; gscales [..., D / G]; the grid
+ * [rows / gm, D / gn]. No threads.
  */
 #include "../../core/half.h"
 #include "../fp8_quant.h"
@@ -43,6 +45,12 @@ lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a) {
     for (int64_t r = 0; r < rows; r++, lk_rowit_next(&xi), lk_rowit_next(&oi)) {
         const void *xr = lk_at(x, xi.off); // [D] stride xs
         void *orow = lk_at(out, oi.off);   // [D] stride os
+        if (a->mode == LK_Q_STATIC_GRID) {
+            for (int64_t i = 0; i < D; i++)
+                lk_q_store(orow, out->dtype, i * os,
+                           lk_load_f(xr, x->dtype, i * xs) / lk_scale_at(&a->grid, r / a->gm, i / a->group));
+            continue;
+        }
         if (a->mode == LK_Q_GROUP) {
             const lk_tensor *gs = &a->gscales; // [..., D / G]
             int64_t G = a->group, gst = gs->stride[gs->ndim - 1];

@@ -1,9 +1,10 @@
 /*
- * scaled_fp8_quant (static, dynamic per tensor, dynamic per token) and
- * per_token_group_fp8_quant, every vector ISA (src/cpu/vec/lkv.h, W lanes).
+ * scaled_fp8_quant (static per tensor or on a grid of scales, dynamic per tensor, dynamic
+ * per token) and per_token_group_fp8_quant, every vector ISA (src/cpu/vec/lkv.h, W lanes).
  *
  *   out[r, i] = fp8(x[r, i] / s)
- *   static: s given; per tensor: s = max(absmax(x) / fp8_max, min_scale);
+ *   static: s given; grid: s = scale[r / gm, i / gn] given;
+ *   per tensor: s = max(absmax(x) / fp8_max, min_scale);
  *   per token: s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
  *   per token group (G elements): s = gscales[r, g] = lk_q_group_scale(absmax of the
  *   group, eps, ue8m0) for the elements of group g
@@ -20,6 +21,7 @@
  */
 #include <stdlib.h>
 
+#include "../../core/half.h"
 #include "fp8_store.h"
 
 typedef struct {
@@ -35,6 +37,28 @@ static void absmax_rows(void *ctx, int64_t r0, int64_t r1) {
     lk_rowit xi;
     lk_rowit_init(&xi, x, 1, r0);
     for (int64_t r = r0; r < r1; r++, lk_rowit_next(&xi)) c->rowmax[r] = lkq_row_absmax(lk_at(x, xi.off), x->dtype, D);
+}
+
+/* one grid row with literal dtypes: groups of gn >= W columns (or the whole row) one
+ * scale each; per-channel scales (gn == 1, contiguous) a vector of them per vector of
+ * x; other small groups element by element */
+LK_ALWAYS_INLINE void grid_row_dt(char *orow, lk_dtype od, const char *xr, lk_dtype xd, int64_t D,
+                                  const lk_fp8_quant_args *a, int64_t sr) {
+    const lk_scale *g = &a->grid;
+    int64_t gn = a->group, xes = lk_esize(xd);
+    if (gn >= LKV_W || gn == D) {
+        for (int64_t j = 0; j < D / gn; j++) lkq_fp8_row_dt(orow + j * gn, od, xr + j * gn * xes, xd, gn, lk_scale_at(g, sr, j));
+    } else if (gn == 1 && g->sh == 1) {
+        const char *sc = (const char *)(g->p + sr * g->sb); // [D] f32
+        for (int64_t i = 0; i < D; i += LKV_W) {
+            int64_t m = D - i < LKV_W ? D - i : LKV_W;
+            lkv_f32 v = m == LKV_W ? lkv_load(xr + i * xes, xd) : lkv_load_part(xr + i * xes, xd, m);
+            lkv_f32 k = m == LKV_W ? lkv_load(sc + i * 4, LK_F32) : lkv_load_part(sc + i * 4, LK_F32, m);
+            lkq_store_fp8(orow + i, od, lkv_div(v, k), m); /* zero lanes past m: not stored */
+        }
+    } else {
+        for (int64_t i = 0; i < D; i++) lk_q_store(orow, od, i, lk_load_f(xr, xd, i) / lk_scale_at(g, sr, i / gn));
+    }
 }
 
 /* one row's groups of G with literal dtypes, in two passes over the row (in L1 between
@@ -62,6 +86,12 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
         const char *xr = lk_at(x, xi.off); // [D]
         char *orow = lk_at(out, oi.off);   // [D]
         float s = c->s;
+        if (a->mode == LK_Q_STATIC_GRID) {
+#define GRID_ROW(xd, od) grid_row_dt(orow, od, xr, xd, D, a, r / a->gm)
+            LKQ_FP8_OUT(x->dtype, out->dtype, GRID_ROW);
+#undef GRID_ROW
+            continue;
+        }
         if (a->mode == LK_Q_GROUP) {
             const lk_tensor *gs = &a->gscales; // [..., D / G]
             int64_t G = a->group, gst = gs->stride[gs->ndim - 1];
