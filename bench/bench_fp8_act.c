@@ -6,7 +6,8 @@
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
  * merge_attn_states into fp8; per_token_group_fp8_quant at DeepSeek-V3's hidden size (7168,
  * groups of 128, column-major scales as vLLM allocates them for DeepGEMM; 4096 and 16
- * tokens; f32 scales and UE8M0 ones); and the int8 quantizers (scaled_int8_quant: static and
+ * tokens; f32 scales and UE8M0 ones); static_group_scaled_fp8_quant with per-channel
+ * scales ([1, 4096]) and 128 x 128 blocks ([32, 32]) on 4096 x 4096; and the int8 quantizers (scaled_int8_quant: static and
  * dynamic per-token, symmetric and with a zero point, bf16 to i8; error: max
  * |code - ref| / (1 + |ref|)). Bytes: what the op must move once (inputs read, outputs
  * written: a per-tensor dynamic scale reads the input twice but counts it once), set
@@ -141,6 +142,45 @@ static void group_case(int64_t T, int ue8m0) {
     bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc);
 }
 
+/* ---- static_group_scaled_fp8_quant: [4096, 4096] bf16 -> e4m3, a grid of given scales ---- */
+
+typedef struct {
+    lk_tensor out, x, scale;
+} sg_ctx;
+
+static void run_sg(void *p) {
+    sg_ctx *c = p;
+    (void)lk_static_group_scaled_fp8_quant(&c->out, &c->x, &c->scale);
+}
+
+static void grid_case(int64_t sm, int64_t sn) {
+    int64_t T = 4096, D = 4096, n = T * D, s2[2] = {T, D};
+    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
+    float *sc = bench_alloc(LK_F32, sm * sn, 0.01, 0.03);
+    sg_ctx c;
+    c.out = lk_tensor_make(out, LK_F8E4M3, 2, s2);
+    c.x = lk_tensor_make(x, LK_BF16, 2, s2);
+    c.scale = lk_tensor_make(sc, LK_F32, 2, (int64_t[]){sm, sn});
+    double ms = bench_time(run_sg, &c);
+    sg_ctx r = c;
+    r.out = lk_tensor_make(ref, LK_F8E4M3, 2, s2);
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_sg(&r);
+    lk_set_isa(isa);
+    double err = 0;
+    for (int v = 0; bench_use_variant(v); v++) {
+        run_sg(&c);
+        double e = bench_max_err(out, ref, LK_F8E4M3, n);
+        if (e > err) err = e;
+    }
+    char shp[64];
+    snprintf(shp, sizeof shp, "%lld x %lld s[%lld,%lld]", (long long)T, (long long)D, (long long)sm, (long long)sn);
+    bench_row("static_group_scaled_fp8_quant", shp, "bf16->e4m3", ms, (double)n * (2 + 1) + (double)sm * sn * 4,
+              BENCH_READ_BW, err);
+    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc);
+}
+
 /* ---- int8: scaled_int8_quant's two ops, symmetric and with a zero point ---- */
 
 typedef struct {
@@ -200,6 +240,8 @@ void bench_fp8_act(void) {
     if (bench_libs_have("lk_per_token_group_fp8_quant", "the per-token-group rows"))
         for (int64_t T = 4096; T >= 16; T /= 256)
             for (int ue = 0; ue < 2; ue++) group_case(T, ue);
+    if (bench_libs_have("lk_static_group_scaled_fp8_quant", "the static grid rows"))
+        grid_case(1, 4096), grid_case(32, 32);
     if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))
         for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
 }

@@ -3,12 +3,12 @@
  * lk_static_scaled_fp8_quant, lk_dynamic_scaled_fp8_quant,
  * lk_dynamic_per_token_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
  * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant,
- * lk_merge_attn_states_scaled, lk_per_token_group_fp8_quant (see group_case), and the
- * int8 quantizers lk_static_scaled_int8_quant /
- * lk_dynamic_scaled_int8_quant (symmetric or with a zero point: azp values from 0 to
- * INT32_MIN / INT32_MAX, given or written; an azp of the wrong dtype or size; a non-i8
- * out; input ranges that reach the int32 saturation or make rows constant, tiny or
- * off-centre). Input: op, rank, shape, dtypes (input, residual, weight,
+ * lk_merge_attn_states_scaled, lk_per_token_group_fp8_quant (see group_case),
+ * lk_static_group_scaled_fp8_quant (see grid_case), and the int8 quantizers
+ * lk_static_scaled_int8_quant / lk_dynamic_scaled_int8_quant (symmetric or with a zero
+ * point: azp values from 0 to INT32_MIN / INT32_MAX, given or written; an azp of the wrong
+ * dtype or size; a non-i8 out; input ranges that reach the int32 saturation or make rows
+ * constant, tiny or off-centre). Input: op, rank, shape, dtypes (input, residual, weight,
  * e4m3 / e5m2 out; the per-token norm's i8 out, and an i8 out the others reject), layouts, [rows] or [..., 1] scales, scale / scale_ub / output_scale
  * values (0, < 0, NaN, inf rejected), eps, weightless norms, out aliasing the input, a
  * residual aliasing the input, shape mismatches, NULL pointers. Every written view
@@ -24,13 +24,14 @@
 
 enum {
     OP_STATIC, OP_TENSOR, OP_TOKEN, OP_NORM, OP_FUSED, OP_NORM_TOKEN, OP_MERGE, OP_I8_STATIC, OP_I8_DYNAMIC, OP_GROUP,
-    NOPS
+    OP_GRID, NOPS
 };
 static const char *OPN[NOPS] = {"lk_static_scaled_fp8_quant", "lk_dynamic_scaled_fp8_quant",
                                 "lk_dynamic_per_token_scaled_fp8_quant", "lk_rms_norm_static_fp8_quant",
                                 "lk_fused_add_rms_norm_static_fp8_quant", "lk_rms_norm_dynamic_per_token_quant",
                                 "lk_merge_attn_states_scaled", "lk_static_scaled_int8_quant",
-                                "lk_dynamic_scaled_int8_quant", "lk_per_token_group_fp8_quant"};
+                                "lk_dynamic_scaled_int8_quant", "lk_per_token_group_fp8_quant",
+                                "lk_static_group_scaled_fp8_quant"};
 
 typedef struct {
     int op, out, x, w, res, scale, ub, lse_a, b, lse_b, out_lse, azp;
@@ -53,6 +54,7 @@ static lk_status call(const fz_world *w, const void *ap) {
     case OP_I8_STATIC: return lk_static_scaled_int8_quant(out, x, sc, fz_t(w, a->azp));
     case OP_I8_DYNAMIC: return lk_dynamic_scaled_int8_quant(out, x, sc, fz_t(w, a->azp));
     case OP_GROUP: return lk_per_token_group_fp8_quant(out, x, sc, a->group, a->eps, a->ue8m0);
+    case OP_GRID: return lk_static_group_scaled_fp8_quant(out, x, sc);
     default:
         return lk_merge_attn_states_scaled(out, fz_t(w, a->out_lse), x, fz_t(w, a->lse_a), fz_t(w, a->b),
                                            fz_t(w, a->lse_b), sc);
@@ -376,6 +378,207 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     if (!w->must_fail && fz_usable(w, a->x) && call(w, a) == LK_OK) group_check(w, a);
 }
 
+/* a non-divisor of n (>= 1): the smallest in [2, n), else n + 1 */
+static int64_t non_divisor(int64_t n) {
+    for (int64_t d = 2; d < n; d++)
+        if (n % d) return d;
+    return n + 1;
+}
+
+/* scale of OP_GRID placed in the buffer of view p (out or input): a contiguous f32 [sm, sn]
+ * at a 4-byte aligned offset inside p's arena from the input; -1 when it does not fit.
+ * Overlapping bytes of out (fz_overlaps decides) must be rejected; bytes of out's padding
+ * only are valid but the library's disjointness proof may refuse them: not clean. Bytes of
+ * the input are fine (the scale is read only; the op checks it against out only). */
+static int grid_scale_in(fz_world *w, fz_in *in, int p, int64_t sm, int64_t sn) {
+    const fz_arena *ar = &w->a[w->v[p].arena];
+    int64_t n = sm * sn;
+    if (n <= 0 || (size_t)n * 4 > ar->n) return -1;
+    int vi = fz_view_alias(w, p, "scale", FZ_IN);
+    fz_view *v = &w->v[vi];
+    v->inplace_of = -1;
+    if (w->v[p].role == FZ_OUT) w->clean = 0;
+    size_t slots = (ar->n - (size_t)n * 4) / 4 + 1, off = 4 * (size_t)(fz_u32(in) % slots);
+    lk_tensor *t = &v->t;
+    t->dtype = LK_F32;
+    t->ndim = 2;
+    t->shape[0] = sm, t->shape[1] = sn;
+    fz_contiguous(t);
+    t->data = ar->p + off;
+    return vi;
+}
+
+/* the contract, independently of the kernels: after an accepted call every out[r, c] =
+ * fp8(input[r, c] / scale[r / gm, c / gn]) (one f32 division, the library's converter),
+ * bitwise, with gm = M / sm, gn = N / sn from the scale's shape */
+static void grid_check(fz_world *w, const q_attrs *a) {
+    const lk_tensor *x = &w->v[a->x].t, *out = &w->v[a->out].t, *sc = &w->v[a->scale].t;
+    int64_t N = x->shape[x->ndim - 1], n = fz_numel(x), M = N ? n / N : 0;
+    int64_t sm = sc->shape[0], sn = sc->shape[1], gm = M / sm, gn = N / sn;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = i / N, c = i % N, k = r / gm * sn + c / gn;
+        float xv = lk_load_f(x->data, x->dtype, fz_off(x, i)), s = ((const float *)sc->data)[fz_off(sc, k)];
+        uint8_t q, o = ((const uint8_t *)out->data)[fz_off(out, i)];
+        lk_store_f(&q, out->dtype, 0, xv / s);
+        if (q != o)
+            fz_report(w, "out[%lld] (row %lld, col %lld) = 0x%02x, the contract gives fp8(%.9g / scale[%lld, %lld] = "
+                      "%.9g) = 0x%02x (groups %lld x %lld)", (long long)i, (long long)r, (long long)c, o, (double)xv,
+                      (long long)(r / gm), (long long)(c / gn), (double)s, q, (long long)gm, (long long)gn);
+    }
+}
+
+/* lk_static_group_scaled_fp8_quant: input [..., N] (rank 1..3, M rows), out e4m3 / e5m2
+ * (rarely i8, another shape, or the input itself); scale [sm, sn] with gm = M / sm rows by
+ * gn = N / sn columns a group: per tensor, whole rows (sn = 1), per channel (gn = 1, the
+ * kernels' vector-of-scales path when the columns are contiguous), small groups (2..5),
+ * groups around the vector widths (6..64), any divisor; sm any divisor of M (any sm >= 1
+ * when M == 0), rarely 0 or a non-divisor, and sn likewise; rarely rank 0 / 1 / 3, or f16.
+ * Layouts: fz_view_new's, a column stride (every 2nd / 3rd column of a wider buffer),
+ * column-major (vLLM's transposed [sn, sm + pad] buffer), or placed in the buffer of the
+ * input (read only: valid) or of out (rejected where it overlaps). Values positive finite
+ * in ranges from subnormal to FLT_MAX; rarely one 0, -0, < 0, NaN, +-inf at a random
+ * position (every value is checked: rejected). out is compared with the ref bitwise, then
+ * with the contract (grid_check). */
+static void grid_case(fz_world *w, fz_in *in, q_attrs *a) {
+    lk_dtype ot = fz_u8(in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
+    int i8_bad = fz_chance(in, 8);
+    if (i8_bad) ot = LK_I8;
+    int nd = 1 + (int)(fz_u8(in) % 3);
+    int64_t shape[3] = {1, 1, 1}, M = 1, N, sn;
+    for (int d = 0; d < nd - 1; d++) shape[d] = fz_dim(in, 6), M *= shape[d];
+    /* the column groups */
+    static const int64_t GN[16] = {6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 40, 48, 63, 64};
+    unsigned gk = fz_u8(in) % 8;
+    if (gk < 2) { /* per channel: gn = 1 */
+        N = fz_dim(in, 70);
+        sn = N ? N : 1 + (int64_t)(fz_u8(in) % 3);
+    } else if (gk == 2) { /* whole rows (per token / per tensor) */
+        N = fz_dim(in, 70), sn = 1;
+    } else if (gk == 3) { /* small groups */
+        int64_t gn = 2 + (int64_t)(fz_u8(in) % 4);
+        sn = fz_dim(in, 16), N = gn * sn;
+        if (!sn) sn = 1 + (int64_t)(fz_u8(in) % 3);
+    } else if (gk < 6) { /* around the vector widths */
+        int64_t gn = GN[fz_u8(in) % 16];
+        sn = fz_dim(in, 6), N = gn * sn;
+        if (!sn) sn = 1 + (int64_t)(fz_u8(in) % 3);
+    } else { /* any divisor of N */
+        N = fz_dim(in, 70), sn = 1 + (int64_t)(fz_u8(in) % 4);
+        if (N) {
+            int64_t dv[70], k = 0;
+            for (int64_t d = 1; d <= N; d++)
+                if (N % d == 0) dv[k++] = d;
+            sn = dv[fz_u8(in) % (unsigned)k];
+        }
+    }
+    shape[nd - 1] = N;
+    int64_t sm = 1 + (int64_t)(fz_u8(in) % 4); /* M == 0: any sm >= 1 divides it */
+    if (M) {
+        int64_t dv[36], k = 0;
+        for (int64_t d = 1; d <= M; d++)
+            if (M % d == 0) dv[k++] = d;
+        sm = dv[fz_u8(in) % (unsigned)k];
+    }
+    unsigned bs = fz_u8(in); /* rarely a grid that does not split the input */
+    if (bs < 4) sm = 0;
+    else if (bs < 10) sm = non_divisor(M);
+    else if (bs < 14) sn = 0;
+    else if (bs < 20) sn = non_divisor(N);
+    if (sm < 1 || sn < 1 || M % sm || N % sn) fz_fail_expected(w, "scale does not split the input into groups");
+
+    a->x = fz_view_new(w, in, "input", fz_ftype(in), nd, shape, FZ_IN);
+    int64_t os[3] = {shape[0], shape[1], shape[2]};
+    if (fz_chance(in, 8)) {
+        os[fz_u8(in) % (unsigned)nd] += 1;
+        fz_fail_expected(w, "out shape differs from input");
+    }
+    if (fz_chance(in, 10) && fz_usable(w, a->x)) { /* out written over the input: rejected */
+        a->out = fz_view_alias(w, a->x, "out", FZ_OUT);
+        w->v[a->out].inplace_of = -1;
+        fz_fail_expected(w, "out aliases input (not fp8)");
+    } else {
+        a->out = fp8_out_new(w, in, "out", ot, nd, os);
+        if (i8_bad && w->v[a->out].t.dtype == LK_I8) fz_fail_expected(w, "i8 out");
+    }
+    /* input values: ordinary, off-centre, tiny (subnormal f32), near f32's max, f16's range */
+    static const double LO[6] = {-4, 1, -1e-39, -3e38, -1e-30, -7e4}, HI[6] = {4, 9, 1e-39, 3e38, 1e-30, 7e4};
+    unsigned rg = fz_u8(in) % 8;
+    fz_fill(w, a->x, LO[rg < 6 ? rg : 0], HI[rg < 6 ? rg : 0]);
+
+    /* the scale view */
+    lk_dtype sdt = fz_chance(in, 6) ? LK_F16 : LK_F32;
+    unsigned place = fz_u8(in);
+    int64_t ss[2] = {sm, sn};
+    a->scale = -1;
+    if (place < 6) { /* rank 0, 1 ([sm * sn]) or 3 ([sm, sn, 1] / [1, sm, sn]) */
+        static const int RK[4] = {0, 1, 3, 3};
+        unsigned k = fz_u8(in) % 4;
+        int64_t s3[3] = {k == 3 ? 1 : sm * (k == 1 ? sn : 1), k == 3 ? sm : sn, k == 3 ? sn : 1};
+        if (k == 2) s3[0] = sm;
+        a->scale = fz_view_new(w, in, "scale", sdt, RK[k], s3, FZ_IN);
+        fz_fail_expected(w, "scale rank not 2");
+    } else if (place < 30 && sdt == LK_F32) { /* in the buffer of out (6..13) or of the input */
+        int p = place < 14 ? a->out : a->x;
+        if (fz_usable(w, p)) a->scale = grid_scale_in(w, in, p, sm, sn);
+    } else if (place < 70 && sm > 0 && sn > 0) { /* every cs-th column of [sm, sn * cs] */
+        int64_t cs = 2 + (int64_t)(fz_u8(in) % 2), ps[2] = {sm, sn * cs}, c0 = (int64_t)(fz_u8(in) % (unsigned)cs);
+        int cl = w->clean;
+        int par = fz_view_new(w, in, "scale_buf", sdt, 2, ps, FZ_NONE);
+        w->clean = cl; /* one slice, checked against out only (another buffer) */
+        a->scale = fz_view_narrow(w, par, "scale", 1, c0, sn, FZ_IN);
+        w->v[a->scale].t.stride[1] *= cs;
+    } else if (place < 100 && sm > 0 && sn > 0) { /* column-major: [sn, sm + pad] transposed */
+        int64_t pad = (int64_t)(fz_u8(in) % 5), ps[2] = {sn, sm + pad};
+        int cl = w->clean;
+        int par = fz_view_new(w, in, "scale_buf", sdt, 2, ps, FZ_NONE);
+        w->clean = cl;
+        a->scale = fz_view_narrow(w, par, "scale", 1, 0, sm, FZ_IN);
+        lk_tensor *t = &w->v[a->scale].t;
+        int64_t sh0 = t->shape[0], st0 = t->stride[0];
+        t->shape[0] = t->shape[1], t->stride[0] = t->stride[1];
+        t->shape[1] = sh0, t->stride[1] = st0;
+    }
+    if (a->scale < 0) a->scale = fz_view_new(w, in, "scale", sdt, 2, ss, FZ_IN);
+    fz_view *sv = &w->v[a->scale];
+    if (sv->t.dtype != LK_F32) fz_fail_expected(w, "scale not f32");
+    /* values: positive finite in a range (rarely f32's extremes at one position), rarely
+     * one invalid value at a random position; then judged from what was stored (zero
+     * strides store several elements at one address: the last store wins) */
+    if (fz_usable(w, a->scale) && (sv->t.dtype == LK_F32 || sv->t.dtype == LK_F16)) {
+        static const double SLO[6] = {0.01, 1.0, 1e-3, 100, 1e-30, 1e25}, SHI[6] = {2, 1.0, 0.1, 1e4, 1e-20, 1e30};
+        unsigned sr = fz_u8(in) % 8;
+        sr = sr < 6 ? sr : 0;
+        lk_tensor *t = &sv->t;
+        int64_t n = fz_numel(t);
+        for (int64_t i = 0; i < n; i++)
+            lk_store_f(t->data, t->dtype, fz_off(t, i), (float)(SLO[sr] + (SHI[sr] - SLO[sr]) * fz_unif(&w->rng)));
+        unsigned bv = fz_u8(in);
+        if (bv < 40 && n > 0) {
+            static const float BV[12] = {0.0f, -0.0f, -1.0f, -FLT_TRUE_MIN, NAN, -NAN, INFINITY, -INFINITY,
+                                         FLT_TRUE_MIN, FLT_MIN, FLT_MAX, 0x1p-140f};
+            lk_store_f(t->data, t->dtype, fz_off(t, fz_range(in, 0, n - 1)), BV[bv % 12]);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            float v = lk_load_f(t->data, t->dtype, fz_off(t, i));
+            if (!(v > 0.0f && v <= FLT_MAX)) {
+                fz_fail_expected(w, "scale value not finite > 0");
+                break;
+            }
+        }
+    }
+
+    if (fz_chance(in, 6)) {
+        unsigned k = fz_u8(in) % 3;
+        if (k == 0) a->x = -1;
+        else if (k == 1) a->out = -1;
+        else a->scale = -1;
+        fz_fail_expected(w, "NULL tensor pointer");
+    }
+    fz_run(w, call, a);
+    /* accepted (the ISA fz_run used; the call repeated: same outputs): the contract's values */
+    if (!w->must_fail && fz_usable(w, a->x) && call(w, a) == LK_OK) grid_check(w, a);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in = {data, size, 0};
     fz_world w;
@@ -383,8 +586,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     q_attrs a = {0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1e-6f, 0, 0};
     a.op = (int)(fz_u8(&in) % NOPS);
     w.op = OPN[a.op];
-    if (a.op == OP_I8_STATIC || a.op == OP_I8_DYNAMIC || a.op == OP_GROUP) {
+    if (a.op == OP_I8_STATIC || a.op == OP_I8_DYNAMIC || a.op == OP_GROUP || a.op == OP_GRID) {
         if (a.op == OP_GROUP) group_case(&w, &in, &a);
+        else if (a.op == OP_GRID) grid_case(&w, &in, &a);
         else int8_case(&w, &in, &a);
         fz_free(&w);
         return 0;

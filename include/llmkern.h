@@ -631,7 +631,7 @@ LK_API lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, con
 /* Static quantization with a grid of given scales (vLLM's static_scaled_fp8_quant with a
  * 1-D or 2-D scale and its group_shape: per channel, per token, or 2-D blocks). input
  * [..., N] with M rows (the leading dims flattened); scale f32 [sm, sn], any strides, sm
- * dividing M and sn dividing N (else LK_ERR_SHAPE naming scale), every value finite and
+ * >= 1 dividing M and sn >= 1 dividing N (else LK_ERR_SHAPE naming scale), every value finite and
  * > 0 (LK_ERR_VALUE naming the element); groups of gm = M / sm rows by gn = N / sn columns:
  *   out[r, c] = fp8(input[r, c] / scale[r / gm, c / gn])
  * ([1, 1]: per tensor; [1, N]: per channel; [M, 1]: per token). Rows of 0 or N == 0 write

@@ -692,6 +692,20 @@ static lk_status call_quant_group(const oc_inst *in) {
     return lk_per_token_group_fp8_quant(T(in, 0), T(in, 1), T(in, 2), in->group, in->eps, in->flag);
 }
 
+/* static grid quant: out, input, scale [sm, sn] f32 given (read only), padded rows,
+ * values in [0.01, 0.03]: small [3, 5] (groups of 1 row x 8 columns), medium [1, 520]
+ * (per channel: the vector path), large [16, 8] (blocks of 4 rows x 128 columns) */
+static void make_quant_grid(oc_inst *in, oc_size sz) {
+    make_quant(in, sz, LK_F8E5M2, LK_F32);
+    int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
+    int64_t s[2] = {sz == OC_LARGE ? R / 4 : sz == OC_MEDIUM ? 1 : R,
+                    sz == OC_LARGE ? D / 128 : sz == OC_MEDIUM ? D : D / 8};
+    tu_fill_uniform(add(in, "scale", LK_F32, 2, s, 0, 1), 0.01, 0.03);
+}
+static lk_status call_quant_grid(const oc_inst *in) {
+    return lk_static_group_scaled_fp8_quant(T(in, 0), T(in, 1), T(in, 2));
+}
+
 static void make_norm_quant(oc_inst *in, oc_size sz, lk_dtype xt, int residual) {
     make_quant(in, sz, LK_F8E4M3, xt);
     int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
@@ -911,6 +925,7 @@ const oc_op OC_OPS[] = {
     {"lk_dynamic_scaled_fp8_quant", make_quant_tensor, call_quant_tensor},
     {"lk_dynamic_per_token_scaled_fp8_quant", make_quant_token, call_quant_token},
     {"lk_per_token_group_fp8_quant", make_quant_group, call_quant_group},
+    {"lk_static_group_scaled_fp8_quant", make_quant_grid, call_quant_grid},
     {"lk_rms_norm_static_fp8_quant", make_norm_static, call_norm_static},
     {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},

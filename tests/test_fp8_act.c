@@ -1,8 +1,9 @@
 /*
  * fp8 activations: lk_static_scaled_fp8_quant, lk_dynamic_scaled_fp8_quant,
  * lk_dynamic_per_token_scaled_fp8_quant, lk_per_token_group_fp8_quant,
- * lk_rms_norm_static_fp8_quant, lk_fused_add_rms_norm_static_fp8_quant,
- * lk_rms_norm_dynamic_per_token_quant and lk_merge_attn_states_scaled.
+ * lk_static_group_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
+ * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant and
+ * lk_merge_attn_states_scaled.
  *
  * Every ISA against ref bit for bit over the outputs' WHOLE allocations (written
  * elements, padding garbage, guard zones) and the scales; ref against float64: every
@@ -23,10 +24,25 @@
  * [6, ng] scales, row-major, padded and column-major scales (vLLM's transposed view of a
  * [ng, rows padded to 4] buffer, padding intact), UE8M0 on and off, eps 1e-10, its
  * minimum fp8_max * FLT_MIN, and a large eps (1) that dominates.
+ * Static quant on a grid of given scales [sm, sn] (groups of M / sm rows x N / sn
+ * columns): the same two comparisons (float64: x / scale[r / gm, c / gn]; inputs intact)
+ * over input dtypes x out dtypes with scales per tensor [1, 1], per channel [1, N] (the
+ * vector path; N = 1, 7, 16, 33, 130, 4097: every tail), per token [M, 1], per element
+ * [M, N], 2-D blocks [M / 2, N / 128] (N = 256), column groups of 2, 3, 5 (element by
+ * element), 8, 15, 16, 17, 32 (around W = 8 / 16), 128 with rows in groups of 1, 2 or all;
+ * every third element at an fp8 tie times its scale (any change of the f32 division
+ * moves codes); rows 1..5, 3-D [2, 3, N], the group_case layouts; scales contiguous,
+ * padded, transposed and with column stride 2 (per channel NOT read as vectors: the
+ * element path's bits); every form, negative strides, a zero row stride, the per-element
+ * expansion, 3-D / 1-D inputs and lk_static_scaled_fp8_quant ([1, 1]) agreeing bitwise;
+ * NaN / inf / beyond-max codes on each path and the extreme valid scales FLT_MAX and
+ * FLT_TRUE_MIN.
  * Also: NaN / inf / saturation (per group: NaN ignored by the absmax and kept, an inf
  * makes the group's scale inf, all-zero and all-NaN groups get eps / fp8_max), empty
- * inputs, thread-count independence (1-4 threads, bitwise) and the bad-input catalogue
- * (status, message naming the argument, every buffer intact).
+ * inputs (the grid's scale still validated), thread-count independence (1-4 threads,
+ * bitwise) and the bad-input catalogue (status, message naming the argument, every
+ * buffer intact; the grid: NULLs, scale ranks 0 / 1 / 3, dims not dividing or 0, a bad
+ * value named "scale[i, j]" by its logical position, dtypes, overlaps).
  */
 #include <float.h>
 #include <math.h>
@@ -1020,6 +1036,510 @@ static void test_group_errors(void) {
     for (int b = 0; b < nb; b++) tu_free(all[b]);
 }
 
+/* ---------------------------------------------------------------- static grid quant */
+
+/* lk_static_group_scaled_fp8_quant: out[r, c] = fp8(x[r, c] / scale[r / gm, c / gn]) with
+ * a given [sm, sn] grid (gm = M / sm, gn = N / sn). Scale forms of sgrid_scales: 0
+ * contiguous, 1 padded rows (column stride 1: the per-channel vector path still applies),
+ * 2 transposed (the view of an [sn, sm] buffer with padded rows: column stride sm + 3),
+ * 3 column stride 2 (every other column of an [sm, 2 sn] buffer: per-channel scales NOT
+ * read as a vector, the element path must give the same bits). Input layouts as
+ * group_case's (0 contiguous, 1 padded, 2 input transposed, 3 out transposed, 4 3-D
+ * [2, 3, N], 5 3-D padded). */
+enum { SG_XL = 6, SG_FORMS = 4 };
+
+static tu_buf sgrid_scales(int64_t sm, int64_t sn, int sl) {
+    if (sl == 2) return tu_alloc_perm(LK_F32, 2, (int64_t[]){sm, sn}, (int[]){1, 0}, 3);
+    if (sl == 3) { /* the view's inview map keeps the whole buffer: only tu_intact is used */
+        tu_buf b = tu_alloc(LK_F32, 2, (int64_t[]){sm, 2 * sn}, 0);
+        b.t.shape[1] = sn, b.t.stride[1] = 2;
+        return b;
+    }
+    return tu_alloc(LK_F32, 2, (int64_t[]){sm, sn}, sl == 1);
+}
+
+/* scales log-uniform in [2^-7, 2^-2] (distinct per group: a wrong group's scale shows) */
+static void sgrid_fill(tu_buf *sc) {
+    for (int64_t k = 0, n = tu_numel(sc); k < n; k++) tu_set(sc, k, exp2(tu_uniform(-7.0, -2.0)));
+}
+
+static void sgrid_case(lk_dtype xt, lk_dtype ot, int64_t R, int64_t N, int64_t gm, int64_t gn, int xl, int sl,
+                       int specials) {
+    int three = xl >= 4;
+    int64_t M = three ? 6 : R, sm = M / gm, sn = N / gn;
+    tu_buf x, out;
+    if (three) {
+        x = tu_alloc(xt, 3, (int64_t[]){2, 3, N}, xl == 5);
+        out = tu_alloc(ot, 3, (int64_t[]){2, 3, N}, xl == 4);
+    } else {
+        x = tu_alloc_rows(xt, R, N, xl == 3 ? 0 : xl);
+        out = tu_alloc_rows(ot, R, N, xl == 3 ? 2 : xl == 2 ? 1 : xl);
+    }
+    tu_buf sc = sgrid_scales(sm, sn, sl);
+    sgrid_fill(&sc);
+    fill_x(&x, 3.0, 0);
+    /* every third element at an fp8 tie times its scale (exact in f32 up to x's rounding):
+     * x / s lands on the tie or an f32 step beside it, so any change of the f32 division
+     * (a reciprocal product, another scale) moves codes */
+    for (int64_t i = 2, n = M * N, mb = ot == LK_F8E4M3 ? 3 : 2; i < n; i += 3) {
+        double t = ldexp(1.0 + ((double)tu_randint(0, (1 << mb) - 1) + 0.5) / (1 << mb), (int)tu_randint(-3, 6));
+        tu_set(&x, i, (tu_rand() & 1 ? -t : t) * tu_get(&sc, i / N / gm * sn + i % N / gn));
+    }
+    if (specials) /* spread over rows, groups and vector lanes */
+        for (int64_t i = 0, n = M * N; i < n; i++) {
+            int k = (int)(i % 13);
+            if (k == 1) tu_set(&x, i, i % 2 ? -NAN : NAN);
+            if (k == 4) tu_set(&x, i, INFINITY);
+            if (k == 6) tu_set(&x, i, -INFINITY);
+            if (k == 8) tu_set(&x, i, 3e6);
+            if (k == 10) tu_set(&x, i, -3e6);
+            if (k == 12) tu_set(&x, i, -0.0);
+        }
+    tu_snapshot(&x), tu_snapshot(&out), tu_snapshot(&sc);
+    tu_saved o0 = tu_save(&out), oref = {0};
+    int okall = 1, f64 = 1;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_restore(&out, &o0);
+        lk_status s = lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc.t);
+        if (!tu_check(s == LK_OK, "%s grid quant: %s", lk_isa_name(isas[ii]), lk_last_error())) continue;
+        int inputs = tu_intact(&x) && tu_intact(&sc);
+        if (ii > 0) {
+            okall &= inputs && tu_same(&out, &oref);
+            continue;
+        }
+        oref = tu_save(&out);
+        f64 &= inputs && tu_outside_intact(&out);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t c = 0; c < N; c++) {
+                double v = tu_get(&x, r * N + c), s8 = tu_get(&sc, r / gm * sn + c / gn);
+                f64 &= fp8_close(ot, v / s8, (float)tu_get(&out, r * N + c), 0);
+            }
+    }
+    tu_check(f64, "grid quant %s -> %s M=%lld N=%lld scale [%lld, %lld] (groups %lld x %lld) layout=%d scales=%d%s: "
+             "ref within half an fp8 step of float64 x / scale[r / gm, c / gn] (+-max beyond it), inputs and "
+             "padding intact", lk_dtype_name(xt), lk_dtype_name(ot), (long long)M, (long long)N, (long long)sm,
+             (long long)sn, (long long)gm, (long long)gn, xl, sl, specials ? " specials" : "");
+    tu_check(okall, "grid quant %s -> %s M=%lld N=%lld scale [%lld, %lld] layout=%d scales=%d%s: every ISA "
+             "bit-identical to ref (whole allocations), inputs intact", lk_dtype_name(xt), lk_dtype_name(ot),
+             (long long)M, (long long)N, (long long)sm, (long long)sn, xl, sl, specials ? " specials" : "");
+    free(o0.bytes), free(oref.bytes);
+    tu_free(&x), tu_free(&out), tu_free(&sc);
+}
+
+static void test_sgrid_grid(void) {
+    /* per tensor [1, 1], per channel [1, N], per token [M, 1], per element [M, N]; N = 1,
+     * 7, 16, 33, 130, 4097: every tail length of the per-channel vectors (W 8 and 16) */
+    static const int64_t NS[] = {1, 7, 16, 33, 130, 4097};
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int n = 0; n < 6; n++)
+                for (int kind = 0; kind < 4; kind++)
+                    for (int xl = 0; xl < SG_XL; xl++) {
+                        int64_t N = NS[n], R = N > 1000 ? 2 : 1 + (n + kind + xl) % 5, M = xl >= 4 ? 6 : R;
+                        if (N > 1000 && tu_emulated() && (xi != 2 || kind != 1)) continue;
+                        int64_t gm = kind < 2 ? M : 1, gn = kind == 0 || kind == 2 ? N : 1;
+                        if (N > 1000 && (xl == 3 || xl == 5)) continue;
+                        /* every scale form for the per-channel and per-element grids (N <
+                         * 1000), one (rotating) for the others */
+                        for (int sl = 0; sl < SG_FORMS; sl++)
+                            if ((kind & 1 && N < 1000) || sl == (n + xl + xi + kind) % SG_FORMS)
+                                sgrid_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, N, gm, gn, xl, sl, 0);
+                    }
+    /* 2-D blocks, N = 256 in groups of 128 columns: [M / 2, 2] (2-D, R 2 and 4; 3-D: 3
+     * rows of groups of 2) and [2, 2] (3-D: groups of 3 rows) */
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int xl = 0; xl < SG_XL; xl++)
+                for (int sl = 0; sl < SG_FORMS; sl++) {
+                    int64_t R = 2 + 2 * ((xl + sl) & 1), M = xl >= 4 ? 6 : R;
+                    sgrid_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, 256, 2, 128, xl, sl, 0);
+                    if (xl >= 4) sgrid_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, 256, M / 2, 128, xl, sl, 0);
+                }
+    /* column groups of 2, 3, 5 (element by element), 8 (>= W on avx2, < W on avx512), 15,
+     * 16, 17, 32 around the vector widths, 128; N = gn (one group: the whole row), 3 gn,
+     * 7 gn; rows in groups of 1 or all of them */
+    static const int64_t GN[] = {2, 3, 5, 8, 15, 16, 17, 32, 128};
+    static const int64_t MULT[] = {1, 3, 7};
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int g = 0; g < 9; g++)
+                for (int k = 0; k < 3; k++)
+                    for (int xl = 0; xl < SG_XL; xl++) {
+                        int64_t gn = GN[g], N = gn * MULT[k], R = 1 + (g + k + xl) % 5, M = xl >= 4 ? 6 : R;
+                        int sl = (g + k + xl + xi) % SG_FORMS;
+                        int64_t gm = (g + xl + oi) % 3 == 0 ? M : (g + xl + oi) % 3 == 1 ? 1 : (M % 2 ? 1 : 2);
+                        sgrid_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, N, gm, gn, xl, sl, 0);
+                    }
+    /* specials (NaN, +-inf, +-3e6, -0 in every few elements) on each path */
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int sl = 0; sl < SG_FORMS; sl++) {
+                lk_dtype xt = TU_FLOAT_DTYPES[xi], ot = FP8[oi];
+                sgrid_case(xt, ot, 3, 1, 3, 1, sl, sl, 1);     /* per tensor, N = 1 */
+                sgrid_case(xt, ot, 3, 41, 3, 1, sl, sl, 1);    /* per channel */
+                sgrid_case(xt, ot, 4, 40, 2, 5, sl + 1, sl, 1); /* groups of 5 columns */
+                sgrid_case(xt, ot, 2, 96, 1, 32, 4, sl, 1);    /* groups of 32 columns */
+                sgrid_case(xt, ot, 5, 37, 1, 37, 0, sl, 1);    /* per token */
+                sgrid_case(xt, ot, 2, 19, 1, 1, 5, sl, 1);     /* per element */
+            }
+}
+
+/* the grid's rules by their codes, per ISA: NaN kept with its sign, +-inf and beyond-max
+ * saturate to +-max, -0 -> 0x80, on the per-channel vector path, the element path
+ * (column stride 2) and the group path (groups of 20); extreme valid scales: FLT_MAX
+ * (every finite value -> +-0) and FLT_TRUE_MIN (a subnormal scale: nonzero values
+ * saturate, zeros stay zero) */
+static void test_sgrid_specials(void) {
+    enum { R = 2, N = 40 };
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int oi = 0; oi < 2; oi++) {
+            lk_dtype ot = FP8[oi];
+            uint8_t mx = ot == LK_F8E4M3 ? 0x7e : 0x7b;
+            float x[R][N], sbuf[2 * R * N];
+            uint8_t q[R][N];
+            for (int r = 0; r < R; r++)
+                for (int i = 0; i < N; i++) x[r][i] = (float)(i % 7) - 3.0f;
+            for (int r = 0; r < R; r++) {
+                int b = 9 * r + 1; /* spots in different lanes on each row */
+                x[r][b] = NAN, x[r][b + 1] = -NAN, x[r][b + 2] = INFINITY, x[r][b + 3] = -INFINITY,
+                x[r][b + 4] = 1e30f, x[r][b + 5] = -1e30f, x[r][b + 6] = -0.0f, x[r][b + 7] = 0.0f;
+            }
+            lk_tensor tx = lk_tensor_make(x, LK_F32, 2, (int64_t[]){R, N});
+            lk_tensor tq = lk_tensor_make(q, ot, 2, (int64_t[]){R, N});
+            for (int path = 0; path < 3; path++) {
+                /* 0: [1, N] contiguous (vector), 1: [1, N] column stride 2 (element), 2: [2, 2] */
+                lk_tensor ts = path == 2 ? lk_tensor_make(sbuf, LK_F32, 2, (int64_t[]){2, 2})
+                                         : lk_tensor_make(sbuf, LK_F32, 2, (int64_t[]){1, N});
+                if (path == 1) ts.stride[1] = 2;
+                for (int k = 0; k < 2 * R * N; k++) sbuf[k] = 0.5f;
+                memset(q, 0x11, sizeof q);
+                lk_status s = lk_static_group_scaled_fp8_quant(&tq, &tx, &ts);
+                int ok = s == LK_OK;
+                for (int r = 0; r < R; r++) {
+                    int b = 9 * r + 1;
+                    ok &= q[r][b] == 0x7f && q[r][b + 1] == 0xff && q[r][b + 2] == mx && q[r][b + 3] == (0x80 | mx) &&
+                          q[r][b + 4] == mx && q[r][b + 5] == (0x80 | mx) && q[r][b + 6] == 0x80 && q[r][b + 7] == 0;
+                    for (int i = 0; i < N; i++)
+                        if (i < b || i > b + 7)
+                            ok &= q[r][i] == (ot == LK_F8E4M3 ? lk_f32_to_f8e4m3(x[r][i] / 0.5f)
+                                                              : lk_f32_to_f8e5m2(x[r][i] / 0.5f));
+                }
+                tu_check(ok, "%s grid quant -> %s, %s: NaN kept with its sign, +-inf and +-1e30 -> +-max, -0 -> 0x80, "
+                         "the rest fp8(x / 0.5) (%s)", isa, lk_dtype_name(ot),
+                         path == 0 ? "per-channel vector path" : path == 1 ? "element path (column stride 2)"
+                                                                            : "groups of 20 columns",
+                         lk_status_str(s));
+            }
+            /* extreme valid scales: per channel, even columns FLT_MAX, odd FLT_TRUE_MIN */
+            for (int path = 0; path < 2; path++) {
+                lk_tensor ts = lk_tensor_make(sbuf, LK_F32, 2, (int64_t[]){1, N});
+                if (path) ts.stride[1] = 2;
+                for (int i = 0; i < N; i++) sbuf[i * (path + 1)] = i % 2 ? FLT_TRUE_MIN : FLT_MAX;
+                lk_status s = lk_static_group_scaled_fp8_quant(&tq, &tx, &ts);
+                int ok = s == LK_OK;
+                for (int r = 0; r < R; r++)
+                    for (int i = 0; i < N; i++) {
+                        float v = x[r][i];
+                        uint8_t want = isnan(v) ? (signbit(v) ? 0xff : 0x7f)
+                                     : v == 0 ? (signbit(v) ? 0x80 : 0x00)
+                                     : i % 2 ? (v < 0 ? 0x80 | mx : mx)
+                                     : isinf(v) ? (v < 0 ? 0x80 | mx : mx) : (v < 0 ? 0x80 : 0x00);
+                        ok &= q[r][i] == want;
+                    }
+                tu_check(ok, "%s grid quant -> %s, %s: scale FLT_MAX (finite -> signed 0, inf -> +-max) and "
+                         "FLT_TRUE_MIN (nonzero -> +-max, +-0 kept) accepted (%s)", isa, lk_dtype_name(ot),
+                         path ? "element path" : "vector path", lk_status_str(s));
+            }
+        }
+    }
+}
+
+/* the same logical grid in every form (sgrid_scales' four, negative column and row
+ * strides) gives the same bits, and matches its per-element expansion [M, N] (the
+ * per-channel vector path) and, for [1, 1], lk_static_scaled_fp8_quant; a 3-D input
+ * [2, 3, N] gives the 2-D [6, N] bits, a 1-D input [N] (with sm = 1) row 0's; a [2, sn]
+ * scale with row stride 0 (one row read twice) gives the [1, sn] bits; on every ISA */
+static void test_sgrid_scale_forms(void) {
+    enum { M = 6, N = 48 };
+    static const int64_t GRID[][2] = {{6, 48}, {1, 1}, {2, 3}, {3, 16}, {6, 1}, {1, 48}, {2, 24}, {3, 2}, {1, 6}};
+    tu_buf x = tu_alloc(LK_F16, 2, (int64_t[]){M, N}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){M, N}, 0);
+    tu_buf ex = tu_alloc(LK_F32, 2, (int64_t[]){M, N}, 0);
+    tu_fill_uniform(&x, -3, 3);
+    lk_tensor x3 = x.t, o3 = out.t;
+    x3.ndim = o3.ndim = 3;
+    x3.shape[0] = o3.shape[0] = 2, x3.shape[1] = o3.shape[1] = 3, x3.shape[2] = o3.shape[2] = N;
+    x3.stride[0] = o3.stride[0] = 3 * N, x3.stride[1] = o3.stride[1] = N, x3.stride[2] = o3.stride[2] = 1;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (size_t g = 0; g < sizeof GRID / sizeof GRID[0]; g++) {
+            int64_t gm = GRID[g][0], gn = GRID[g][1], sm = M / gm, sn = N / gn;
+            int ok = 1;
+            tu_buf sc[SG_FORMS];
+            for (int sl = 0; sl < SG_FORMS; sl++) sc[sl] = sgrid_scales(sm, sn, sl);
+            sgrid_fill(&sc[0]);
+            for (int sl = 1; sl < SG_FORMS; sl++)
+                for (int64_t k = 0; k < sm * sn; k++) tu_set(&sc[sl], k, tu_get(&sc[0], k));
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t c = 0; c < N; c++) tu_set(&ex, r * N + c, tu_get(&sc[0], r / gm * sn + c / gn));
+            ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &ex.t) == LK_OK;
+            tu_saved want = tu_save(&out);
+            for (int sl = 0; sl < SG_FORMS; sl++) {
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc[sl].t) == LK_OK && tu_same(&out, &want);
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&o3, &x3, &sc[sl].t) == LK_OK && tu_same(&out, &want);
+            }
+            if (sm * sn == 1) {
+                memset(out.t.data, 0x33, M * N);
+                lk_tensor s1 = lk_tensor_make(sc[0].t.data, LK_F32, 1, (int64_t[]){1});
+                ok &= lk_static_scaled_fp8_quant(&out.t, &x.t, &s1) == LK_OK && tu_same(&out, &want);
+            }
+            { /* negative strides: columns reversed in memory (the element path), then rows too */
+                tu_buf rb = tu_alloc(LK_F32, 2, (int64_t[]){sm, sn}, 0);
+                lk_tensor rv = rb.t;
+                rv.data = (float *)rb.t.data + sn - 1, rv.stride[1] = -1;
+                for (int64_t r = 0; r < sm; r++)
+                    for (int64_t c = 0; c < sn; c++)
+                        ((float *)rv.data)[r * sn - c] = (float)tu_get(&sc[0], r * sn + c);
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &rv) == LK_OK && tu_same(&out, &want);
+                rv.data = (float *)rv.data + (sm - 1) * sn, rv.stride[0] = -sn;
+                for (int64_t r = 0; r < sm; r++)
+                    for (int64_t c = 0; c < sn; c++)
+                        ((float *)rv.data)[-r * sn - c] = (float)tu_get(&sc[0], r * sn + c);
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &rv) == LK_OK && tu_same(&out, &want);
+                tu_free(&rb);
+            }
+            if (sm == 1) { /* a 1-D input (one row): row 0's bits */
+                lk_tensor x1 = x.t, o1 = out.t;
+                x1.ndim = o1.ndim = 1, x1.shape[0] = o1.shape[0] = N, x1.stride[0] = o1.stride[0] = 1;
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&o1, &x1, &sc[0].t) == LK_OK &&
+                      !memcmp(out.t.data, want.bytes + ((unsigned char *)out.t.data - out.base), N);
+            }
+            if (sm == 1 && M % 2 == 0) { /* [2, sn] with row stride 0: rows of 3 read the one row */
+                lk_tensor sb = sc[0].t;
+                sb.shape[0] = 2, sb.stride[0] = 0;
+                memset(out.t.data, 0x33, M * N);
+                ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sb) == LK_OK && tu_same(&out, &want);
+            }
+            free(want.bytes);
+            for (int sl = 0; sl < SG_FORMS; sl++) tu_free(&sc[sl]);
+            tu_check(ok, "%s grid quant f16 [6, 48] -> e4m3, scale [%lld, %lld]: every scale form (contiguous, "
+                     "padded, transposed, column stride 2, negative strides%s), the per-element expansion "
+                     "[6, 48], a 3-D input%s give the same bits", lk_isa_name(isas[ii]), (long long)sm,
+                     (long long)sn, sm == 1 ? ", row stride 0" : "",
+                     sm * sn == 1 ? ", a 1-D input, lk_static_scaled_fp8_quant" : sm == 1 ? ", a 1-D input" : "");
+        }
+    }
+    tu_free(&x), tu_free(&out), tu_free(&ex);
+}
+
+/* 1-4 threads bitwise identical, and every ISA's bits the reference's, on 64 rows of
+ * 4096 (bf16 -> e4m3): per tensor, per channel (contiguous and column stride 2), per
+ * token, per element, blocks of 2 x 128, groups of 4 columns by 8 rows, of 16 by 64 */
+static void test_sgrid_threads(void) {
+    enum { R = 64, N = 4096 };
+    static const int64_t G[][3] = {{R, N, 0}, {R, 1, 0}, {R, 1, 3}, {1, N, 0}, {1, 1, 0},
+                                   {2, 128, 0}, {8, 4, 0}, {64, 16, 2}};
+    tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, N}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, N}, 0);
+    tu_fill_uniform(&x, -3, 3);
+    for (size_t g = 0; g < sizeof G / sizeof G[0]; g++) {
+        int64_t gm = G[g][0], gn = G[g][1];
+        tu_buf sc = sgrid_scales(R / gm, N / gn, (int)G[g][2]);
+        sgrid_fill(&sc);
+        tu_saved ref = {0};
+        int ok = 1;
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            for (int th = 1; th <= 4; th++) {
+                lk_set_num_threads(th);
+                memset(out.t.data, 0x5a, R * N);
+                ok &= lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc.t) == LK_OK;
+                if (ii == 0 && th == 1) ref = tu_save(&out);
+                else ok &= tu_same(&out, &ref);
+            }
+            lk_set_num_threads(0);
+        }
+        tu_check(ok, "grid quant R=%d N=%d scale [%lld, %lld] form %d: 1-4 threads on every ISA bitwise the "
+                 "reference's", R, N, (long long)(R / gm), (long long)(N / gn), (int)G[g][2]);
+        free(ref.bytes);
+        tu_free(&sc);
+    }
+    tu_free(&x), tu_free(&out);
+}
+
+/* no rows or N == 0: LK_OK, nothing written, on every ISA (the scale still validated:
+ * sm, sn >= 1 dividing M, N, values finite and > 0) */
+static void test_sgrid_empty(void) {
+    static const struct {
+        int nd;
+        int64_t x[3], s[2];
+    } C[] = {{2, {0, 8}, {1, 2}}, {2, {0, 8}, {1, 1}}, {2, {0, 8}, {3, 8}}, {2, {2, 0}, {2, 1}},
+             {2, {2, 0}, {1, 5}}, {3, {0, 3, 16}, {1, 4}}, {3, {2, 3, 0}, {6, 3}}, {3, {2, 3, 0}, {3, 1}}};
+    for (size_t c = 0; c < sizeof C / sizeof C[0]; c++) {
+        tu_buf x = tu_alloc(LK_BF16, C[c].nd, C[c].x, 1), out = tu_alloc(LK_F8E5M2, C[c].nd, C[c].x, 1);
+        tu_buf sc = tu_alloc(LK_F32, 2, C[c].s, 1);
+        sgrid_fill(&sc);
+        tu_snapshot(&x), tu_snapshot(&out), tu_snapshot(&sc);
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            lk_status s = lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc.t);
+            tu_check(s == LK_OK && tu_intact(&x) && tu_intact(&out) && tu_intact(&sc),
+                     "%s grid quant of an empty input %s, scale %s: LK_OK, nothing written (%s)",
+                     lk_isa_name(isas[ii]), lk_shape_str(&x.t), lk_shape_str(&sc.t), lk_last_error());
+        }
+        /* validation first: a bad value, or an sm of 0, is refused even with nothing to do */
+        tu_set(&sc, tu_numel(&sc) - 1, -1.0);
+        tu_snapshot(&sc);
+        lk_status s = lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc.t);
+        tu_check(s == LK_ERR_VALUE && strstr(lk_last_error(), "scale[") && tu_intact(&out),
+                 "grid quant of an empty input %s, scale %s holding -1: LK_ERR_VALUE (%s)", lk_shape_str(&x.t),
+                 lk_shape_str(&sc.t), lk_last_error());
+        lk_tensor s0 = sc.t;
+        s0.shape[0] = 0;
+        s = lk_static_group_scaled_fp8_quant(&out.t, &x.t, &s0);
+        tu_check(s == LK_ERR_SHAPE && strstr(lk_last_error(), ": scale:") && tu_intact(&out),
+                 "grid quant of an empty input %s, scale %s: LK_ERR_SHAPE (%s)", lk_shape_str(&x.t),
+                 lk_shape_str(&s0), lk_last_error());
+        tu_free(&x), tu_free(&out), tu_free(&sc);
+    }
+}
+
+/* expect() with the message starting "lk_static_group_scaled_fp8_quant: <name>" */
+static void sexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "lk_static_group_scaled_fp8_quant: %s", name);
+    int named = !strncmp(lk_last_error(), pre, strlen(pre));
+    expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
+}
+
+static void test_sgrid_errors(void) {
+    enum { R = 4, N = 20 };
+    tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, N}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, N}, 0);
+    tu_buf sc = tu_alloc(LK_F32, 2, (int64_t[]){4, 5}, 0);
+    tu_buf sct = tu_alloc_perm(LK_F32, 2, (int64_t[]){4, 5}, (int[]){1, 0}, 1); /* transposed, padded */
+    tu_buf sc16 = tu_alloc(LK_F16, 2, (int64_t[]){4, 5}, 0), big = tu_alloc(LK_F32, 1, (int64_t[]){256}, 0);
+    tu_buf ob = tu_alloc(LK_BF16, 2, (int64_t[]){R, N}, 0), o8 = tu_alloc(LK_I8, 2, (int64_t[]){R, N}, 0);
+    tu_buf o3 = tu_alloc(LK_F8E4M3, 3, (int64_t[]){2, 2, N}, 0), xf = tu_alloc(LK_F32, 2, (int64_t[]){R, N}, 0);
+    tu_fill_uniform(&x, -1, 1), tu_fill_uniform(&sc16, 0.1, 1), tu_fill_uniform(&xf, 0.25, 1);
+    sgrid_fill(&sc), sgrid_fill(&big);
+    for (int64_t k = 0; k < 20; k++) tu_set(&sct, k, tu_get(&sc, k));
+    tu_buf *all[] = {&x, &out, &sc, &sct, &sc16, &big, &ob, &o8, &o3, &xf};
+    int nb = 10;
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    sexpect(lk_static_group_scaled_fp8_quant(NULL, &x.t, &sc.t), LK_ERR_NULL, "out", all, nb, "grid: NULL out");
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, NULL, &sc.t), LK_ERR_NULL, "input", all, nb, "grid: NULL input");
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, NULL), LK_ERR_NULL, "scale", all, nb, "grid: NULL scale");
+    lk_tensor nd = sc.t;
+    nd.data = NULL;
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &nd), LK_ERR_NULL, "scale", all, nb,
+            "grid: scale with NULL data");
+    /* rank: 2 dims only ([] and [1] per-tensor scales, [N] per-channel, [1, 1, 1]) */
+    static const int64_t RK[][3] = {{0}, {1}, {20}, {1, 1, 1}, {4, 5, 1}};
+    static const int RKND[] = {0, 1, 1, 3, 3};
+    for (int k = 0; k < 5; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, RKND[k], RK[k]);
+        char what[96];
+        snprintf(what, sizeof what, "grid: scale of %d dims %s", RKND[k], lk_shape_str(&t));
+        sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &t), LK_ERR_RANK, "scale", all, nb, what);
+    }
+    /* shape: sm not dividing M = 4, sn not dividing N = 20, either 0 */
+    static const int64_t BADSH[][2] = {{3, 5}, {4, 3}, {8, 20}, {4, 40}, {5, 1},
+                                       {1, 6}, {0, 5}, {4, 0}, {0, 0}, {3, 7}};
+    for (size_t k = 0; k < sizeof BADSH / sizeof BADSH[0]; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, 2, BADSH[k]);
+        char what[96];
+        snprintf(what, sizeof what, "grid: scale %s for input [4, 20]", lk_shape_str(&t));
+        sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &t), LK_ERR_SHAPE, "scale", all, nb, what);
+    }
+    /* 3-D input [2, 2, 20]: M = 4 rows */
+    lk_tensor x3 = x.t;
+    x3.ndim = 3, x3.shape[0] = 2, x3.shape[1] = 2, x3.shape[2] = N;
+    x3.stride[0] = 2 * N, x3.stride[1] = N, x3.stride[2] = 1;
+    lk_tensor t3 = lk_tensor_make(big.t.data, LK_F32, 2, (int64_t[]){3, 5});
+    sexpect(lk_static_group_scaled_fp8_quant(&o3.t, &x3, &t3), LK_ERR_SHAPE, "scale", all, nb,
+            "grid: scale [3, 5] for input [2, 2, 20] (4 rows)");
+    /* values: 0, -0, negative, NaN, inf, at a position; the message names the element */
+    static const float BAD[] = {0.0f, -0.0f, -1.0f, -FLT_TRUE_MIN, NAN, -NAN, INFINITY, -INFINITY};
+    static const int64_t POS[][2] = {{0, 0}, {2, 3}, {3, 4}, {1, 0}};
+    for (size_t k = 0; k < sizeof BAD / sizeof BAD[0]; k++)
+        for (int p = 0; p < 4; p++)
+            for (int tr = 0; tr < 2; tr++) { /* contiguous and transposed: the logical position */
+                tu_buf *b = tr ? &sct : &sc;
+                int64_t i = POS[p][0], j = POS[p][1], at = i * 5 + j;
+                double keep = tu_get(b, at);
+                tu_set(b, at, BAD[k]);
+                for (int q = 0; q < nb; q++) tu_snapshot(all[q]);
+                char name[32], what[96];
+                snprintf(name, sizeof name, "scale[%lld, %lld]", (long long)i, (long long)j);
+                snprintf(what, sizeof what, "grid: %s %s = %g", tr ? "transposed" : "contiguous", name, (double)BAD[k]);
+                sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &b->t), LK_ERR_VALUE, name, all, nb, what);
+                tu_set(b, at, keep);
+            }
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    /* a [1, 1] and a [4, 1] grid: the element named with its index 0 */
+    tu_set(&big, 0, NAN);
+    tu_snapshot(&big);
+    lk_tensor t11 = lk_tensor_make(big.t.data, LK_F32, 2, (int64_t[]){1, 1});
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &t11), LK_ERR_VALUE, "scale[0, 0]", all, nb,
+            "grid: [1, 1] scale NaN");
+    lk_tensor t41 = lk_tensor_make((float *)big.t.data + 1, LK_F32, 2, (int64_t[]){4, 1});
+    tu_set(&big, 3, 0.0);
+    tu_snapshot(&big);
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &t41), LK_ERR_VALUE, "scale[2, 0]", all, nb,
+            "grid: [4, 1] scale 0 at row 2");
+    sgrid_fill(&big);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    /* dtypes */
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sc16.t), LK_ERR_DTYPE, "scale", all, nb, "grid: f16 scale");
+    lk_tensor sbf = sc16.t;
+    sbf.dtype = LK_BF16;
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &sbf), LK_ERR_DTYPE, "scale", all, nb, "grid: bf16 scale");
+    lk_tensor si = sc.t;
+    si.dtype = LK_I32;
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &si), LK_ERR_DTYPE, "scale", all, nb, "grid: i32 scale");
+    sexpect(lk_static_group_scaled_fp8_quant(&ob.t, &x.t, &sc.t), LK_ERR_DTYPE, "out", all, nb, "grid: bf16 out");
+    sexpect(lk_static_group_scaled_fp8_quant(&o8.t, &x.t, &sc.t), LK_ERR_DTYPE, "out", all, nb, "grid: i8 out");
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &out.t, &sc.t), LK_ERR_DTYPE, "input", all, nb, "grid: fp8 input");
+    /* out's shape, overlaps */
+    sexpect(lk_static_group_scaled_fp8_quant(&o3.t, &x.t, &sc.t), LK_ERR_SHAPE, "out", all, nb,
+            "grid: out [2, 2, 20] for input [4, 20]");
+    lk_tensor on = out.t;
+    on.shape[1] = 16;
+    sexpect(lk_static_group_scaled_fp8_quant(&on, &x.t, &sc.t), LK_ERR_SHAPE, "out", all, nb,
+            "grid: out [4, 16] for input [4, 20]");
+    lk_tensor ox = lk_tensor_make(x.t.data, LK_F8E4M3, 2, (int64_t[]){R, N});
+    sexpect(lk_static_group_scaled_fp8_quant(&ox, &x.t, &sc.t), LK_ERR_ALIAS, "out", all, nb,
+            "grid: out overlapping input");
+    lk_tensor o0 = out.t;
+    o0.stride[0] = 0;
+    sexpect(lk_static_group_scaled_fp8_quant(&o0, &x.t, &sc.t), LK_ERR_ALIAS, "out", all, nb,
+            "grid: out with a zero stride");
+    /* a scale inside out (its values valid: 0.5 as bytes in out's first 16 bytes) */
+    const float half[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    memcpy(out.t.data, half, sizeof half);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    lk_tensor so = lk_tensor_make(out.t.data, LK_F32, 2, (int64_t[]){2, 2});
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &so), LK_ERR_ALIAS, "out and scale", all, nb,
+            "grid: scale overlapping out");
+    lk_tensor so1 = lk_tensor_make((char *)out.t.data + 4 * N - 4, LK_F32, 2, (int64_t[]){1, 1});
+    memcpy(so1.data, half, 4);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    sexpect(lk_static_group_scaled_fp8_quant(&out.t, &x.t, &so1), LK_ERR_ALIAS, "out and scale", all, nb,
+            "grid: [1, 1] scale in out's last bytes");
+    /* valid, for contrast: a scale inside the (f32, read-only) input */
+    lk_tensor sx = lk_tensor_make(xf.t.data, LK_F32, 2, (int64_t[]){2, 4});
+    lk_tensor oo = out.t;
+    int ok = lk_static_group_scaled_fp8_quant(&oo, &xf.t, &sx) == LK_OK && tu_intact(&xf);
+    tu_check(ok, "grid quant: a scale inside the input (both read only) is accepted (%s)", lk_last_error());
+    for (int b = 0; b < nb; b++) tu_free(all[b]);
+}
+
 int main(void) {
     tu_init();
     ni = tu_isas(isas);
@@ -1038,6 +1558,12 @@ int main(void) {
     test_group_empty();
     test_group_scale_shapes();
     test_group_errors();
+    test_sgrid_grid();
+    test_sgrid_specials();
+    test_sgrid_scale_forms();
+    test_sgrid_threads();
+    test_sgrid_empty();
+    test_sgrid_errors();
     lk_set_isa(isas[ni - 1]);
     return tu_finish("test_fp8_act");
 }

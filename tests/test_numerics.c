@@ -493,6 +493,67 @@ static void test_fp8_group(void) {
     }
 }
 
+/* lk_static_group_scaled_fp8_quant's special values (docs/numerics.md "fp8 activations":
+ * the fp8.h conversion of x / scale[r / gm, c / gn]), per ISA, f32 and bf16 inputs, 2 rows
+ * of D = 40, on each of its SIMD paths: per-channel scales [1, D] read as vectors, the same
+ * scales with column stride 2 and groups of 5 columns (element by element), groups of 20
+ * and whole rows (one scale per vector): NaN kept with its sign, +-inf and beyond-max
+ * saturate to +-max, -0 -> 0x80, ties to even, every element divided by its own group's
+ * scale (0.25 or 0.5) */
+static void test_fp8_static_grid(void) {
+    static const lk_dtype XT[2] = {LK_F32, LK_BF16};
+    static const char *PATH[5] = {"per-channel [1, 40] (vector path)", "per-channel [1, 40] column stride 2 "
+                                  "(element path)", "[2, 8]: groups of 5 columns (element path)",
+                                  "[1, 2]: groups of 20 columns", "[2, 1]: whole rows"};
+    static const int64_t SH[5][2] = {{1, D}, {1, D}, {2, 8}, {1, 2}, {2, 1}};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int xi = 0; xi < 2; xi++)
+            for (int oi = 0; oi < 2; oi++)
+                for (int path = 0; path < 5; path++) {
+                    lk_dtype xt = XT[xi], ot = oi ? LK_F8E5M2 : LK_F8E4M3;
+                    uint8_t mx = oi ? 0x7b : 0x7e, c4 = oi ? 0x44 : 0x48, c2 = 0x40, tie = oi ? 0x4a : 0x56;
+                    float v[2][D], sbuf[2 * D], xb[2 * D]; /* xb: [2, D] of dtype xt */
+                    uint8_t q[2][D];
+                    int64_t sm = SH[path][0], sn = SH[path][1], gn = D / sn, cs = path == 1 ? 2 : 1;
+                    /* the scale of (r, c): 0.25, or 0.5 on some groups (never on the tie's) */
+#define SVAL(r, g) (path < 2 ? ((g) > 9 && (g) % 4 == 0) : path == 2 ? ((g) >= 2 && ((r) + (g)) % 2 == 0) \
+                                                             : path == 3 ? (g) == 1 : (r) == 1)
+                    for (int64_t r = 0; r < sm; r++)
+                        for (int64_t g = 0; g < sn; g++) sbuf[(r * sn + g) * cs] = SVAL(r, g) ? 0.5f : 0.25f;
+                    /* row 0: NaN, -NaN, +-inf, +-1e30, -0, 20000 (80000 / 40000 beyond max), the
+                     * tie 13.5 (e4m3: -> 14) or 13 (e5m2: -> 12); row 1 the same at 33.. (tails) */
+                    for (int r = 0; r < 2; r++)
+                        for (int i = 0; i < D; i++) v[r][i] = 1.0f;
+                    const float SP[9] = {NAN, -NAN, INFINITY, -INFINITY, 1e30f, -1e30f, -0.0f, 20000.0f,
+                                         oi ? 3.25f : 3.375f};
+                    for (int k = 0; k < 9; k++) v[0][1 + k] = SP[k];
+                    for (int k = 0; k < 7; k++) v[1][33 + k] = SP[k];
+                    for (int r = 0; r < 2; r++)
+                        for (int i = 0; i < D; i++) lk_store_f(xb, xt, r * D + i, v[r][i]);
+                    lk_tensor tx = t2(xb, xt, 2, D), tq = lk_tensor_make(q, ot, 2, (int64_t[]){2, D});
+                    lk_tensor ts = t2(sbuf, LK_F32, sm, sn);
+                    ts.stride[1] = cs, ts.stride[0] = sn * cs;
+                    memset(q, 0x11, sizeof q);
+                    lk_status s = lk_static_group_scaled_fp8_quant(&tq, &tx, &ts);
+                    const uint8_t WSP[9] = {0x7f, 0xff, mx, (uint8_t)(0x80 | mx), mx, (uint8_t)(0x80 | mx), 0x80, mx,
+                                            tie};
+                    int ok = s == LK_OK, plain = 1;
+                    for (int k = 0; k < 9; k++) ok &= q[0][1 + k] == WSP[k];
+                    for (int k = 0; k < 7; k++) ok &= q[1][33 + k] == WSP[k];
+                    for (int r = 0; r < 2; r++)
+                        for (int i = 0; i < D; i++)
+                            if (v[r][i] == 1.0f) plain &= q[r][i] == (SVAL(sm > 1 ? r : 0, i / gn) ? c2 : c4);
+#undef SVAL
+                    tu_check(ok && plain, "%s static_group_scaled_fp8_quant %s -> %s, %s: NaN kept with its sign, "
+                             "+-inf and beyond-max -> +-max, -0 -> 0x80, ties to even%s; 1.0 / its group's scale "
+                             "%s (%s)", isa, lk_dtype_name(xt), lk_dtype_name(ot), PATH[path], ok ? "" : " FAILED",
+                             plain ? "ok" : "FAILED", lk_status_str(s));
+                }
+    }
+}
+
 /* the int8 quantizers' special values (docs/numerics.md "int8 activations"), per ISA */
 static void test_int8_act(void) {
     for (int ii = 0; ii < ni; ii++) {
@@ -1531,6 +1592,7 @@ int main(void) {
     test_fp8_ops(); /* fp8 cache operators */
     test_fp8_act();
     test_fp8_group();
+    test_fp8_static_grid();
     test_int8_act();
     test_merge();
     test_softmax();

@@ -226,24 +226,105 @@ def _scale_in(scale, name):
     return scale
 
 
-def _per_tensor_group(group_shape, scale):
-    """vLLM's group_shape of a static scale: only per-tensor scales (one element; group_shape
-    None or (-1, -1)) are supported."""
-    n = 1 if _is_number(scale) else int(np.prod(tuple(getattr(scale, "shape", ()))))
-    if group_shape is not None and tuple(group_shape) != (-1, -1):
-        raise NotImplementedError("group_shape=%r: only per-tensor static scales (group_shape None or "
-                                  "(-1, -1)) are supported" % (group_shape,))
-    if n != 1:
-        raise NotImplementedError("scale: %d elements; only per-tensor static scales (one element) are "
-                                  "supported" % n)
+def _group_shape_arg(group_shape):
+    """vLLM's group_shape: two ints (group_m, group_n), each -1 (the whole dim) or >= 1."""
+    try:
+        gs = tuple(group_shape)
+    except TypeError:
+        gs = None
+    if gs is None or not all(_is_int(g) for g in gs):
+        raise TypeError("group_shape: %r, expected two ints (group_m, group_n), -1 for a whole dim"
+                        % (group_shape,))
+    if len(gs) != 2 or any(g != -1 and g < 1 for g in gs):
+        raise ValueError("group_shape: %r, expected two ints (group_m, group_n), each -1 (the whole dim) "
+                         "or >= 1" % (group_shape,))
+    return int(gs[0]), int(gs[1])
+
+
+# a [1, 1] grid of 1.0 for the calls whose scale grid is empty (an empty input: nothing is
+# read or written; C still validates out and input)
+_ONE_GRID = np.ones((1, 1), np.float32)
+_ONE_GRID.flags.writeable = False
+
+
+def _grid_scale(input, scale, group_shape):
+    """The packed [sm, sn] lk_tensor of a static scale with more than one element (vLLM's
+    1-D / 2-D rules, static_scaled_fp8_quant's docstring); shape errors C cannot see
+    (rank, group_shape) raise ValueError here."""
+    p, dt, sshape, sst = L.info(scale, "scale")
+    sshape = tuple(int(d) for d in sshape)
+    if len(sshape) > 2:
+        raise ValueError("scale: shape %s; a static scale is one value (per tensor), 1-D or 2-D, not %d-D"
+                         % (list(sshape), len(sshape)))
+    xshape = tuple(int(d) for d in L.info(input, "input")[2])
+    if not xshape:
+        return _view(_ONE_GRID, "scale")  # C refuses the 0-D input
+    M, N = int(np.prod(xshape[:-1], dtype=np.int64)), xshape[-1]
+    gs = None if group_shape is None else _group_shape_arg(group_shape)
+    if len(sshape) == 2:
+        s0, s1 = sshape
+        rows_ok = M % s0 == 0 if s0 >= 1 else M == 0
+        cols_ok = N % s1 == 0 if s1 >= 1 else N == 0
+        if s0 * s1 == 0 and rows_ok and cols_ok:
+            return _view(_ONE_GRID, "scale")  # an empty input's empty grid: nothing to read
+        if gs is not None and rows_ok and cols_ok:  # else C refuses the shape
+            gm, gn = (M if gs[0] == -1 else gs[0]), (N if gs[1] == -1 else gs[1])
+            if (gm, gn) != (M // s0, N // s1):
+                raise ValueError("group_shape: %r does not match the groups of scale %s over input %s "
+                                 "(%d rows x %d columns): groups of %d x %d"
+                                 % (group_shape, list(sshape), list(xshape), M, N, M // s0, N // s1))
+        return _view(scale, "scale")  # C checks that [s0, s1] splits the [M, N] rows x columns
+    # 1-D: group_shape says along which dim the scales vary
+    n = sshape[0]
+    if gs is None:
+        raise ValueError("scale: shape %s; a 1-D scale needs group_shape to tell per-channel from per-token "
+                         "scales: (-1, 1) per channel, (1, -1) per token" % (list(sshape),))
+    for g, dim, what in ((gs[0], M, "rows"), (gs[1], N, "columns")):
+        if g != -1 and dim % g:
+            raise ValueError("group_shape: %r; groups of %d %s do not divide input %s (%d rows x %d columns)"
+                             % (group_shape, g, what, list(xshape), M, N))
+    em = 1 if gs[0] == -1 else M // gs[0]
+    en = 1 if gs[1] == -1 else N // gs[1]
+    if n != em * en:
+        raise ValueError("scale: %d values, group_shape %r over input %s (%d rows x %d columns) makes %d x %d "
+                         "= %d groups" % (n, group_shape, list(xshape), M, N, em, en, em * en))
+    if n == 0:
+        return _view(_ONE_GRID, "scale")  # an empty input: nothing to read
+    if em == 1:  # per channel (groups of columns): [1, n]
+        return L.pack(p, dt, (1, n), (0, sst[0]), "scale")
+    if en == 1:  # per token (groups of rows): [n, 1]
+        return L.pack(p, dt, (n, 1), (sst[0], 0), "scale")
+    raise ValueError("scale: 1-D, but group_shape %r over input %s makes a %d x %d grid of groups; a 1-D scale "
+                     "is one row or one column of groups, pass a 2-D [%d, %d] scale"
+                     % (group_shape, list(xshape), em, en, em, en))
 
 
 def static_scaled_fp8_quant(out, input, scale, group_shape=None):
-    """out = fp8(input / scale); scale: one f32 element (vLLM's group_shape: None or
-    (-1, -1), per tensor; per-channel / per-token / group static scales are not supported)."""
-    _per_tensor_group(group_shape, scale)
-    scale = _scale_in(scale, "scale")
-    s = L.static_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _view(scale, "scale"))
+    """vLLM's static_scaled_fp8_quant: out = fp8(input / s) in f32 (round to nearest even,
+    saturated, NaN kept), input [..., N] seen as M = numel / N rows of N. scale f32 (any
+    strides; values finite and > 0, else LlmkernError naming the element):
+      one element (a number, 0-D, [1], [1, 1], ...): per tensor; group_shape is ignored as
+        in vLLM (only its form is checked);
+      1-D [n]: group_shape (group_m, group_n) required, -1 meaning the whole dim, each
+        group size dividing its dim; n must be (M / group_m) * (N / group_n) with one of the
+        two factors 1: per-channel style (M / group_m == 1, s = scale[c / group_n]; (-1, 1)
+        per channel) or per-token style (N / group_n == 1, s = scale[r / group_m]; (1, -1)
+        per token);
+      2-D [sm, sn]: sm dividing M and sn dividing N (LlmkernError), groups of M / sm rows by
+        N / sn columns, s = scale[r / (M / sm), c / (N / sn)] (e.g. [M / 1, N / 128] blocks);
+        a group_shape given must be those groups (-1: the whole dim);
+      3-D and more: ValueError.
+    Python-side shape errors (the 1-D rules, a mismatched group_shape, the rank) raise
+    ValueError, a malformed group_shape TypeError / ValueError. An empty input with an
+    empty scale (0 groups along an empty dim) writes nothing."""
+    if _is_number(scale) or int(np.prod(tuple(getattr(scale, "shape", ())), dtype=np.int64)) == 1:
+        if group_shape is not None:
+            _group_shape_arg(group_shape)  # its form only: vLLM ignores it for one scale
+        scale = _scale_in(scale, "scale")
+        s = L.static_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), _view(scale, "scale"))
+    else:
+        sv = _grid_scale(input, scale, group_shape)
+        s = L.static_group_scaled_fp8_quant(_fp8_out(out, "out"), _view(input, "input"), sv)
     if s:
         _raise(s)
 
@@ -293,8 +374,8 @@ def _f32_like(x, shape, zero=False):
 
 def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None, use_per_token_if_dynamic=False,
                      output=None, group_shape=None):
-    """vLLM's scaled_fp8_quant: returns (output, scale). scale given: static per-tensor
-    (group_shape None or (-1, -1); other static groupings are not supported); else
+    """vLLM's scaled_fp8_quant: returns (output, scale). scale given: static, per tensor
+    or with a 1-D / 2-D scale and group_shape as static_scaled_fp8_quant; else
     dynamic, per token ([rows, 1] scales, scale_ub bounds the absmax) with
     use_per_token_if_dynamic, per tensor ([1]) otherwise. num_token_padding: output has
     max(num_token_padding, rows) rows of which the first rows are written; the per-token

@@ -147,9 +147,16 @@ def test_scaled_fp8_quant_padding_and_group_shape(rng):
     a, _ = lk.scaled_fp8_quant(x, np.float32(0.05), group_shape=(-1, -1))
     b, _ = lk.scaled_fp8_quant(x, 0.05)
     assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    with pytest.raises(NotImplementedError, match="group_shape"):
-        lk.scaled_fp8_quant(x, np.full((6,), 0.05, np.float32), group_shape=(1, -1))
-    with pytest.raises(NotImplementedError, match="scale: 6 elements"):
+    # per-token static scales (vLLM's 1-D scale with group_shape (1, -1)): each row its own
+    # scale, the same codes as the per-tensor op row by row; without group_shape a 1-D
+    # scale is ambiguous (tests/python/test_fp8_static_groups.py has the full rules)
+    sc = np.linspace(0.02, 0.07, 6, dtype=np.float32)
+    c, s = lk.scaled_fp8_quant(x, sc, group_shape=(1, -1))
+    assert s is sc
+    for r in range(6):
+        d, _ = lk.scaled_fp8_quant(x[r:r + 1], sc[r])
+        assert np.array_equal(c[r].view(np.uint8), d[0].view(np.uint8))
+    with pytest.raises(ValueError, match="group_shape"):
         lk.static_scaled_fp8_quant(np.zeros((6, 40), E4), x, np.full((6,), 0.05, np.float32))
 
 

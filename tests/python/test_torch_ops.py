@@ -83,6 +83,9 @@ def cases():
     f8 = torch.float8_e4m3fn
     c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.tensor([0.02])), {}))
     c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.tensor([[0.02]]), [-1, -1]), {}))
+    c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D).abs() + 0.01, [-1, 1]), {}))
+    c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(T).abs() + 0.01, [1, -1]), {}))
+    c.append(("static_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(T, D // 32).abs() + 0.01), {}))
     c.append(("dynamic_scaled_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), torch.zeros(1)), {}))
     c.append(("dynamic_per_token_scaled_fp8_quant", (torch.empty(T, D, dtype=torch.float8_e5m2), rn(T, D),
                                                      torch.empty(T, 1), torch.tensor([2.0])), {}))
