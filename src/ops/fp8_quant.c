@@ -6,10 +6,11 @@
  * include/llmkern.h.
  *
  *   out[..., D] fp8 = fp8(x[..., D] / scale)
- *   static: scale [1] given (grid: scale[r / gm, c / gn] of a given [M / gm, N / gn]); per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale)
- *   written first; per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max,
- *   min_scale) per row r; per token group: scales[r, g] = max(absmax(x[r, gG:gG+G]),
- *   eps) / fp8_max (ue8m0: rounded up to a power of two) per row r and group g.
+ *   static: scale [1] given, or a given grid [M / gm, D / gn] read as scale[r / gm, c / gn];
+ *   per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale) written first;
+ *   per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max, min_scale) per row r;
+ *   per token group: scales[r, g] = max(absmax(x[r, gG:gG+G]), eps) / fp8_max (ue8m0:
+ *   rounded up to a power of two) per row r and group g.
  *
  * Also the scale / fp8-output checks the fused rms_norm + quant ops (src/ops/rms_norm.c)
  * and the merge with an fp8 output (src/ops/merge.c) share (src/cpu/fp8_quant.h).

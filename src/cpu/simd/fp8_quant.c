@@ -9,15 +9,16 @@
  *   per token group (G elements): s = gscales[r, g] = lk_q_group_scale(absmax of the
  *   group, eps, ue8m0) for the elements of group g
  *
- * Shapes: x, out [..., D]; scales [..., 1]; gscales [..., D / G]. Fast path: last-dim stride 1 on x and out,
- * else the reference. Work split: rows, contiguous chunks per thread (lk_parallel_for).
- * Per tensor: pass 1 writes each row's absmax to a scratch array (threads over rows),
- * the max of those is taken in row order on the calling thread, pass 2 quantizes. Per
- * token group: each row's group scales first (written to gscales), then its codes (the
- * scales read back; the row stays in L1 between the two). The
- * absmax is a max (exact, so any order gives the same bits); the quantization is one
- * f32 division per element and the fp8.h converter (src/cpu/simd/fp8_store.h): results
- * are bit-identical to the reference on every ISA and thread count.
+ * Shapes: x, out [..., D]; scales [..., 1]; gscales [..., D / G]; the grid [rows / gm,
+ * D / gn]. Fast path: last-dim stride 1 on x and out, else the reference. Work split:
+ * rows, contiguous chunks per thread (lk_parallel_for). Per tensor: pass 1 writes each
+ * row's absmax to a scratch array (threads over rows), the max of those is taken in row
+ * order on the calling thread, pass 2 quantizes. Per token group: each row's group
+ * scales first (written to gscales), then its codes (the scales read back; the row stays
+ * in L1 between the two). The absmax is a max (exact, so any order gives the same bits);
+ * the quantization is one f32 division per element and the fp8.h converter
+ * (src/cpu/simd/fp8_store.h): results are bit-identical to the reference on every ISA
+ * and thread count.
  */
 #include <stdlib.h>
 
@@ -47,7 +48,8 @@ LK_ALWAYS_INLINE void grid_row_dt(char *orow, lk_dtype od, const char *xr, lk_dt
     const lk_scale *g = &a->grid;
     int64_t gn = a->group, xes = lk_esize(xd);
     if (gn >= LKV_W || gn == D) {
-        for (int64_t j = 0; j < D / gn; j++) lkq_fp8_row_dt(orow + j * gn, od, xr + j * gn * xes, xd, gn, lk_scale_at(g, sr, j));
+        for (int64_t j = 0; j < D / gn; j++)
+            lkq_fp8_row_dt(orow + j * gn, od, xr + j * gn * xes, xd, gn, lk_scale_at(g, sr, j));
     } else if (gn == 1 && g->sh == 1) {
         const char *sc = (const char *)(g->p + sr * g->sb); // [D] f32
         for (int64_t i = 0; i < D; i += LKV_W) {
