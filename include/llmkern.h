@@ -680,6 +680,17 @@ LK_API lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const
                                                      const lk_tensor *weight, const lk_tensor *scales,
                                                      float epsilon, const lk_tensor *scale_ub,
                                                      const lk_tensor *residual);
+/* The same per block of group_size columns (vLLM's rms_norm_per_block_quant: RMSNorm then
+ * block-fp8 activations, DeepSeek-V3's groups of 128): scales f32 [..., D / group_size]
+ * (input's leading dims) or [rows, D / group_size], any strides (vLLM's
+ * is_scale_transposed scales are the transposed view of a [D / group_size, rows] buffer),
+ * written per row r and block g: scale[r, g] = max(min(absmax(y[r, block g]), scale_ub) /
+ * fp8_max, min_scale) (i8 out: / 127, FLT_EPSILON, as above), then the block's codes as
+ * above. group_size < 1 (LK_ERR_VALUE) or not dividing D (LK_ERR_SHAPE) names group_size. */
+LK_API lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tensor *input,
+                                             const lk_tensor *weight, const lk_tensor *scales,
+                                             float epsilon, const lk_tensor *scale_ub,
+                                             const lk_tensor *residual, int64_t group_size);
 /* lk_merge_attn_states with an fp8 out (LK_F8E4M3 / LK_F8E5M2) and output_scale [1] f32
  * (vLLM's output_scale): out = fp8(merged / output_scale), everything else as
  * lk_merge_attn_states (the merged f32 value is the one a float out would round).

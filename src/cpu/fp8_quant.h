@@ -100,6 +100,9 @@ lk_status lk_q_scale_out(const lk_tensor *t, const char *name);
 lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view);
 /* the same for written per-row values of dtype dt (f32 scales, i32 zero points) */
 lk_status lk_q_rows_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view, lk_dtype dt);
+/* written per-(row, group) scales "scales" of x [..., D]: f32 [..., ng] (x's leading dims)
+ * or [rows, ng], any strides, no self overlap; *view = the [..., ng] form */
+lk_status lk_q_groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, lk_tensor *view);
 /* every per-row scale of view (the [..., 1] form) = v: rows of D == 0, no kernel call */
 lk_status lk_q_fill_scales(const lk_tensor *view, float v);
 

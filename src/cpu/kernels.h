@@ -137,8 +137,9 @@ typedef struct {
     float eps;
     lk_quant_mode mode;   /* LK_Q_STATIC or LK_Q_TOKEN */
     float scale;          /* LK_Q_STATIC */
-    lk_tensor scales;     /* LK_Q_TOKEN: [rows] f32 */
+    lk_tensor scales;     /* LK_Q_TOKEN: [..., 1] f32, or [..., D / group] with group */
     float ub;             /* LK_Q_TOKEN: scale_ub or +inf */
+    int64_t group;        /* LK_Q_TOKEN: columns per scale (divides D), 0: the whole row */
 } lk_rms_norm_quant_args;
 
 /* flash_attn_varlen. Dense K/V are described as paged caches too: one "page" per

@@ -169,9 +169,7 @@ lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_t
     return lk_kernels()->fp8_quant(&a);
 }
 
-/* written per-(row, group) scales of x [..., D]: f32 [..., ng] (x's leading dims) or
- * [rows, ng], no self overlap; *view = the [..., ng] form with x's leading dims */
-static lk_status groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, lk_tensor *view) {
+lk_status lk_q_groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, lk_tensor *view) {
     lk_status s = lk_check_view(t, "scales", 1, LK_MAX_DIMS);
     if (s) return s;
     if (t->dtype != LK_F32)
@@ -221,7 +219,7 @@ lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *in
     if (!(eps >= lo) || !(eps < INFINITY))
         return lk_fail(LK_ERR_VALUE, "eps: %.9g, expected finite and >= fp8_max * FLT_MIN = %.9g (the smallest "
                        "scale a normal f32)", (double)eps, (double)lo);
-    if ((s = groups_out(scales, &a.x, D / group_size, &a.gscales))) return s;
+    if ((s = lk_q_groups_out(scales, &a.x, D / group_size, &a.gscales))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
     if (lk_numel(&a.x) == 0) return LK_OK; /* no rows, or D == 0: no groups */

@@ -1,7 +1,8 @@
 /*
  * Public entry points lk_rms_norm and lk_fused_add_rms_norm, and their fp8-quantizing
  * forms (vLLM's rms_norm_static_fp8_quant, fused_add_rms_norm_static_fp8_quant,
- * rms_norm_dynamic_per_token_quant; one kernel entry, rms_norm_quant): validation
+ * rms_norm_dynamic_per_token_quant, rms_norm_per_block_quant (the dynamic scales per
+ * block of group_size columns); one kernel entry, rms_norm_quant): validation
  * (before any store), then the kernel of the ISA in use. Contract in include/llmkern.h.
  */
 #include <math.h>
@@ -162,17 +163,25 @@ lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_
     return lk_kernels()->rms_norm_quant(&a);
 }
 
-lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
-                                              const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
-                                              const lk_tensor *residual) {
-    lk_clear_error();
-    lk_set_op("lk_rms_norm_dynamic_per_token_quant");
+/* the dynamic forms: per token (group 0) and per block of group columns (group >= 1) */
+static lk_status norm_dynamic(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
+                              const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
+                              const lk_tensor *residual, int64_t group) {
     if (!out || !input || !scales)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
-    lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_TOKEN, .ub = INFINITY};
+    lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_TOKEN, .ub = INFINITY,
+                                .group = group};
     lk_status s;
     if ((s = check_norm_quant(&a, weight, residual, 1))) return s;
-    if ((s = lk_q_scales_out(scales, "scales", &a.x, &a.scales))) return s;
+    int64_t D = a.x.shape[a.x.ndim - 1];
+    if (group) {
+        if (group < 1) return lk_fail(LK_ERR_VALUE, "group_size: %lld, expected >= 1", (long long)group);
+        if (D % group)
+            return lk_fail(LK_ERR_SHAPE, "group_size: %lld does not divide input's last dim %lld (input %s)",
+                           (long long)group, (long long)D, lk_shape_str(&a.x));
+        s = lk_q_groups_out(scales, &a.x, D / group, &a.scales);
+    } else s = lk_q_scales_out(scales, "scales", &a.x, &a.scales);
+    if (s) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.w, "weight"))) return s;
@@ -183,7 +192,26 @@ lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_ten
         if ((s = check_scale_disjoint(&a, scale_ub, "scale_ub"))) return s;
     }
     if (lk_rows(input, 1) == 0) return LK_OK;
-    /* rows of D == 0 (the views touch no element: row addresses are never formed) */
-    if (lk_numel(input) == 0) return lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+    /* rows of D == 0 (the views touch no element: row addresses are never formed); per
+     * block they have no blocks */
+    if (lk_numel(input) == 0)
+        return group ? LK_OK : lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
     return lk_kernels()->rms_norm_quant(&a);
+}
+
+lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
+                                              const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
+                                              const lk_tensor *residual) {
+    lk_clear_error();
+    lk_set_op("lk_rms_norm_dynamic_per_token_quant");
+    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, 0);
+}
+
+lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
+                                      const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
+                                      const lk_tensor *residual, int64_t group_size) {
+    lk_clear_error();
+    lk_set_op("lk_rms_norm_per_block_quant");
+    if (group_size == 0) return lk_fail(LK_ERR_VALUE, "group_size: 0, expected >= 1");
+    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, group_size);
 }

@@ -50,10 +50,11 @@ lk_status lk_ref_rms_norm(const lk_rms_norm_args *a) {
  *               fmaf chains, halving reduction), the order every ISA uses
  *   y[r, i]   = (v[r, i] * (1 / sqrt(ss / D + eps))) * w[i]                      (f32)
  *   scale     = static, or max(min(absmax(y[r]), ub) / fp8_max, min_scale) -> scales[r]
+ *               (with a group G: the same per block of G columns -> scales[r, g])
  *   out[r, i] = fp8(y[r, i] / scale), or (i8 out, per token: fp8_max 127, min_scale
  *               FLT_EPSILON) i8(y[r, i] * (1 / scale))
  * Shapes: x, residual, out [..., D] (any strides); w [D] (stride 0: no weight);
- * scales [..., 1]. No threads.
+ * scales [..., 1], or [..., D / G] per block. No threads.
  */
 lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a) {
     const lk_tensor *x = &a->x, *out = &a->out, *w = &a->w, *res = &a->residual;
@@ -84,6 +85,23 @@ lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a) {
             ss[i % LK_SS_LANES] = fmaf(v, v, ss[i % LK_SS_LANES]);
         }
         float inv = lk_q_inv_rms(lk_ss_reduce(ss), D, a->eps), s = a->scale;
+        if (a->group) { /* per block of G columns: scale [r, g], then the block's codes */
+            int64_t G = a->group, gst = a->scales.stride[a->scales.ndim - 1];
+            for (int64_t g = 0; g < D / G; g++) {
+                float m = 0.0f;
+                for (int64_t i = g * G; i < g * G + G; i++)
+                    m = lk_q_absmax_fold(m, lk_load_f(vr, vt, i * vs) * inv * lk_load_f(w->data, w->dtype, i * ws));
+                s = lk_q_scale(m, a->ub, out->dtype);
+                ((float *)a->scales.data)[si.off + g * gst] = s;
+                float rs = 1.0f / s;
+                for (int64_t i = g * G; i < g * G + G; i++) {
+                    float y = lk_load_f(vr, vt, i * vs) * inv * lk_load_f(w->data, w->dtype, i * ws);
+                    lk_q_quant(orow, out->dtype, i * os, y, s, rs);
+                }
+            }
+            lk_rowit_next(&si);
+            continue;
+        }
         if (a->mode == LK_Q_TOKEN) {
             float m = 0.0f;
             for (int64_t i = 0; i < D; i++)

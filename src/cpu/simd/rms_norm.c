@@ -348,8 +348,9 @@ static lk_status fused_add_rms_norm(const lk_fused_add_rms_norm_args *a) {
  *   v = x, or round(x + residual) stored to residual; ss = sum v^2 in the fixed order of
  *   src/cpu/fp8_quant.h (element i in lane i % 16: 16 / W vectors of FMA chains, stored and
  *   halved 8, 4, 2, 1 in scalar); y = (v * inv) * g; out = fp8(y / scale), the scale
- *   static or per row from absmax(y) (a second pass over the row recomputes y); an i8
- *   out (per row) = i8(y * (1 / scale)), the products in vectors, the rounding scalar.
+ *   static or per row from absmax(y) (a second pass over the row recomputes y), or per
+ *   block of G columns (all the row's block scales, then its codes); an i8 out (per row
+ *   or block) = i8(y * (1 / scale)), the products in vectors, the rounding scalar.
  * The reference computes each of these steps with the same f32 operations in the same
  * order, so the bits agree on every ISA and thread count. Fast path: last-dim stride 1
  * on x, out and residual (w any: copied to f32 once); else the reference. Work split:
@@ -481,6 +482,16 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
         const char *vr = rr ? rr : xr;
         lk_dtype vt = rr ? res->dtype : x->dtype;
         float inv = lk_q_inv_rms(quant_sumsq(xr, x->dtype, rr, res->dtype, D), D, a->eps), s = a->scale;
+        if (a->group) { /* per block of G columns: the row's scales, then its codes */
+            int64_t G = a->group, gst = a->scales.stride[a->scales.ndim - 1], ves = lk_esize(vt);
+            float *sr = (float *)a->scales.data + si.off; // [D / G] stride gst
+            for (int64_t g = 0; g < D / G; g++)
+                sr[g * gst] = lk_q_scale(quant_absmax(vr + g * G * ves, vt, c->g + g * G, inv, G), a->ub, out->dtype);
+            for (int64_t g = 0; g < D / G; g++)
+                quant_store(orow + g * G, out->dtype, vr + g * G * ves, vt, c->g + g * G, inv, sr[g * gst], G);
+            lk_rowit_next(&si);
+            continue;
+        }
         if (a->mode == LK_Q_TOKEN) {
             s = lk_q_scale(quant_absmax(vr, vt, c->g, inv, D), a->ub, out->dtype);
             ((float *)a->scales.data)[si.off] = s;
