@@ -6,7 +6,8 @@
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
  * merge_attn_states into fp8; per_token_group_fp8_quant at DeepSeek-V3's hidden size (7168,
  * groups of 128, column-major scales as vLLM allocates them for DeepGEMM; 4096 and 16
- * tokens; f32 scales and UE8M0 ones); static_group_scaled_fp8_quant with per-channel
+ * tokens; f32 scales and UE8M0 ones) and rms_norm_per_block_quant on the same shape (bf16
+ * weight, no residual); static_group_scaled_fp8_quant with per-channel
  * scales ([1, 4096]) and 128 x 128 blocks ([32, 32]) on 4096 x 4096; and the int8 quantizers (scaled_int8_quant: static and
  * dynamic per-token, symmetric and with a zero point, bf16 to i8; error: max
  * |code - ref| / (1 + |ref|)). Bytes: what the op must move once (inputs read, outputs
@@ -102,20 +103,24 @@ static void one_case(int op, int64_t T) {
 /* ---- per_token_group_fp8_quant: [T, 7168] bf16 -> e4m3, groups of 128 ---- */
 
 typedef struct {
-    int ue8m0;
-    lk_tensor out, x, scales;
+    int ue8m0, norm;
+    lk_tensor out, x, scales, w;
 } g_ctx;
 
 static void run_g(void *p) {
     g_ctx *c = p;
-    (void)lk_per_token_group_fp8_quant(&c->out, &c->x, &c->scales, 128, 1e-10f, c->ue8m0);
+    if (c->norm) (void)lk_rms_norm_per_block_quant(&c->out, &c->x, &c->w, &c->scales, 1e-6f, NULL, NULL, 128);
+    else (void)lk_per_token_group_fp8_quant(&c->out, &c->x, &c->scales, 128, 1e-10f, c->ue8m0);
 }
 
-static void group_case(int64_t T, int ue8m0) {
+/* norm: rms_norm_per_block_quant (ue8m0 unused) */
+static void group_case(int64_t T, int ue8m0, int norm) {
     int64_t D = 7168, G = 128, n = T * D, s2[2] = {T, D};
     void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
     float *sc = bench_alloc(LK_F32, T * (D / G), 0, 0), *rsc = bench_alloc(LK_F32, T * (D / G), 0, 0);
-    g_ctx c = {.ue8m0 = ue8m0};
+    void *w = bench_alloc(LK_BF16, D, 0.5, 1.5);
+    g_ctx c = {.ue8m0 = ue8m0, .norm = norm};
+    c.w = lk_tensor_make(w, LK_BF16, 1, &D);
     c.out = lk_tensor_make(out, LK_F8E4M3, 2, s2);
     c.x = lk_tensor_make(x, LK_BF16, 2, s2);
     /* column-major: the [T, D / G] view of a [D / G, T] buffer */
@@ -137,9 +142,9 @@ static void group_case(int64_t T, int ue8m0) {
     }
     char shp[64];
     snprintf(shp, sizeof shp, "%lld x %lld g%lld%s", (long long)T, (long long)D, (long long)G, ue8m0 ? " ue8m0" : "");
-    bench_row("per_token_group_fp8_quant", shp, "bf16->e4m3", ms,
+    bench_row(norm ? "rms_norm_per_block_quant" : "per_token_group_fp8_quant", shp, "bf16->e4m3", ms,
               (double)n * (2 + 1) + (double)T * (D / G) * 4, BENCH_READ_BW, err);
-    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc);
+    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc), bench_free(w);
 }
 
 /* ---- static_group_scaled_fp8_quant: [4096, 4096] bf16 -> e4m3, a grid of given scales ---- */
@@ -239,7 +244,9 @@ void bench_fp8_act(void) {
             for (int op = 0; op < NQ; op++) one_case(op, T);
     if (bench_libs_have("lk_per_token_group_fp8_quant", "the per-token-group rows"))
         for (int64_t T = 4096; T >= 16; T /= 256)
-            for (int ue = 0; ue < 2; ue++) group_case(T, ue);
+            for (int k = 0; k < 3; k++)
+                if (k < 2 || bench_libs_have("lk_rms_norm_per_block_quant", "the per-block norm rows"))
+                    group_case(T, k == 1, k == 2);
     if (bench_libs_have("lk_static_group_scaled_fp8_quant", "the static grid rows"))
         grid_case(1, 4096), grid_case(32, 32);
     if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))

@@ -4,7 +4,8 @@
  * lk_dynamic_per_token_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
  * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant,
  * lk_merge_attn_states_scaled, lk_per_token_group_fp8_quant (see group_case),
- * lk_static_group_scaled_fp8_quant (see grid_case), and the int8 quantizers
+ * lk_static_group_scaled_fp8_quant (see grid_case), lk_rms_norm_per_block_quant (the
+ * per-token norm's case with the group op's scales: see OP_NORM_BLOCK), and the int8 quantizers
  * lk_static_scaled_int8_quant / lk_dynamic_scaled_int8_quant (symmetric or with a zero
  * point: azp values from 0 to INT32_MIN / INT32_MAX, given or written; an azp of the wrong
  * dtype or size; a non-i8 out; input ranges that reach the int32 saturation or make rows
@@ -24,21 +25,26 @@
 
 enum {
     OP_STATIC, OP_TENSOR, OP_TOKEN, OP_NORM, OP_FUSED, OP_NORM_TOKEN, OP_MERGE, OP_I8_STATIC, OP_I8_DYNAMIC, OP_GROUP,
-    OP_GRID, NOPS
+    OP_GRID, OP_NORM_BLOCK, NOPS
 };
 static const char *OPN[NOPS] = {"lk_static_scaled_fp8_quant", "lk_dynamic_scaled_fp8_quant",
                                 "lk_dynamic_per_token_scaled_fp8_quant", "lk_rms_norm_static_fp8_quant",
                                 "lk_fused_add_rms_norm_static_fp8_quant", "lk_rms_norm_dynamic_per_token_quant",
                                 "lk_merge_attn_states_scaled", "lk_static_scaled_int8_quant",
                                 "lk_dynamic_scaled_int8_quant", "lk_per_token_group_fp8_quant",
-                                "lk_static_group_scaled_fp8_quant"};
+                                "lk_static_group_scaled_fp8_quant", "lk_rms_norm_per_block_quant"};
 
 typedef struct {
     int op, out, x, w, res, scale, ub, lse_a, b, lse_b, out_lse, azp;
     float eps;
-    int64_t group; /* OP_GROUP: group_size */
+    int64_t group; /* OP_GROUP, OP_NORM_BLOCK: group_size */
     int ue8m0;     /* OP_GROUP: scale_ue8m0 */
 } q_attrs;
+
+/* OP_NORM_BLOCK: the status and message of its last call (fz_run calls the SIMD ISA, then
+ * the ref, and checks that both statuses agree) */
+static lk_status block_status;
+static char block_err[512];
 
 static lk_status call(const fz_world *w, const void *ap) {
     const q_attrs *a = ap;
@@ -55,6 +61,10 @@ static lk_status call(const fz_world *w, const void *ap) {
     case OP_I8_DYNAMIC: return lk_dynamic_scaled_int8_quant(out, x, sc, fz_t(w, a->azp));
     case OP_GROUP: return lk_per_token_group_fp8_quant(out, x, sc, a->group, a->eps, a->ue8m0);
     case OP_GRID: return lk_static_group_scaled_fp8_quant(out, x, sc);
+    case OP_NORM_BLOCK:
+        block_status = lk_rms_norm_per_block_quant(out, x, fz_t(w, a->w), sc, a->eps, ub, fz_t(w, a->res), a->group);
+        snprintf(block_err, sizeof block_err, "%s", lk_last_error());
+        return block_status;
     default:
         return lk_merge_attn_states_scaled(out, fz_t(w, a->out_lse), x, fz_t(w, a->lse_a), fz_t(w, a->b),
                                            fz_t(w, a->lse_b), sc);
@@ -182,14 +192,16 @@ static int gscales_shape_ok(int snd, const int64_t *ss, int nd, const int64_t *x
     return lead || (snd == 2 && ss[0] == rows && ss[1] == ng);
 }
 
-/* scales placed in the buffer of view p (out or input): a contiguous f32 view of shape ss
- * at a 4-byte aligned offset inside p's arena from the input, else (too big) p's own
- * tensor. Overlapping bytes of p (fz_overlaps decides) must be rejected; one lying in p's
- * padding only is valid, but the library's disjointness proof may refuse it: not clean. */
+/* scales placed in the buffer of view p (out, input, or OP_NORM_BLOCK's weight, residual,
+ * scale_ub): a contiguous f32 view of shape ss at a 4-byte aligned offset inside p's arena
+ * from the input, else (too big) p's own tensor. Overlapping bytes of p (fz_overlaps
+ * decides) must be rejected; one lying in p's padding only is valid, but the library's
+ * disjointness proof may refuse it: not clean. Compared bitwise (not p's comparison). */
 static int gscales_in(fz_world *w, fz_in *in, int p, int snd, const int64_t *ss) {
     int vi = fz_view_alias(w, p, "scales", FZ_OUT);
     fz_view *v = &w->v[vi];
     v->inplace_of = -1;
+    v->cmp = FZ_CMP_BITS, v->atol = v->rtol = 0.0, v->nonfinite_any = 0, v->sat_any = 0.0;
     w->clean = 0;
     int64_t n = 1;
     for (int d = 0; d < snd; d++) n *= ss[d];
@@ -203,6 +215,60 @@ static int gscales_in(fz_world *w, fz_in *in, int p, int snd, const int64_t *ss)
         fz_contiguous(t);
         t->data = ar->p + off;
     }
+    return vi;
+}
+
+/* written per-(row, group) scales for input [..., D] (rank nd, leading dims shape[0 ..
+ * nd - 2], rows of them) and ngs scales a row: [..., ngs], [rows, ngs], or rarely a wrong
+ * shape (per-token [..., 1] / [rows], a group too many or too few, a row too many, flat
+ * 1-D) or f16; any fz_view_new layout, vLLM's column-major scales (the transposed view of
+ * an [ngs, rows + pad] buffer), or (place byte < rate) placed in the buffer of one of the
+ * nhost views host[] (an entry < 0 or unusable: not placed). Returns the view. */
+static int gscales_new(fz_world *w, fz_in *in, int nd, const int64_t *shape, int64_t rows, int64_t ngs,
+                       const int *host, int nhost, unsigned rate) {
+    /* scales' shape: [..., ngs], [rows, ngs], or rarely a wrong one */
+    int64_t ss[4] = {0, 0, 0, 0};
+    int snd;
+    unsigned form = fz_u8(in) % 16;
+    if (form < 8) {
+        snd = nd;
+        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
+        ss[nd - 1] = ngs;
+    } else if (form < 14) {
+        snd = 2, ss[0] = rows, ss[1] = ngs;
+    } else { /* per-token [..., 1] / [rows], a group too many or too few, a row too many, flat 1-D */
+        unsigned k = fz_u8(in) % 6;
+        snd = k == 1 || k == 5 ? 1 : nd;
+        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
+        ss[nd - 1] = ngs;
+        if (k == 0) ss[nd - 1] = 1;
+        if (k == 1) ss[0] = rows;
+        if (k == 2) ss[nd - 1] = ngs + 1;
+        if (k == 3 && ngs > 0) ss[nd - 1] = ngs - 1;
+        if (k == 4) snd = 2, ss[0] = rows + 1, ss[1] = ngs;
+        if (k == 5) ss[0] = rows * ngs;
+    }
+    if (!gscales_shape_ok(snd, ss, nd, shape, rows, ngs)) fz_fail_expected(w, "scales shape");
+    lk_dtype sdt = fz_chance(in, 6) ? LK_F16 : LK_F32;
+    unsigned place = fz_u8(in);
+    int p = host[place % (unsigned)nhost], vi;
+    if (place < rate && p >= 0 && fz_usable(w, p)) { /* in a host's buffer */
+        vi = gscales_in(w, in, p, snd, ss);
+        const lk_tensor *t = &w->v[vi].t; /* p's own tensor when the scales did not fit */
+        if (t->ndim != snd || !gscales_shape_ok(t->ndim, t->shape, nd, shape, rows, ngs))
+            fz_fail_expected(w, "scales (aliased) shape");
+    } else if (snd == 2 && place >= 176) { /* column-major: [ng, rows + pad] transposed */
+        int64_t pad = fz_u8(in) & 1 ? (4 - ss[0] % 4) % 4 : (int64_t)(fz_u8(in) % 5); /* TMA: rows % 4 */
+        int64_t ps[2] = {ss[1], ss[0] + pad};
+        int par = fz_view_new(w, in, "scales_buf", sdt, 2, ps, FZ_NONE);
+        vi = fz_view_narrow(w, par, "scales", 1, 0, ss[0], FZ_OUT);
+        lk_tensor *t = &w->v[vi].t;
+        int64_t sh = t->shape[0], st = t->stride[0];
+        t->shape[0] = t->shape[1], t->stride[0] = t->stride[1];
+        t->shape[1] = sh, t->stride[1] = st;
+    } else
+        vi = fz_view_new(w, in, "scales", sdt, snd, ss, FZ_OUT);
+    if (w->v[vi].t.dtype != LK_F32) fz_fail_expected(w, "scales not f32");
     return vi;
 }
 
@@ -323,48 +389,7 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     }
     if (!(a->eps >= lo && a->eps < INFINITY)) fz_fail_expected(w, "eps not finite >= fp8_max * FLT_MIN");
 
-    /* scales' shape: [..., ngs], [rows, ngs], or rarely a wrong one */
-    int64_t ss[4] = {0, 0, 0, 0};
-    int snd;
-    unsigned form = fz_u8(in) % 16;
-    if (form < 8) {
-        snd = nd;
-        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
-        ss[nd - 1] = ngs;
-    } else if (form < 14) {
-        snd = 2, ss[0] = rows, ss[1] = ngs;
-    } else { /* per-token [..., 1] / [rows], a group too many or too few, a row too many, flat 1-D */
-        unsigned k = fz_u8(in) % 6;
-        snd = k == 1 || k == 5 ? 1 : nd;
-        for (int d = 0; d < nd - 1; d++) ss[d] = shape[d];
-        ss[nd - 1] = ngs;
-        if (k == 0) ss[nd - 1] = 1;
-        if (k == 1) ss[0] = rows;
-        if (k == 2) ss[nd - 1] = ngs + 1;
-        if (k == 3 && ngs > 0) ss[nd - 1] = ngs - 1;
-        if (k == 4) snd = 2, ss[0] = rows + 1, ss[1] = ngs;
-        if (k == 5) ss[0] = rows * ngs;
-    }
-    if (!gscales_shape_ok(snd, ss, nd, shape, rows, ngs)) fz_fail_expected(w, "scales shape");
-    lk_dtype sdt = fz_chance(in, 6) ? LK_F16 : LK_F32;
-    unsigned place = fz_u8(in);
-    if (place < 12 && fz_usable(w, place & 1 ? a->out : a->x)) { /* in out's or input's buffer */
-        a->scale = gscales_in(w, in, place & 1 ? a->out : a->x, snd, ss);
-        const lk_tensor *t = &w->v[a->scale].t; /* p's own tensor when the scales did not fit */
-        if (t->ndim != snd || !gscales_shape_ok(t->ndim, t->shape, nd, shape, rows, ngs))
-            fz_fail_expected(w, "scales (aliased) shape");
-    } else if (snd == 2 && place >= 176) { /* column-major: [ng, rows + pad] transposed */
-        int64_t pad = fz_u8(in) & 1 ? (4 - ss[0] % 4) % 4 : (int64_t)(fz_u8(in) % 5); /* TMA: rows % 4 */
-        int64_t ps[2] = {ss[1], ss[0] + pad};
-        int par = fz_view_new(w, in, "scales_buf", sdt, 2, ps, FZ_NONE);
-        a->scale = fz_view_narrow(w, par, "scales", 1, 0, ss[0], FZ_OUT);
-        lk_tensor *t = &w->v[a->scale].t;
-        int64_t sh = t->shape[0], st = t->stride[0];
-        t->shape[0] = t->shape[1], t->stride[0] = t->stride[1];
-        t->shape[1] = sh, t->stride[1] = st;
-    } else
-        a->scale = fz_view_new(w, in, "scales", sdt, snd, ss, FZ_OUT);
-    if (w->v[a->scale].t.dtype != LK_F32) fz_fail_expected(w, "scales not f32");
+    a->scale = gscales_new(w, in, nd, shape, rows, ngs, (const int[]){a->x, a->out}, 2, 12);
 
     if (fz_chance(in, 6)) {
         unsigned k = fz_u8(in) % 3;
@@ -579,6 +604,233 @@ static void grid_case(fz_world *w, fz_in *in, q_attrs *a) {
     if (!w->must_fail && fz_usable(w, a->x) && call(w, a) == LK_OK) grid_check(w, a);
 }
 
+/* ---------------------------------------------------------------- OP_NORM_BLOCK
+ * lk_rms_norm_per_block_quant goes through the per-token norm's case (LLVMFuzzerTestOneInput:
+ * input, out e4m3 / e5m2 / i8 (1 in 3), residual or NULL, weight or NULL, out or residual
+ * aliasing the input, NULL pointers) with: D and group_size from block_dims; values from
+ * block_fill; eps from a wider list (-0, subnormal, FLT_MAX valid; < 0, NaN, +-inf not);
+ * scale_ub from block_ub_new; the group op's scales (gscales_new: [..., ng], [rows, ng],
+ * column-major, wrong shapes, f16), placed rarely in the buffer of out, input, weight,
+ * residual or scale_ub. After fz_run: an accepted call's outputs against the contract
+ * (block_check) and, with group_size == D, against lk_rms_norm_dynamic_per_token_quant
+ * (block_vs_token); an input whose only fault is its group_size must fail with the
+ * contract's status (LK_ERR_VALUE below 1, LK_ERR_SHAPE for a non-divisor) naming it. */
+
+/* a divisor of n >= 1, picked by b */
+static int64_t divisor_of(int64_t n, unsigned b) {
+    int64_t dv[64], k = 0;
+    for (int64_t d = 1; d <= n && k < 64; d++)
+        if (n % d == 0) dv[k++] = d;
+    return dv[b % (unsigned)k];
+}
+
+/* the row length D (returned) and group_size (a->group): G from the group op's list (1,
+ * small, 16, 17, 32, 64, 128) with D = ng * G (ng 0 .. 8, or 0 .. 3 for G >= 64); D in
+ * 0 .. 70 with any divisor of it; or G = D (whole rows, the per-token scales; 128 when D is
+ * 0); rarely a bad group_size (0, -1, -G, INT64_MIN, INT64_MAX, a non-divisor, 2 D + 1; or
+ * D and 2 G, which may divide D: valid). *ngs: the scales a row to build (D / group_size;
+ * for a group_size < 1, D / G; for a non-divisor D / G or D / group_size rounded down);
+ * *gfail: the status the group_size rule gives (LK_OK: valid; judged from the value). */
+static int64_t block_dims(fz_in *in, q_attrs *a, int64_t *ngs, lk_status *gfail) {
+    static const int64_t GS[12] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 64, 128};
+    int64_t D, G;
+    unsigned k = fz_u8(in) % 8;
+    if (k < 5) {
+        G = GS[fz_u8(in) % 12];
+        D = fz_dim(in, G >= 64 ? 3 : 8) * G;
+    } else if (k < 7) {
+        D = fz_dim(in, 70);
+        G = D ? divisor_of(D, fz_u8(in)) : 1 + (int64_t)(fz_u8(in) % 8);
+    } else {
+        D = fz_dim(in, 70);
+        G = D ? D : 128;
+    }
+    int64_t gs = G;
+    if (fz_chance(in, 20)) {
+        const int64_t BG[10] = {0, -1, -G, INT64_MIN, INT64_MAX, non_divisor(D), 2 * D + 1, D, 2 * G, G + 1};
+        gs = BG[fz_u8(in) % 10];
+    }
+    *ngs = D / G;
+    *gfail = LK_OK;
+    if (gs < 1) *gfail = LK_ERR_VALUE;
+    else if (D % gs) {
+        *gfail = LK_ERR_SHAPE;
+        if (fz_u8(in) & 1) *ngs = D / gs;
+    } else
+        *ngs = D / gs;
+    a->group = gs;
+    return D;
+}
+
+/* input values: ordinary, off-centre, tiny (the sum of squares underflows: eps decides),
+ * near f32's max (it overflows: inv 0), f16's range, small; then rarely constant rows,
+ * every third block of G zero (its scale the minimum), or block g scaled by 2^(12 (g % 4)
+ * - 18) (scale_ub bounding some blocks only) */
+static void block_fill(fz_world *w, fz_in *in, int vi, int64_t D, int64_t G) {
+    static const double LO[6] = {-4, 1, -1e-30, -3e38, -6e4, -1e-3}, HI[6] = {4, 9, 1e-30, 3e38, 6e4, 1e-3};
+    unsigned rg = fz_u8(in) % 8;
+    rg = rg < 6 ? rg : 0;
+    fz_fill(w, vi, LO[rg], HI[rg]);
+    unsigned pat = fz_u8(in);
+    if (pat >= 48 || !fz_usable(w, vi) || G < 1 || D < 1) return;
+    lk_tensor *t = &w->v[vi].t;
+    for (int64_t i = 0, n = fz_numel(t); i < n; i++) {
+        int64_t g = (i % D) / G;
+        float x = lk_load_f(t->data, t->dtype, fz_off(t, i));
+        if (pat < 16) x = 2.5f;
+        else if (pat < 32) x = g % 3 ? x : 0.0f;
+        else x = ldexpf(x, (int)(g % 4) * 12 - 18);
+        lk_store_f(t->data, t->dtype, fz_off(t, i), x);
+    }
+}
+
+/* scale_ub: [1] f32 (rarely [], [2], [1, 1] or f16; or a [1] / [] f32 at a 4-byte aligned
+ * offset in the buffer of one of host[]: overlapping an output it must be rejected, in an
+ * output's padding only it is valid but not clean; overlapping an input valid); every
+ * element one value: finite > 0 (FLT_TRUE_MIN and FLT_MAX included), rarely 0, -0, < 0,
+ * NaN, +-inf; judged from what was stored */
+static int block_ub_new(fz_world *w, fz_in *in, const int *host, int nhost) {
+    static const float UV[16] = {1.0f, 0.0125f, 3.7f, 1e-30f, 1e30f, 0.5f, 0.05f, 0.2f,
+                                 FLT_TRUE_MIN, FLT_MAX, 0.0f, -0.0f, -1.0f, NAN, INFINITY, -INFINITY};
+    unsigned place = fz_u8(in);
+    int vi = -1, p = host[place % (unsigned)nhost];
+    if (place < 24 && p >= 0 && fz_usable(w, p) && w->a[w->v[p].arena].n >= 4) {
+        vi = fz_view_alias(w, p, "scale_ub", FZ_IN);
+        fz_view *v = &w->v[vi];
+        v->inplace_of = -1;
+        v->cmp = FZ_CMP_BITS, v->atol = v->rtol = 0.0, v->nonfinite_any = 0, v->sat_any = 0.0;
+        if (w->v[p].role == FZ_OUT) w->clean = 0;
+        const fz_arena *ar = &w->a[v->arena];
+        lk_tensor *t = &v->t;
+        t->dtype = LK_F32;
+        t->ndim = (int)(fz_u8(in) & 1);
+        t->shape[0] = 1, t->stride[0] = 1;
+        t->data = ar->p + 4 * (size_t)(fz_u32(in) % ((ar->n - 4) / 4 + 1));
+    } else {
+        unsigned k = fz_u8(in) % 32;
+        int64_t sh[2] = {k == 2 ? 2 : 1, 1};
+        vi = fz_view_new(w, in, "scale_ub", fz_chance(in, 6) ? LK_F16 : LK_F32, k == 0 ? 0 : k == 1 ? 2 : 1, sh,
+                         FZ_IN);
+    }
+    lk_tensor *t = &w->v[vi].t;
+    if (t->dtype != LK_F32) fz_fail_expected(w, "scale_ub not f32");
+    if (t->ndim > 1 || (t->ndim == 1 && t->shape[0] != 1)) fz_fail_expected(w, "scale_ub not [] or [1]");
+    float v = UV[fz_u8(in) % 16];
+    if (fz_usable(w, vi) && t->dtype == LK_F32) {
+        for (int64_t i = 0, n = fz_numel(t); i < n; i++) ((float *)t->data)[fz_off(t, i)] = v;
+        float got = ((const float *)t->data)[fz_off(t, 0)];
+        if (!(got > 0.0f && got <= FLT_MAX)) fz_fail_expected(w, "scale_ub not finite > 0");
+    }
+    return vi;
+}
+
+/* an fp8 / i8 code pair equal: the same bits, or (fp8) NaN of either sign */
+static int block_code_eq(lk_dtype dt, uint8_t a, uint8_t b) {
+    return a == b || (dt != LK_I8 && isnan(lk_load_f(&a, dt, 0)) && isnan(lk_load_f(&b, dt, 0)));
+}
+
+/* the contract, independently of the kernels, on an accepted call's outputs (as fz_run left
+ * them: the SIMD ISA's). res0: the residual before the call (NULL without one); the
+ * residual must now hold round(input + residual) (NaN of either sign equal), and v (the
+ * norm's input) is that, else the input. Per row r:
+ *   ss = sum v^2 in the contract's order (element i in lane i % 16, each lane an fmaf chain,
+ *        then halved 8, 4, 2, 1); inv = 1 / sqrtf(ss / D + eps); y = (v * inv) * weight
+ *   scales[r, g] = max(min(absmax(y[block g]), scale_ub) / qmax, min_scale) (absmax ignoring
+ *        NaN; qmax 448 / 57344, min_scale 1 / (qmax * 512); i8: 127, FLT_EPSILON)
+ *   out[r, i] = fp8(y / scales[r, g]); i8: y * (1 / scales[r, g]) rounded to nearest even,
+ *        saturated to [-128, 127], NaN 0
+ * scales bitwise, out by block_code_eq */
+static void block_check(fz_world *w, const q_attrs *a, const float *res0) {
+    const lk_tensor *x = &w->v[a->x].t, *out = &w->v[a->out].t, *sc = &w->v[a->scale].t;
+    const lk_tensor *res = a->res >= 0 ? &w->v[a->res].t : NULL, *wt = a->w >= 0 ? &w->v[a->w].t : NULL;
+    int64_t D = x->shape[x->ndim - 1], G = a->group, n = fz_numel(x);
+    if (D == 0 || n == 0) return;
+    float ub = INFINITY;
+    if (a->ub >= 0) ub = ((const float *)w->v[a->ub].t.data)[fz_off(&w->v[a->ub].t, 0)];
+    lk_dtype odt = out->dtype;
+    float qmax = odt == LK_I8 ? 127.0f : odt == LK_F8E5M2 ? 57344.0f : 448.0f;
+    float lo = odt == LK_I8 ? FLT_EPSILON : 1.0f / (qmax * 512.0f);
+    float *v = malloc((size_t)D * sizeof *v), *y = malloc((size_t)D * sizeof *y);
+    if (!v || !y) abort();
+    for (int64_t r = 0; r < n / D; r++) {
+        float ss[16] = {0};
+        for (int64_t i = 0; i < D; i++) {
+            int64_t k = r * D + i;
+            v[i] = lk_load_f(x->data, x->dtype, fz_off(x, k));
+            if (res) {
+                float want = lk_round_to(res->dtype, v[i] + res0[k]);
+                v[i] = lk_load_f(res->data, res->dtype, fz_off(res, k));
+                if (memcmp(&v[i], &want, 4) && !(isnan(v[i]) && isnan(want)))
+                    fz_report(w, "residual[%lld] = %.9g, the contract gives round(%.9g + %.9g) = %.9g", (long long)k,
+                              (double)v[i], (double)lk_load_f(x->data, x->dtype, fz_off(x, k)), (double)res0[k],
+                              (double)want);
+            }
+            ss[i % 16] = fmaf(v[i], v[i], ss[i % 16]);
+        }
+        for (int h = 8; h >= 1; h /= 2)
+            for (int k = 0; k < h; k++) ss[k] = ss[k] + ss[k + h];
+        float inv = 1.0f / sqrtf(ss[0] / (float)D + a->eps);
+        for (int64_t i = 0; i < D; i++) y[i] = v[i] * inv * (wt ? lk_load_f(wt->data, wt->dtype, fz_off(wt, i)) : 1.0f);
+        for (int64_t g = 0; g < D / G; g++) {
+            float m = 0.0f;
+            for (int64_t i = g * G; i < g * G + G; i++)
+                if (fabsf(y[i]) > m) m = fabsf(y[i]);
+            float s = (m < ub ? m : ub) / qmax;
+            if (!(s > lo)) s = lo;
+            float got = ((const float *)sc->data)[fz_off(sc, r * (D / G) + g)];
+            if (memcmp(&got, &s, 4))
+                fz_report(w, "scales[%lld, %lld] = %.9g, the contract gives %.9g (block absmax %.9g, scale_ub %g, "
+                          "inv rms %.9g)", (long long)r, (long long)g, (double)got, (double)s, (double)m, (double)ub,
+                          (double)inv);
+            for (int64_t i = g * G; i < g * G + G; i++) {
+                uint8_t q, o = ((const uint8_t *)out->data)[fz_off(out, r * D + i)];
+                if (odt == LK_I8) {
+                    float t = y[i] * (1.0f / s);
+                    q = (uint8_t)(int8_t)(t != t ? 0 : t >= 127.0f ? 127 : t <= -128.0f ? -128 : (int)rintf(t));
+                } else
+                    lk_store_f(&q, odt, 0, y[i] / s);
+                if (!block_code_eq(odt, q, o))
+                    fz_report(w, "out[%lld, %lld] = 0x%02x, the contract gives 0x%02x (y %.9g, scale %.9g)",
+                              (long long)r, (long long)i, o, q, (double)y[i], (double)s);
+            }
+        }
+    }
+    free(v);
+    free(y);
+}
+
+/* group_size == D (one block a row): lk_rms_norm_dynamic_per_token_quant on the norm's
+ * input (the residual as the call left it, else the input; no residual), the same weight,
+ * eps and scale_ub, into fresh contiguous out / [rows] scales, must give the same bits
+ * (fp8 NaN of either sign equal) */
+static void block_vs_token(fz_world *w, const q_attrs *a) {
+    const lk_tensor *out = &w->v[a->out].t, *sc = &w->v[a->scale].t;
+    lk_tensor v = w->v[a->res >= 0 ? a->res : a->x].t;
+    int64_t n = fz_numel(out), rows = a->group ? n / a->group : 0;
+    if (n == 0) return;
+    uint8_t *o2 = malloc((size_t)n);
+    float *s2 = malloc((size_t)rows * sizeof *s2);
+    if (!o2 || !s2) abort();
+    lk_tensor to = lk_tensor_make(o2, out->dtype, v.ndim, v.shape), ts = lk_tensor_make(s2, LK_F32, 1, &rows);
+    lk_status st = lk_rms_norm_dynamic_per_token_quant(&to, &v, fz_t(w, a->w), &ts, a->eps, fz_t(w, a->ub), NULL);
+    if (st != LK_OK)
+        fz_report(w, "lk_rms_norm_dynamic_per_token_quant on the same rows: %s (%s)", lk_status_str(st),
+                  lk_last_error());
+    for (int64_t r = 0; r < rows; r++) {
+        float got = ((const float *)sc->data)[fz_off(sc, r)];
+        if (memcmp(&got, &s2[r], 4))
+            fz_report(w, "group_size == D: scales[%lld] = %.9g, the per-token op gives %.9g", (long long)r,
+                      (double)got, (double)s2[r]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t o = ((const uint8_t *)out->data)[fz_off(out, i)];
+        if (!block_code_eq(out->dtype, o, o2[i]))
+            fz_report(w, "group_size == D: out[%lld] = 0x%02x, the per-token op gives 0x%02x", (long long)i, o, o2[i]);
+    }
+    free(o2);
+    free(s2);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in = {data, size, 0};
     fz_world w;
@@ -595,8 +847,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     lk_dtype ot = fz_u8(&in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
     int i8_bad = 0; /* an i8 out where the op takes none (judged once the view exists) */
-    if (a.op == OP_NORM_TOKEN && fz_chance(&in, 86)) ot = LK_I8; /* the int8 out (1 in 3) */
-    else if (a.op != OP_MERGE && a.op != OP_NORM_TOKEN && fz_chance(&in, 8)) ot = LK_I8, i8_bad = 1;
+    int block = a.op == OP_NORM_BLOCK, dyn = a.op == OP_NORM_TOKEN || block; /* the dynamic norms */
+    if (dyn && fz_chance(&in, 86)) ot = LK_I8; /* the int8 out (1 in 3) */
+    else if (a.op != OP_MERGE && !dyn && fz_chance(&in, 8)) ot = LK_I8, i8_bad = 1;
     if (a.op == OP_MERGE) {
         int64_t T = fz_dim(&in, 5), H = fz_dim(&in, 4), D = fz_dim(&in, 40), sh[3] = {T, H, D}, lsh[2] = {T, H};
         a.out = fp8_out_new(&w, &in, "out", ot, 3, sh);
@@ -619,7 +872,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int nd = 1 + (int)(fz_u8(&in) % 3);
     int64_t shape[3] = {1, 1, 1};
     for (int d = 0; d < nd - 1; d++) shape[d] = fz_dim(&in, 5);
-    shape[nd - 1] = fz_dim(&in, 70);
+    int64_t ngs = 0; /* OP_NORM_BLOCK: scales a row; gfail: the group_size rule's status */
+    lk_status gfail = LK_OK;
+    shape[nd - 1] = block ? block_dims(&in, &a, &ngs, &gfail) : fz_dim(&in, 70);
     int64_t D = shape[nd - 1], rows = 1;
     for (int d = 0; d < nd - 1; d++) rows *= shape[d];
     int norm = a.op >= OP_NORM, token = a.op == OP_TOKEN || a.op == OP_NORM_TOKEN;
@@ -637,13 +892,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         a.out = fp8_out_new(&w, &in, "out", ot, nd, os);
         /* still i8 (the rare retype may have made it fp8, which the op takes) */
-        if (i8_bad && w.v[a.out].t.dtype == LK_I8) fz_fail_expected(&w, "i8 out (only the per-token norm takes it)");
+        if (i8_bad && w.v[a.out].t.dtype == LK_I8) fz_fail_expected(&w, "i8 out (only the dynamic norms take it)");
     }
-    fz_fill(&w, a.x, -4, 4);
+    if (block) block_fill(&w, &in, a.x, D, a.group);
+    else fz_fill(&w, a.x, -4, 4);
     /* exact, NaN sign free; an i8 out bitwise (the view's own dtype: the rare retype may
      * have made a requested i8 out fp8) */
     if (norm && w.v[a.out].t.dtype != LK_I8) fz_tol(&w, a.out, 0.0);
-    if (a.op == OP_FUSED || (a.op == OP_NORM_TOKEN && fz_u8(&in) & 1)) {
+    if (a.op == OP_FUSED || (dyn && fz_u8(&in) & 1)) {
         if (alias == 1 && fz_usable(&w, a.x)) {
             a.res = fz_view_alias(&w, a.x, "residual", FZ_OUT);
             w.v[a.res].inplace_of = -1;
@@ -654,13 +910,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             w.v[a.res].atol = w.v[a.res].rtol = 0.0;
         }
     }
-    if (norm && !fz_chance(&in, 6)) {
+    if (norm && !fz_chance(&in, block ? 40 : 6)) { /* weightless: rarely (OP_NORM_BLOCK 1 in 6) */
         int64_t ws = D;
         if (fz_chance(&in, 8)) ws = D + 1, fz_fail_expected(&w, "weight shape differs from D");
         a.w = fz_view_new(&w, &in, "weight", fz_ftype(&in), 1, &ws, FZ_IN);
         fz_fill(&w, a.w, -2, 2);
     }
-    if (norm) {
+    if (block) { /* mostly the first six; judged from the value */
+        static const float EPS[16] = {1e-6f, 1e-5f, 0.0f, 0.5f, 1e-6f, 1e-5f, -0.0f, FLT_TRUE_MIN,
+                                      FLT_MAX, 1e30f, -1e-6f, -FLT_TRUE_MIN, NAN, -NAN, INFINITY, -INFINITY};
+        unsigned e = fz_u8(&in);
+        a.eps = EPS[e < 208 ? e % 6 : e % 16];
+        if (!(a.eps >= 0.0f) || isinf(a.eps)) fz_fail_expected(&w, "epsilon not finite >= 0");
+    } else if (norm) {
         static const float EPS[6] = {1e-6f, 1e-5f, 0.0f, 0.5f, -1e-6f, NAN};
         unsigned e = fz_u8(&in) % 6;
         a.eps = EPS[e];
@@ -681,13 +943,46 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         a.scale = fz_view_new(&w, &in, "scales", LK_F32, snd, ss, FZ_OUT);
         if (fz_u8(&in) & 1) a.ub = scale_new(&w, &in, "scale_ub", FZ_IN, 1);
+    } else if (block) { /* scale_ub (its host may be an output), then the group op's scales */
+        if (fz_u8(&in) & 1) a.ub = block_ub_new(&w, &in, (const int[]){a.out, a.res, a.x, a.w}, 4);
+        a.scale = gscales_new(&w, &in, nd, shape, rows, ngs, (const int[]){a.x, a.out, a.w, a.res, a.ub}, 5, 40);
     } else
         a.scale = scale_new(&w, &in, "scale", a.op == OP_TENSOR ? FZ_OUT : FZ_IN, a.op != OP_TENSOR);
     if (fz_chance(&in, 6)) {
-        a.x = -1;
+        unsigned k = block ? fz_u8(&in) % 3 : 0;
+        if (k == 0) a.x = -1;
+        else if (k == 1) a.out = -1;
+        else a.scale = -1;
         fz_fail_expected(&w, "NULL tensor pointer");
     }
+    if (!block) {
+        fz_run(&w, call, &a);
+        fz_free(&w);
+        return 0;
+    }
+    /* OP_NORM_BLOCK: valid but for its group_size (fz_overlaps: the aliasing fz_run would
+     * find; it only adds expectations) -> the group_size rule's status and name */
+    fz_overlaps(&w);
+    int only_group = gfail != LK_OK && w.clean;
+    if (gfail == LK_ERR_VALUE) fz_fail_expected(&w, "group_size < 1");
+    else if (gfail) fz_fail_expected(&w, "group_size does not divide D");
+    float *res0 = NULL; /* the residual before the call */
+    if (a.res >= 0 && fz_usable(&w, a.res)) {
+        const lk_tensor *t = &w.v[a.res].t;
+        int64_t n = fz_numel(t);
+        if (!(res0 = malloc((size_t)n * sizeof *res0))) abort();
+        for (int64_t i = 0; i < n; i++) res0[i] = lk_load_f(t->data, t->dtype, fz_off(t, i));
+    }
+    block_status = LK_ERR_UNSUPPORTED;
     fz_run(&w, call, &a);
+    if (only_group && (block_status != gfail || !strstr(block_err, "group_size")))
+        fz_report(&w, "group_size %lld (D %lld), the only fault: %s (%s), the contract gives %s naming group_size",
+                  (long long)a.group, (long long)D, lk_status_str(block_status), block_err, lk_status_str(gfail));
+    if (block_status == LK_OK) { /* accepted: the outputs fz_run compared, against the contract */
+        block_check(&w, &a, res0);
+        if (a.group == D) block_vs_token(&w, &a);
+    }
+    free(res0);
     fz_free(&w);
     return 0;
 }

@@ -752,6 +752,35 @@ static void make_norm_token_i8(oc_inst *in, oc_size sz) {
     o->t = o->buf.t;
 }
 
+/* per block: out, input, residual (optional), weight (optional), scales [R, D / G]
+ * written, scale_ub (optional); G 8 (D 40), 40 (D 520: the int8 out, vLLM's column-major
+ * scales, the transposed view of a [13, 48] buffer), 128 (D 1024, DeepSeek-V3's) */
+static void make_norm_block(oc_inst *in, oc_size sz) {
+    make_norm_quant(in, sz, LK_F16, 1); /* out, input, residual, weight */
+    in->arg[0].i8 = 1;                   /* the out takes LK_I8 too */
+    in->arg[2].optional = 1;             /* NULL: no residual add */
+    int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
+    in->group = sz == OC_LARGE ? 128 : sz == OC_MEDIUM ? 40 : 8;
+    int64_t s[2] = {R, D / in->group};
+    if (sz == OC_MEDIUM) {
+        oc_arg *o = &in->arg[0];
+        tu_free(&o->buf);
+        o->buf = tu_alloc(LK_I8, 2, (int64_t[]){R, D}, 1);
+        o->t = o->buf.t;
+        add(in, "scales", LK_F32, 2, s, 1, 0);
+        oc_arg *sc = &in->arg[in->nargs - 1];
+        tu_free(&sc->buf);
+        sc->buf = tu_alloc_perm(LK_F32, 2, s, (int[]){1, 0}, 0);
+        sc->t = sc->buf.t;
+    } else add(in, "scales", LK_F32, 2, s, 1, 1);
+    add_scale(in, "scale_ub", 1.5f, 0);
+    in->arg[5].optional = 1;
+}
+static lk_status call_norm_block(const oc_inst *in) {
+    return lk_rms_norm_per_block_quant(T(in, 0), T(in, 1), T(in, 3), T(in, 4), in->eps, T(in, 5), T(in, 2),
+                                       in->group);
+}
+
 /* ---------------------------------------------------------------- int8 activations */
 
 static void make_i8q(oc_inst *in, oc_size sz, lk_dtype xt) {
@@ -930,6 +959,7 @@ const oc_op OC_OPS[] = {
     {"lk_fused_add_rms_norm_static_fp8_quant", make_norm_fused, call_norm_fused},
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_fp8, call_norm_token},
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_i8, call_norm_token},
+    {"lk_rms_norm_per_block_quant", make_norm_block, call_norm_block},
     {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
     /* int8 activations */
     {"lk_static_scaled_int8_quant", make_i8q_static, call_i8q_static},          /* symmetric */

@@ -44,7 +44,7 @@ typedef struct {
     lk_mla_params mla;     /* MLA prefix prefill */
     lk_mla_decode_params mla_dec; /* MLA decode */
     float scale[2];        /* fp8 caches: k_scale, v_scale */
-    int64_t group;         /* per_token_group_fp8_quant: group_size */
+    int64_t group;         /* per_token_group_fp8_quant, rms_norm_per_block_quant: group_size */
 } oc_inst;
 
 struct oc_op {

@@ -2,8 +2,8 @@
  * fp8 activations: lk_static_scaled_fp8_quant, lk_dynamic_scaled_fp8_quant,
  * lk_dynamic_per_token_scaled_fp8_quant, lk_per_token_group_fp8_quant,
  * lk_static_group_scaled_fp8_quant, lk_rms_norm_static_fp8_quant,
- * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant and
- * lk_merge_attn_states_scaled.
+ * lk_fused_add_rms_norm_static_fp8_quant, lk_rms_norm_dynamic_per_token_quant,
+ * lk_rms_norm_per_block_quant and lk_merge_attn_states_scaled.
  *
  * Every ISA against ref bit for bit over the outputs' WHOLE allocations (written
  * elements, padding garbage, guard zones) and the scales; ref against float64: every
@@ -37,6 +37,19 @@
  * expansion, 3-D / 1-D inputs and lk_static_scaled_fp8_quant ([1, 1]) agreeing bitwise;
  * NaN / inf / beyond-max codes on each path and the extreme valid scales FLT_MAX and
  * FLT_TRUE_MIN.
+ * RMSNorm with scales per block of G columns (lk_rms_norm_per_block_quant): the same two
+ * comparisons (every block scale within the norms' relative slack of the float64
+ * max(min(absmax_block(y64), scale_ub) / max, min_scale), codes within half a step (+ the
+ * slack) of y64 / scale, the i8 out's rules, residual = round(x + residual)) over input /
+ * residual / weight dtypes (mixed) x e4m3 / e5m2 / i8 outs, G = 1, 7, 16, 64, 128 with D =
+ * G, 3 G (and 7168 / 128), rows 1..5, the group_case layouts plus a transposed residual,
+ * 3-D inputs with [2, 3, ng] and flat scales, padded and column-major scales, with and
+ * without residual, weight (NULL) and scale_ub, a block a 64th of the others and an
+ * all-zero block; specials (a NaN row, an inf row, a NaN and an inf weight: every ISA
+ * equal up to the sign of NaN codes, docs/numerics.md); group_size = D giving exactly
+ * lk_rms_norm_dynamic_per_token_quant's bits; the scale forms agreeing, 1-4 threads,
+ * empty inputs and its error catalogue (group_size < 1 or not dividing D, epsilon,
+ * scale_ub, scales' dtype / shapes / overlaps with every other argument).
  * Also: NaN / inf / saturation (per group: NaN ignored by the absmax and kept, an inf
  * makes the group's scale inf, all-zero and all-NaN groups get eps / fp8_max), empty
  * inputs (the grid's scale still validated), thread-count independence (1-4 threads,
@@ -435,6 +448,9 @@ static void test_threads(void) {
         for (int th = 1; th <= 4; th++) {
             lk_set_num_threads(th);
             tu_restore(&res, &r0);
+            /* garbage in the outputs: a run that skips a write cannot pass on the last one's */
+            tu_fill_uniform(&out, -1, 1), tu_fill_uniform(&o8, -1, 1);
+            if (op >= 1 && op <= 3) tu_fill_uniform(&sc, -1, 1); /* the ops that write sc */
             float s1 = 0.01f;
             lk_tensor one = one_scale(&s1);
             lk_status s = op == 0 ? lk_dynamic_scaled_fp8_quant(&out.t, &x.t, &one)
@@ -834,6 +850,7 @@ static void test_group_threads(void) {
                 int ok = 1;
                 for (int th = 1; th <= 4; th++) {
                     lk_set_num_threads(th);
+                    tu_fill_uniform(&out, -1, 1), tu_fill_uniform(&sc, -1, 1); /* garbage: every byte rewritten */
                     ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, 1e-10f, v >> 1) == LK_OK;
                     if (th == 1) first[0] = tu_save(&out), first[1] = tu_save(&sc);
                     else ok &= tu_same(&out, &first[0]) && tu_same(&sc, &first[1]);
@@ -1540,6 +1557,493 @@ static void test_sgrid_errors(void) {
     for (int b = 0; b < nb; b++) tu_free(all[b]);
 }
 
+/* ---------------------------------------------------------------- rms_norm per block quant */
+
+/* input layouts of block_case: those of group_case (0 contiguous, 1 padded, 2 input
+ * transposed, 3 out transposed: the reference fallback, 4 / 5 3-D [2, 3, D] contiguous /
+ * padded), and 6: x and out contiguous, the residual transposed (the fallback through the
+ * residual). Scales forms as group_case's (group_scales). Flags: */
+enum { BX_LAYOUTS = 7, B_RES = 1, B_NOW = 2, B_SPEC = 4 };
+static const lk_dtype QOUT[3] = {LK_F8E4M3, LK_F8E5M2, LK_I8};
+
+/* fp8 code bytes equal up to the sign of a NaN code (the norms' NaN signs are
+ * unspecified, docs/numerics.md); i8 and every other byte exactly */
+static int same_codes(const tu_buf *b, const tu_saved *s, lk_dtype ot) {
+    for (size_t k = 0; k < s->n; k++) {
+        unsigned u = b->base[k], v = s->bytes[k];
+        if (u == v) continue;
+        if (ot == LK_I8 || (u ^ v) != 0x80) return 0;
+        if (ot == LK_F8E4M3 ? (u & 0x7f) != 0x7f : (u & 0x7c) != 0x7c || !(u & 3)) return 0;
+    }
+    return 1;
+}
+
+/* the residual layout of block_case's input layout xl (2-D) */
+static int block_res_layout(int xl) { return xl == 6 ? 2 : xl == 0 || xl == 2 ? 1 : 0; }
+
+static void block_case(lk_dtype xt, lk_dtype rt, lk_dtype wt, lk_dtype ot, int64_t R, int64_t D, int64_t G, int xl,
+                       int sl, int flags, float ubv) {
+    int three = xl == 4 || xl == 5, has_res = flags & B_RES, now = flags & B_NOW, spec = flags & B_SPEC;
+    int64_t rows = three ? 6 : R, ng = D / G;
+    tu_buf x, out, res;
+    if (three) {
+        x = tu_alloc(xt, 3, (int64_t[]){2, 3, D}, xl == 5);
+        out = tu_alloc(ot, 3, (int64_t[]){2, 3, D}, xl == 4);
+        res = tu_alloc(rt, 3, (int64_t[]){2, 3, D}, xl == 4);
+    } else {
+        x = tu_alloc_rows(xt, R, D, xl == 3 || xl == 6 ? 0 : xl);
+        out = tu_alloc_rows(ot, R, D, xl == 3 ? 2 : xl == 2 ? 1 : xl == 6 ? 0 : xl);
+        res = tu_alloc_rows(rt, R, D, block_res_layout(xl));
+    }
+    tu_buf w = tu_alloc(wt, 1, &D, xl & 1), sc = group_scales(rows, ng, three, sl);
+    fill_x(&x, 2.0, 0);
+    tu_fill_uniform(&res, -2, 2);
+    tu_fill_uniform(&w, -1.5, 1.5);
+    /* blocks of very different absmax: row 0's block 1 a 64th of the rest, the last row's
+     * block 2 all zero (v = 0: input and residual 0) */
+    if (ng >= 2)
+        for (int64_t i = G; i < 2 * G; i++) tu_set(&x, i, tu_get(&x, i) / 64), tu_set(&res, i, tu_get(&res, i) / 64);
+    if (ng >= 3 && rows >= 2)
+        for (int64_t i = (rows - 1) * D + 2 * G; i < (rows - 1) * D + 3 * G; i++)
+            tu_set(&x, i, 0.0), tu_set(&res, i, 0.0);
+    if (spec) {
+        /* a NaN in row 0 (block 0): the row NaN; an inf in row 1 (its last block): inv = 0;
+         * weights: NaN at element 0 (block 0), inf in block 1 (y +-inf there: scale inf,
+         * or scale_ub / fp8_max) */
+        tu_set(&x, G / 2, NAN);
+        if (rows >= 2) tu_set(&x, 2 * D - 1, INFINITY);
+        if (!now && ng >= 2) tu_set(&w, 0, NAN), tu_set(&w, G + G / 2, INFINITY);
+    }
+    float ubs = ubv, eps = 1e-5f;
+    lk_tensor ub = one_scale(&ubs);
+    double *res0 = tu_values(&res);
+    tu_snapshot(&x), tu_snapshot(&w), tu_snapshot(&out), tu_snapshot(&res), tu_snapshot(&sc);
+    tu_saved o0 = tu_save(&out), s0 = tu_save(&sc), r0 = tu_save(&res), oref = {0}, sref = {0}, rref = {0};
+    int okall = 1, f64 = 1, inputs = 1;
+    double rel = 1e-5 + 3e-8 * (double)D, fm = fmax8(ot);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        tu_restore(&out, &o0), tu_restore(&sc, &s0), tu_restore(&res, &r0);
+        lk_status s = lk_rms_norm_per_block_quant(&out.t, &x.t, now ? NULL : &w.t, &sc.t, eps, ubv > 0 ? &ub : NULL,
+                                                  has_res ? &res.t : NULL, G);
+        if (!tu_check(s == LK_OK, "%s rms_norm_per_block_quant: %s", lk_isa_name(isas[ii]), lk_last_error())) continue;
+        inputs &= tu_intact(&x) && tu_intact(&w);
+        if (ii > 0) {
+            okall &= (spec ? same_codes(&out, &oref, ot) : tu_same(&out, &oref)) && tu_same(&sc, &sref) &&
+                     tu_same(&res, &rref);
+            continue;
+        }
+        oref = tu_save(&out), sref = tu_save(&sc), rref = tu_save(&res);
+        f64 &= tu_outside_intact(&out) && tu_outside_intact(&res) && tu_outside_intact(&sc);
+        if (!has_res) f64 &= tu_intact(&res);
+        double *v = malloc(sizeof(double) * (size_t)(D ? D : 1));
+        for (int64_t r = 0; r < rows; r++) {
+            double ss = 0;
+            for (int64_t i = 0; i < D; i++) {
+                double xv = tu_get(&x, r * D + i);
+                if (has_res) {
+                    float sum = (float)(xv + res0[r * D + i]);
+                    v[i] = lk_round_to(rt, sum);
+                    double got = tu_get(&res, r * D + i); /* residual = round(x + residual) */
+                    f64 &= isnan(v[i]) ? isnan(got) : got == v[i];
+                } else v[i] = xv;
+                ss += v[i] * v[i];
+            }
+            double inv = 1.0 / sqrt(ss / (double)D + eps);
+            for (int64_t i = 0; i < D; i++) v[i] = v[i] * inv * (now ? 1.0 : tu_get(&w, i));
+            for (int64_t g = 0; g < ng; g++) {
+                double m = 0, scale = tu_get(&sc, r * ng + g);
+                for (int64_t i = g * G; i < g * G + G; i++)
+                    if (fabs(v[i]) > m) m = fabs(v[i]); /* NaN ignored */
+                double want = (ubv > 0 && m > ubv ? ubv : m) / fm;
+                if (want < min_scale(ot)) want = min_scale(ot);
+                f64 &= isinf(want) ? scale == want : fabs(scale - want) <= want * (rel + 1e-7);
+                for (int64_t i = g * G; i < g * G + G; i++)
+                    f64 &= ot == LK_I8 ? i8_close(v[i] / scale, tu_get(&out, r * D + i), rel)
+                                       : fp8_close(ot, v[i] / scale, (float)tu_get(&out, r * D + i), rel);
+            }
+        }
+        free(v);
+    }
+    char cfg[200];
+    snprintf(cfg, sizeof cfg, "rms_norm_per_block_quant %s (res %s, w %s) -> %s R=%lld D=%lld G=%lld layout=%d "
+             "scales=%d%s%s", lk_dtype_name(xt), has_res ? lk_dtype_name(rt) : "none",
+             now ? "none" : lk_dtype_name(wt), lk_dtype_name(ot), (long long)rows, (long long)D, (long long)G, xl, sl,
+             ubv > 0 ? " scale_ub" : "", spec ? " specials" : "");
+    tu_check(f64, "%s: ref within half a step (+ f32 slack) of float64, block scales as the float64 formula, "
+             "residual = round(x + residual), padding intact", cfg);
+    tu_check(okall && inputs, "%s: every ISA bit-identical to ref (out, scales, residual: whole allocations)%s, "
+             "input and weight intact", cfg, spec ? " up to NaN code signs" : "");
+    free(res0), free(o0.bytes), free(s0.bytes), free(r0.bytes), free(oref.bytes), free(sref.bytes), free(rref.bytes);
+    tu_free(&x), tu_free(&out), tu_free(&res), tu_free(&w), tu_free(&sc);
+}
+
+static void test_block_grid(void) {
+    static const int64_t GS[] = {1, 7, 16, 64, 128};
+    int c = 0;
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int gi = 0; gi < 5; gi++)
+                for (int k = 0; k < 2; k++)
+                    for (int xl = 0; xl < BX_LAYOUTS; xl++)
+                        for (int sl = 0; sl < (xl == 4 || xl == 5 ? 4 : 3); sl++, c++) {
+                            int64_t G = GS[gi], D = k ? 3 * G : G, R = 1 + c % 5;
+                            lk_dtype xt = TU_FLOAT_DTYPES[xi], rt = TU_FLOAT_DTYPES[(xi + gi + k) % 3];
+                            lk_dtype wt = TU_FLOAT_DTYPES[(xi + xl + sl) % 3];
+                            int flags = (xl == 6 || c % 2 ? B_RES : 0) | (c % 7 == 3 ? B_NOW : 0);
+                            float ub = c % 5 == 2 ? 0.5f : c % 5 == 4 ? 100.0f : 0.0f;
+                            block_case(xt, rt, wt, QOUT[oi], R, D, G, xl, sl, flags, ub);
+                        }
+    /* DeepSeek-V3's hidden size: D 7168 in blocks of 128 */
+    for (int xi = 0; xi < 3; xi++)
+        if (!tu_emulated() || xi == 2)
+            block_case(TU_FLOAT_DTYPES[xi], TU_FLOAT_DTYPES[(xi + 1) % 3], TU_FLOAT_DTYPES[(xi + 2) % 3], QOUT[xi],
+                       2 + xi, 7168, 128, xi == 1, xi, B_RES, xi == 0 ? 0.75f : 0.0f);
+    /* specials: a NaN row, an inf row, a NaN and an inf weight (blocks 0, 1) */
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 3; oi++) {
+            lk_dtype xt = TU_FLOAT_DTYPES[xi], rt = TU_FLOAT_DTYPES[(xi + 1) % 3], ot = QOUT[oi];
+            block_case(xt, rt, LK_F32, ot, 3, 48, 16, 0, 2, B_RES | B_SPEC, 0);
+            block_case(xt, rt, LK_BF16, ot, 4, 21, 7, 2, 1, B_SPEC, 0);
+            block_case(xt, rt, LK_F16, ot, 3, 40, 20, 1, 0, B_SPEC, 1.0f);
+            block_case(xt, rt, LK_F32, ot, 6, 128, 64, 4, 3, B_RES | B_SPEC, 0);
+            block_case(xt, rt, LK_F32, ot, 3, 256, 128, 6, 2, B_RES | B_NOW | B_SPEC, 0);
+        }
+}
+
+/* group_size == D: exactly lk_rms_norm_dynamic_per_token_quant's bits (out, scales,
+ * residual), per ISA */
+static void test_block_as_token(void) {
+    static const struct {
+        lk_dtype xt, rt, wt, ot;
+        int64_t R, D;
+        int layout, flags;
+        float ub;
+    } C[] = {
+        {LK_BF16, LK_BF16, LK_BF16, LK_F8E4M3, 4, 64, 0, B_RES, 0.5f},
+        {LK_F16, LK_F32, LK_F32, LK_I8, 3, 72, 1, B_RES, 0.25f},
+        {LK_F32, LK_F32, LK_F16, LK_F8E5M2, 5, 33, 2, B_NOW, 0},
+        {LK_F32, LK_BF16, LK_BF16, LK_I8, 2, 4097, 0, B_RES, 0},
+        {LK_F16, LK_F16, LK_BF16, LK_F8E4M3, 1, 7, 1, B_RES | B_SPEC, 0},
+        {LK_BF16, LK_F32, LK_F32, LK_I8, 3, 130, 0, B_SPEC, 3.0f},
+    };
+    for (size_t c = 0; c < sizeof C / sizeof C[0]; c++) {
+        int64_t R = C[c].R, D = C[c].D;
+        tu_buf x = tu_alloc_rows(C[c].xt, R, D, C[c].layout), res = tu_alloc_rows(C[c].rt, R, D, C[c].layout);
+        tu_buf w = tu_alloc(C[c].wt, 1, &D, 0), o[2], s[2];
+        for (int k = 0; k < 2; k++)
+            o[k] = tu_alloc_rows(C[c].ot, R, D, C[c].layout), s[k] = tu_alloc(LK_F32, 2, (int64_t[]){R, 1}, 1);
+        fill_x(&x, 2.0, C[c].flags & B_SPEC);
+        tu_fill_uniform(&res, -2, 2), tu_fill_uniform(&w, -1.5, 1.5);
+        tu_snapshot(&o[1]), tu_snapshot(&s[1]);
+        tu_saved r0 = tu_save(&res), r1 = {0};
+        float ubs = C[c].ub;
+        lk_tensor ub = one_scale(&ubs);
+        const lk_tensor *tw = C[c].flags & B_NOW ? NULL : &w.t, *tub = ubs > 0 ? &ub : NULL;
+        const lk_tensor *tr = C[c].flags & B_RES ? &res.t : NULL;
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            tu_restore(&res, &r0);
+            lk_status st = lk_rms_norm_dynamic_per_token_quant(&o[0].t, &x.t, tw, &s[0].t, 1e-6f, tub, tr);
+            r1 = tu_save(&res);
+            tu_restore(&res, &r0);
+            lk_status sb = lk_rms_norm_per_block_quant(&o[1].t, &x.t, tw, &s[1].t, 1e-6f, tub, tr, D);
+            int ok = st == LK_OK && sb == LK_OK && tu_same(&res, &r1) && tu_same_bits(&o[0], &o[1]) &&
+                     tu_same_bits(&s[0], &s[1]) && tu_outside_intact(&o[1]) && tu_outside_intact(&s[1]);
+            tu_check(ok, "%s rms_norm_per_block_quant %s (res %s, w %s) -> %s R=%lld D=%lld layout=%d%s%s, "
+                     "group_size = D: the per-token op's bits (out, scales, residual)", lk_isa_name(isas[ii]),
+                     lk_dtype_name(C[c].xt), tr ? lk_dtype_name(C[c].rt) : "none", tw ? lk_dtype_name(C[c].wt) : "none",
+                     lk_dtype_name(C[c].ot), (long long)R, (long long)D, C[c].layout, tub ? " scale_ub" : "",
+                     C[c].flags & B_SPEC ? " specials" : "");
+            free(r1.bytes);
+        }
+        free(r0.bytes);
+        tu_free(&x), tu_free(&res), tu_free(&w);
+        for (int k = 0; k < 2; k++) tu_free(&o[k]), tu_free(&s[k]);
+    }
+}
+
+/* 1-4 threads bitwise identical on every ISA: 64 rows of 4096 in blocks of 128 with a
+ * residual; e4m3 out with row-major scales, i8 out with column-major scales and scale_ub */
+static void test_block_threads(void) {
+    int64_t R = 64, D = 4096, G = 128;
+    tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), res = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0);
+    tu_buf w = tu_alloc(LK_F32, 1, &D, 0);
+    tu_fill_uniform(&x, -3, 3), tu_fill_uniform(&res, -3, 3), tu_fill_uniform(&w, -1, 1);
+    tu_saved r0 = tu_save(&res);
+    float ubv = 1.0f;
+    lk_tensor ub = one_scale(&ubv);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int v = 0; v < 2; v++) {
+            tu_buf out = tu_alloc(v ? LK_I8 : LK_F8E4M3, 2, (int64_t[]){R, D}, 0);
+            tu_buf sc = group_scales(R, D / G, 0, 2 * v);
+            tu_saved first[3] = {{0}}, o0 = tu_save(&out), s0 = tu_save(&sc); /* garbage: every run writes all */
+            int ok = 1;
+            for (int th = 1; th <= 4; th++) {
+                lk_set_num_threads(th);
+                tu_restore(&res, &r0), tu_restore(&out, &o0), tu_restore(&sc, &s0);
+                ok &= lk_rms_norm_per_block_quant(&out.t, &x.t, &w.t, &sc.t, 1e-6f, v ? &ub : NULL, &res.t, G) == LK_OK;
+                if (th == 1) first[0] = tu_save(&out), first[1] = tu_save(&sc), first[2] = tu_save(&res);
+                else ok &= tu_same(&out, &first[0]) && tu_same(&sc, &first[1]) && tu_same(&res, &first[2]);
+            }
+            lk_set_num_threads(0);
+            tu_check(ok, "%s rms_norm_per_block_quant R=64 D=4096 G=128 %s: 1-4 threads bitwise identical (out, "
+                     "scales, residual)", lk_isa_name(isas[ii]), v ? "i8, column-major scales, scale_ub" : "e4m3");
+            for (int k = 0; k < 3; k++) free(first[k].bytes);
+            free(o0.bytes), free(s0.bytes);
+            tu_free(&out), tu_free(&sc);
+        }
+    }
+    free(r0.bytes);
+    tu_free(&x), tu_free(&res), tu_free(&w);
+}
+
+/* no rows, or D == 0 (no blocks): LK_OK, nothing written (out, scales, residual intact) */
+static void test_block_empty(void) {
+    static const int64_t SH[4][3] = {{0, 8}, {2, 0}, {0, 3, 16}, {2, 3, 0}};
+    static const int ND[4] = {2, 2, 3, 3};
+    int ok = 1;
+    for (int c = 0; c < 4; c++) {
+        int nd = ND[c];
+        int64_t sshape[3] = {SH[c][0], SH[c][1], SH[c][2]};
+        sshape[nd - 1] = SH[c][nd - 1] / 8;
+        tu_buf x = tu_alloc(LK_F16, nd, SH[c], 1), res = tu_alloc(LK_F32, nd, SH[c], 1);
+        tu_buf w = tu_alloc(LK_F32, 1, &SH[c][nd - 1], 0), sc = tu_alloc(LK_F32, nd, sshape, 1);
+        tu_snapshot(&x), tu_snapshot(&res), tu_snapshot(&w), tu_snapshot(&sc);
+        float ubv = 2.0f;
+        lk_tensor ub = one_scale(&ubv);
+        for (int ii = 0; ii < ni; ii++) {
+            lk_set_isa(isas[ii]);
+            for (int oi = 0; oi < 3; oi++) {
+                tu_buf out = tu_alloc(QOUT[oi], nd, SH[c], 1);
+                tu_snapshot(&out);
+                ok &= lk_rms_norm_per_block_quant(&out.t, &x.t, &w.t, &sc.t, 1e-6f, &ub, &res.t, 8) == LK_OK &&
+                      lk_rms_norm_per_block_quant(&out.t, &x.t, NULL, &sc.t, 1e-6f, NULL, NULL, 8) == LK_OK &&
+                      tu_intact(&x) && tu_intact(&out) && tu_intact(&sc) && tu_intact(&res) && tu_intact(&w);
+                /* a flat [rows, 0] for the 3-D input with D == 0, also with strides +-2^62 on
+                 * its rows (an empty view's strides are unchecked: no overflow spreading them) */
+                if (c == 3) {
+                    tu_buf sf = tu_alloc(LK_F32, 2, (int64_t[]){6, 0}, 0);
+                    tu_snapshot(&sf);
+                    ok &= lk_rms_norm_per_block_quant(&out.t, &x.t, NULL, &sf.t, 1e-6f, NULL, &res.t, 5) == LK_OK &&
+                          tu_intact(&sf) && tu_intact(&out);
+                    for (int k = 0; k < 2; k++) {
+                        lk_tensor big = sf.t;
+                        big.stride[0] = k ? -((int64_t)1 << 62) : (int64_t)1 << 62;
+                        ok &= lk_rms_norm_per_block_quant(&out.t, &x.t, NULL, &big, 1e-6f, NULL, NULL, 5) == LK_OK &&
+                              tu_intact(&sf) && tu_intact(&out);
+                    }
+                    tu_free(&sf);
+                }
+                tu_free(&out);
+            }
+        }
+        tu_free(&x), tu_free(&res), tu_free(&w), tu_free(&sc);
+    }
+    tu_check(ok, "rms_norm_per_block_quant of empty inputs (0 rows, D == 0; 2-D and 3-D; fp8 and i8 outs): LK_OK, "
+             "nothing written");
+}
+
+/* a 3-D input: scales [2, 3, ng], flat [6, ng], padded, column-major give the same bits
+ * (values per (row, block)); a 1-D input: [ng] and [1, ng] */
+static void test_block_scale_shapes(void) {
+    enum { A = 2, B = 3, D = 96, G = 16, NG = D / G };
+    tu_buf x = tu_alloc(LK_F16, 3, (int64_t[]){A, B, D}, 0), out = tu_alloc(LK_F8E5M2, 3, (int64_t[]){A, B, D}, 0);
+    tu_buf res = tu_alloc(LK_BF16, 3, (int64_t[]){A, B, D}, 0), w = tu_alloc(LK_BF16, 1, (int64_t[]){D}, 0);
+    tu_fill_uniform(&x, -4, 4), tu_fill_uniform(&res, -4, 4), tu_fill_uniform(&w, -1, 1);
+    tu_saved r0 = tu_save(&res);
+    tu_buf ref = group_scales(A * B, NG, 1, 0);
+    int ok = lk_rms_norm_per_block_quant(&out.t, &x.t, &w.t, &ref.t, 1e-6f, NULL, &res.t, G) == LK_OK;
+    tu_saved o0 = tu_save(&out), r1 = tu_save(&res);
+    for (int sl = 1; sl < GS_FORMS; sl++) {
+        tu_buf sc = group_scales(A * B, NG, 1, sl);
+        memset(out.t.data, 0, (size_t)(A * B * D));
+        tu_restore(&res, &r0);
+        ok &= lk_rms_norm_per_block_quant(&out.t, &x.t, &w.t, &sc.t, 1e-6f, NULL, &res.t, G) == LK_OK &&
+              tu_same(&out, &o0) && tu_same(&res, &r1);
+        for (int64_t k = 0; k < A * B * NG; k++) ok &= tu_get(&sc, k) == tu_get(&ref, k);
+        tu_free(&sc);
+    }
+    /* the 1-D input's one row, i8 out */
+    float s1[NG], s2[1][NG];
+    int8_t q1[D], q2[D];
+    lk_tensor x1 = x.t, o1 = lk_tensor_make(q1, LK_I8, 1, (int64_t[]){D}), o2 = o1;
+    x1.ndim = 1, x1.shape[0] = D, x1.stride[0] = 1;
+    o2.data = q2;
+    lk_tensor t1 = lk_tensor_make(s1, LK_F32, 1, (int64_t[]){NG});
+    lk_tensor t2 = lk_tensor_make(s2, LK_F32, 2, (int64_t[]){1, NG});
+    ok &= lk_rms_norm_per_block_quant(&o1, &x1, &w.t, &t1, 1e-6f, NULL, NULL, G) == LK_OK &&
+          lk_rms_norm_per_block_quant(&o2, &x1, &w.t, &t2, 1e-6f, NULL, NULL, G) == LK_OK && !memcmp(q1, q2, D) &&
+          !memcmp(s1, s2, sizeof s1);
+    tu_check(ok, "rms_norm_per_block_quant of a 3-D input: scales [2, 3, ng], flat [6, ng], padded and column-major "
+             "give the same bits (out, scales, residual); a 1-D input: [ng] and [1, ng]");
+    free(o0.bytes), free(r0.bytes), free(r1.bytes);
+    tu_free(&x), tu_free(&out), tu_free(&res), tu_free(&w), tu_free(&ref);
+}
+
+/* expect() with the message starting "lk_rms_norm_per_block_quant: <name>" */
+static void bexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
+    char pre[96];
+    snprintf(pre, sizeof pre, "lk_rms_norm_per_block_quant: %s", name);
+    int named = !strncmp(lk_last_error(), pre, strlen(pre));
+    expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
+}
+
+static void test_block_errors(void) {
+    int64_t R = 3, D = 20, G = 4, NG = D / G;
+    tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, D}, 0);
+    tu_buf res = tu_alloc(LK_F32, 2, (int64_t[]){R, D}, 0), w = tu_alloc(LK_BF16, 1, &D, 0);
+    tu_buf sc = tu_alloc(LK_F32, 2, (int64_t[]){R, NG}, 0), sc16 = tu_alloc(LK_F16, 2, (int64_t[]){R, NG}, 0);
+    tu_buf ob = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), big = tu_alloc(LK_F32, 2, (int64_t[]){7, 6}, 0);
+    tu_buf x3 = tu_alloc(LK_BF16, 3, (int64_t[]){2, 3, D}, 0), o3 = tu_alloc(LK_F8E4M3, 3, (int64_t[]){2, 3, D}, 0);
+    tu_buf ub = tu_alloc(LK_F32, 1, (int64_t[]){1}, 0), ub16 = tu_alloc(LK_F16, 1, (int64_t[]){1}, 0);
+    tu_buf o8 = tu_alloc(LK_I8, 2, (int64_t[]){R, D}, 0);
+    tu_fill_uniform(&x, -1, 1), tu_fill_uniform(&res, -1, 1), tu_fill_uniform(&w, -1, 1), tu_fill_uniform(&x3, -1, 1);
+    tu_set(&ub, 0, 2.0), tu_set(&ub16, 0, 2.0);
+    tu_buf *all[] = {&x, &out, &res, &w, &sc, &sc16, &ob, &big, &x3, &o3, &ub, &ub16, &o8};
+    int nb = 13;
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    const float e = 1e-6f;
+#define BQ(o, xx, ww, s, ep, u, r, g) lk_rms_norm_per_block_quant(o, xx, ww, s, ep, u, r, g)
+    bexpect(BQ(NULL, &x.t, &w.t, &sc.t, e, &ub.t, &res.t, G), LK_ERR_NULL, "out", all, nb, "block: NULL out");
+    bexpect(BQ(&out.t, NULL, &w.t, &sc.t, e, &ub.t, &res.t, G), LK_ERR_NULL, "input", all, nb, "block: NULL input");
+    bexpect(BQ(&out.t, &x.t, &w.t, NULL, e, &ub.t, &res.t, G), LK_ERR_NULL, "scales", all, nb, "block: NULL scales");
+    lk_tensor nd = sc.t;
+    nd.data = NULL;
+    bexpect(BQ(&out.t, &x.t, &w.t, &nd, e, NULL, NULL, G), LK_ERR_NULL, "scales", all, nb,
+            "block: scales with NULL data");
+    /* group_size (the i8 out too) */
+    static const int64_t BADG[] = {0, -1, -128, INT64_MIN};
+    for (size_t k = 0; k < sizeof BADG / sizeof BADG[0]; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "block: group_size %lld", (long long)BADG[k]);
+        bexpect(BQ(k & 1 ? &o8.t : &out.t, &x.t, &w.t, &sc.t, e, &ub.t, &res.t, BADG[k]), LK_ERR_VALUE, "group_size",
+                all, nb, what);
+    }
+    static const int64_t NDIV[] = {8, 3, 40, 21, INT64_MAX};
+    for (size_t k = 0; k < sizeof NDIV / sizeof NDIV[0]; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "block: group_size %lld not dividing D 20", (long long)NDIV[k]);
+        bexpect(BQ(k & 1 ? &o8.t : &out.t, &x.t, &w.t, &sc.t, e, NULL, &res.t, NDIV[k]), LK_ERR_SHAPE, "group_size",
+                all, nb, what);
+    }
+    /* epsilon */
+    static const float BADE[] = {-1.0f, -FLT_MIN, NAN, INFINITY, -INFINITY};
+    for (size_t k = 0; k < sizeof BADE / sizeof BADE[0]; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "block: epsilon %g", (double)BADE[k]);
+        bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, BADE[k], NULL, &res.t, G), LK_ERR_VALUE, "epsilon", all, nb, what);
+    }
+    /* scale_ub: finite and > 0, f32, one element */
+    static const float BADU[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (size_t k = 0; k < sizeof BADU / sizeof BADU[0]; k++) {
+        tu_set(&ub, 0, BADU[k]);
+        tu_snapshot(&ub);
+        char what[96];
+        snprintf(what, sizeof what, "block: scale_ub %g", (double)BADU[k]);
+        bexpect(BQ(k & 1 ? &o8.t : &out.t, &x.t, &w.t, &sc.t, e, &ub.t, &res.t, G), LK_ERR_VALUE, "scale_ub", all,
+                nb, what);
+    }
+    tu_set(&ub, 0, 2.0);
+    tu_snapshot(&ub);
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, &ub16.t, &res.t, G), LK_ERR_DTYPE, "scale_ub", all, nb,
+            "block: f16 scale_ub");
+    lk_tensor ub2 = lk_tensor_make(sc16.t.data, LK_F32, 1, (int64_t[]){2});
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, &ub2, &res.t, G), LK_ERR_SHAPE, "scale_ub", all, nb,
+            "block: scale_ub [2]");
+    /* scales: dtype, shapes, self overlap, overlaps */
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc16.t, e, NULL, NULL, G), LK_ERR_DTYPE, "scales", all, nb, "block: f16 scales");
+    lk_tensor si = sc.t;
+    si.dtype = LK_I32;
+    bexpect(BQ(&o8.t, &x.t, &w.t, &si, e, NULL, NULL, G), LK_ERR_DTYPE, "scales", all, nb, "block: i32 scales");
+    static const int64_t BADSH[][3] = {{3, 6}, {4, 5}, {2, 5}, {5, 3}, {15}, {3, 5, 1}, {1, 3, 5}, {3, 1}, {3}};
+    static const int BADND[] = {2, 2, 2, 2, 1, 3, 3, 2, 1};
+    for (size_t k = 0; k < sizeof BADND / sizeof BADND[0]; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, BADND[k], BADSH[k]);
+        char what[96];
+        snprintf(what, sizeof what, "block: scales %s for input [3, 20] G 4", lk_shape_str(&t));
+        bexpect(BQ(k & 1 ? &o8.t : &out.t, &x.t, &w.t, &t, e, NULL, &res.t, G), LK_ERR_SHAPE, "scales", all, nb, what);
+    }
+    static const int64_t BAD3[][3] = {{3, 2, 5}, {2, 3, 1}, {6, 5, 1}, {30}, {2, 15}, {1, 6, 5}, {6}, {6, 1}};
+    static const int BAD3ND[] = {3, 3, 3, 1, 2, 3, 1, 2};
+    for (size_t k = 0; k < sizeof BAD3ND / sizeof BAD3ND[0]; k++) {
+        lk_tensor t = lk_tensor_make(big.t.data, LK_F32, BAD3ND[k], BAD3[k]);
+        char what[96];
+        snprintf(what, sizeof what, "block: scales %s for input [2, 3, 20] G 4", lk_shape_str(&t));
+        bexpect(BQ(&o3.t, &x3.t, NULL, &t, e, NULL, NULL, G), LK_ERR_SHAPE, "scales", all, nb, what);
+    }
+    lk_tensor s0 = sc.t;
+    s0.stride[0] = 0;
+    bexpect(BQ(&out.t, &x.t, &w.t, &s0, e, NULL, NULL, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scales with a zero stride");
+    lk_tensor so = lk_tensor_make(out.t.data, LK_F32, 2, (int64_t[]){R, NG}); /* 60 bytes over out's 60 */
+    bexpect(BQ(&out.t, &x.t, &w.t, &so, e, NULL, NULL, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scales overlapping out");
+    lk_tensor sx = lk_tensor_make((char *)x.t.data + 8, LK_F32, 2, (int64_t[]){R, NG});
+    bexpect(BQ(&out.t, &x.t, &w.t, &sx, e, NULL, NULL, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scales overlapping input");
+    lk_tensor sw = lk_tensor_make((char *)w.t.data + 4, LK_F32, 2, (int64_t[]){1, NG}); /* w: 40 bytes */
+    lk_tensor x1 = x.t, o1 = out.t;
+    x1.shape[0] = o1.shape[0] = 1;
+    bexpect(BQ(&o1, &x1, &w.t, &sw, e, NULL, NULL, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scales overlapping weight");
+    lk_tensor sr = lk_tensor_make((char *)res.t.data + 100, LK_F32, 2, (int64_t[]){R, NG});
+    bexpect(BQ(&out.t, &x.t, &w.t, &sr, e, NULL, &res.t, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scales overlapping residual");
+    lk_tensor su = lk_tensor_make((char *)sc.t.data + 4 * 7, LK_F32, 1, (int64_t[]){1}); /* scale_ub in scales */
+    memcpy(su.data, &(float){2.0f}, 4);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, &su, &res.t, G), LK_ERR_ALIAS, "scales", all, nb,
+            "block: scale_ub inside scales");
+    /* scale_ub inside a written tensor (its value valid: 2) */
+    memcpy(out.t.data, &(float){2.0f}, 4), memcpy(res.t.data, &(float){2.0f}, 4);
+    for (int b = 0; b < nb; b++) tu_snapshot(all[b]);
+    lk_tensor uo = lk_tensor_make(out.t.data, LK_F32, 1, (int64_t[]){1});
+    lk_tensor ur = lk_tensor_make(res.t.data, LK_F32, 0, NULL);
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, &uo, NULL, G), LK_ERR_ALIAS, "out and scale_ub", all, nb,
+            "block: scale_ub in out");
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, &ur, &res.t, G), LK_ERR_ALIAS, "residual and scale_ub", all, nb,
+            "block: scale_ub in residual");
+    /* out, input, weight, residual */
+    bexpect(BQ(&ob.t, &x.t, &w.t, &sc.t, e, NULL, NULL, G), LK_ERR_DTYPE, "out", all, nb, "block: bf16 out");
+    bexpect(BQ(&out.t, &out.t, &w.t, &sc.t, e, NULL, NULL, G), LK_ERR_DTYPE, "input", all, nb, "block: fp8 input");
+    lk_tensor x8 = x.t;
+    x8.dtype = LK_I8;
+    bexpect(BQ(&o8.t, &x8, &w.t, &sc.t, e, NULL, NULL, G), LK_ERR_DTYPE, "input", all, nb, "block: i8 input");
+    bexpect(BQ(&o3.t, &x.t, &w.t, &sc.t, e, NULL, NULL, G), LK_ERR_SHAPE, "out", all, nb,
+            "block: out [2, 3, 20] for input [3, 20]");
+    lk_tensor ox = lk_tensor_make(x.t.data, LK_F8E4M3, 2, (int64_t[]){R, D});
+    bexpect(BQ(&ox, &x.t, &w.t, &sc.t, e, NULL, NULL, G), LK_ERR_ALIAS, "out", all, nb, "block: out overlapping input");
+    lk_tensor w2 = lk_tensor_make(big.t.data, LK_F32, 1, (int64_t[]){D + 1});
+    bexpect(BQ(&out.t, &x.t, &w2, &sc.t, e, NULL, NULL, G), LK_ERR_SHAPE, "weight", all, nb, "block: weight [21]");
+    lk_tensor w8 = w.t;
+    w8.dtype = LK_F8E4M3;
+    bexpect(BQ(&out.t, &x.t, &w8, &sc.t, e, NULL, NULL, G), LK_ERR_DTYPE, "weight", all, nb, "block: fp8 weight");
+    lk_tensor xr = x.t;
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, NULL, &xr, G), LK_ERR_ALIAS, "residual", all, nb,
+            "block: residual = input");
+    lk_tensor r3 = res.t;
+    r3.shape[1] = 16;
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, NULL, &r3, G), LK_ERR_SHAPE, "residual", all, nb,
+            "block: residual [3, 16] for input [3, 20]");
+    lk_tensor r0s = res.t;
+    r0s.stride[0] = 0;
+    bexpect(BQ(&out.t, &x.t, &w.t, &sc.t, e, NULL, &r0s, G), LK_ERR_ALIAS, "residual", all, nb,
+            "block: residual with a zero stride");
+#undef BQ
+    /* the valid calls, for contrast: G = D (one block: scales [R, 1]), G = 1, epsilon 0 */
+    lk_tensor s1 = lk_tensor_make(big.t.data, LK_F32, 2, (int64_t[]){R, 1});
+    lk_tensor sg = lk_tensor_make(big.t.data, LK_F32, 2, (int64_t[]){R, D});
+    tu_buf sbig = tu_alloc(LK_F32, 2, (int64_t[]){R, D}, 0);
+    sg.data = sbig.t.data;
+    int ok = lk_rms_norm_per_block_quant(&out.t, &x.t, &w.t, &s1, e, NULL, NULL, D) == LK_OK &&
+             lk_rms_norm_per_block_quant(&o8.t, &x.t, NULL, &sg, 0.0f, &ub.t, &res.t, 1) == LK_OK;
+    tu_check(ok, "rms_norm_per_block_quant: G = D, G = 1 with epsilon 0 accepted (%s)", lk_last_error());
+    tu_free(&sbig);
+    for (int b = 0; b < nb; b++) tu_free(all[b]);
+}
+
 int main(void) {
     tu_init();
     ni = tu_isas(isas);
@@ -1564,6 +2068,12 @@ int main(void) {
     test_sgrid_threads();
     test_sgrid_empty();
     test_sgrid_errors();
+    test_block_grid();
+    test_block_as_token();
+    test_block_threads();
+    test_block_empty();
+    test_block_scale_shapes();
+    test_block_errors();
     lk_set_isa(isas[ni - 1]);
     return tu_finish("test_fp8_act");
 }

@@ -493,6 +493,87 @@ static void test_fp8_group(void) {
     }
 }
 
+/* lk_rms_norm_per_block_quant's special values (docs/numerics.md "fp8 activations", the
+ * per-token norm's rules per block; the int8 out's), per ISA, f32 and bf16 inputs, e4m3 /
+ * e5m2 / i8 outs: rows of D = 40 in 2 blocks of 20 (full vectors and tails on every ISA) */
+static void test_fp8_norm_block(void) {
+    enum { G = D / 2, R = 3 };
+    static const lk_dtype XT[2] = {LK_F32, LK_BF16}, OT[3] = {LK_F8E4M3, LK_F8E5M2, LK_I8};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int xi = 0; xi < 2; xi++)
+            for (int oi = 0; oi < 3; oi++) {
+                lk_dtype xt = XT[xi], ot = OT[oi];
+                const char *xn = lk_dtype_name(xt), *on = lk_dtype_name(ot);
+                int i8 = ot == LK_I8;
+                float fm = oi == 0 ? 448.0f : oi == 1 ? 57344.0f : 127.0f;
+                float lo = i8 ? FLT_EPSILON : 1.0f / (fm * 512.0f), v[R][D], sc[R][2], xb[R * D], w[D], ubv = 0.5f;
+                uint8_t q[R][D], mx = oi == 0 ? 0x7e : oi == 1 ? 0x7b : 127, nq = i8 ? 0x81 : mx | 0x80; /* i8 -127 */
+#define NANQ(c) (i8 ? (c) == 0 : oi == 0 ? ((c) & 0x7f) == 0x7f : ((c) & 0x7c) == 0x7c && ((c) & 3))
+                /* row 0: -2 .. 2 and a NaN in block 0: the row NaN (NaN codes, i8 0), both blocks'
+                 * absmax 0 (NaN ignored): min_scale; row 1: an inf in block 1: inv = 0, finite
+                 * values +-0, the inf NaN, both scales min_scale; row 2: block 0 +-1 (scale
+                 * inv / fp8_max, codes +-max), block 1 +-0 (scale min_scale, codes +-0) */
+                for (int i = 0; i < D; i++) {
+                    v[0][i] = v[1][i] = (float)(i % 5) - 2.0f;
+                    v[2][i] = i < G ? (i % 2 ? -1.0f : 1.0f) : (i % 2 ? -0.0f : 0.0f);
+                }
+                v[0][3] = NAN, v[1][G + 7] = INFINITY;
+                for (int r = 0; r < R; r++)
+                    for (int i = 0; i < D; i++) lk_store_f(xb, xt, r * D + i, v[r][i]);
+                lk_tensor tx = t2(xb, xt, R, D), tq = lk_tensor_make(q, ot, 2, (int64_t[]){R, D});
+                lk_tensor ts = t2(sc, LK_F32, R, 2), tw = t1(w, LK_F32, D), tub = t1(&ubv, LK_F32, 1);
+                memset(q, 0x55, sizeof q);
+                lk_status s = lk_rms_norm_per_block_quant(&tq, &tx, NULL, &ts, 1e-6f, NULL, NULL, G);
+                int ok = s == LK_OK && sc[0][0] == lo && sc[0][1] == lo;
+                for (int i = 0; i < D; i++) ok &= NANQ(q[0][i]);
+                tu_check(ok, "%s rms_norm_per_block_quant %s -> %s: a NaN in one block makes the row NaN (%s), every "
+                         "block's scale min_scale (%s)", isa, xn, on, i8 ? "codes 0" : "NaN codes", lk_status_str(s));
+                ok = sc[1][0] == lo && sc[1][1] == lo && NANQ(q[1][G + 7]);
+                for (int i = 0; i < D; i++)
+                    if (i != G + 7) ok &= q[1][i] == (v[1][i] < 0 && !i8 ? 0x80 : 0x00);
+                tu_check(ok, "%s rms_norm_per_block_quant %s -> %s: an inf in one block: inv 0, every block's scale "
+                         "min_scale, finite values %s, the inf %s", isa, xn, on, i8 ? "0" : "signed zeros",
+                         i8 ? "0" : "NaN");
+                float inv = 1.0f / sqrtf(20.0f / 40.0f + 1e-6f); /* lk_q_inv_rms: ss 20 exact */
+                ok = sc[2][0] == inv / fm && sc[2][1] == lo;
+                for (int i = 0; i < G; i++)
+                    ok &= q[2][i] == (i % 2 ? nq : mx) && q[2][G + i] == (i % 2 && !i8 ? 0x80 : 0x00);
+                tu_check(ok, "%s rms_norm_per_block_quant %s -> %s: per block: +-1 block scale absmax / fp8_max, "
+                         "codes +-max; an all-zero block min_scale, codes +-0", isa, xn, on);
+                /* weights with a NaN (block 0) and an inf (block 1) over a row of +-1: y NaN there
+                 * (ignored by block 0's absmax: scale inv / fp8_max, +-max codes, NaN code / i8 0);
+                 * y +-inf in block 1: scale inf, finite values +-0, the inf NaN (i8: 0); with
+                 * scale_ub 0.5 both blocks' scale 0.5 / fp8_max, y / scale beyond the max:
+                 * +-max (i8 127 / -128), the inf too */
+                for (int i = 0; i < D; i++) lk_store_f(xb, xt, i, i % 2 ? -1.0f : 1.0f), w[i] = 1.0f;
+                w[5] = NAN, w[G + 2] = INFINITY;
+                lk_tensor tx1 = t2(xb, xt, 1, D), tq1 = lk_tensor_make(q, ot, 2, (int64_t[]){1, D});
+                lk_tensor ts1 = t2(sc, LK_F32, 1, 2);
+                inv = 1.0f / sqrtf(40.0f / 40.0f + 1e-6f);
+                s = lk_rms_norm_per_block_quant(&tq1, &tx1, &tw, &ts1, 1e-6f, NULL, NULL, G);
+                ok = s == LK_OK && sc[0][0] == inv / fm && isinf(sc[0][1]) && sc[0][1] > 0 && NANQ(q[0][5]) &&
+                     NANQ(q[0][G + 2]);
+                for (int i = 0; i < G; i++) {
+                    if (i != 5) ok &= q[0][i] == (i % 2 ? nq : mx);
+                    if (i != 2) ok &= q[0][G + i] == (i % 2 && !i8 ? 0x80 : 0x00);
+                }
+                tu_check(ok, "%s rms_norm_per_block_quant %s -> %s: a NaN weight ignored by its block's absmax (%s "
+                         "there), an inf weight makes its block's scale inf (finite values %s, the inf %s) (%s)", isa,
+                         xn, on, i8 ? "code 0" : "NaN", i8 ? "0" : "signed zeros", i8 ? "0" : "NaN",
+                         lk_status_str(s));
+                s = lk_rms_norm_per_block_quant(&tq1, &tx1, &tw, &ts1, 1e-6f, &tub, NULL, G);
+                ok = s == LK_OK && sc[0][0] == 0.5f / fm && sc[0][1] == 0.5f / fm && NANQ(q[0][5]);
+                for (int i = 0; i < D; i++) /* i8: y * (1 / scale) = +-254: 127 / -128 */
+                    if (i != 5) ok &= q[0][i] == (i % 2 ? (i8 ? 0x80 : nq) : mx);
+                tu_check(ok, "%s rms_norm_per_block_quant %s -> %s, scale_ub 0.5: every block's scale 0.5 / fp8_max, "
+                         "beyond-max values and the inf saturate to +-max%s", isa, xn, on, i8 ? " (127 / -128)" : "");
+#undef NANQ
+            }
+    }
+}
+
 /* lk_static_group_scaled_fp8_quant's special values (docs/numerics.md "fp8 activations":
  * the fp8.h conversion of x / scale[r / gm, c / gn]), per ISA, f32 and bf16 inputs, 2 rows
  * of D = 40, on each of its SIMD paths: per-channel scales [1, D] read as vectors, the same
@@ -1592,6 +1673,7 @@ int main(void) {
     test_fp8_ops(); /* fp8 cache operators */
     test_fp8_act();
     test_fp8_group();
+    test_fp8_norm_block();
     test_fp8_static_grid();
     test_int8_act();
     test_merge();

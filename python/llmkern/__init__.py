@@ -51,6 +51,7 @@ from .ops import (  # fp8 activations (vLLM's names)
     per_token_group_fp8_quant,
     per_token_group_quant_fp8,
     rms_norm_dynamic_per_token_quant,
+    rms_norm_per_block_quant,
     rms_norm_static_fp8_quant,
     scaled_fp8_quant,
     static_scaled_fp8_quant,
@@ -77,7 +78,7 @@ __all__ = [
     "scaled_fp8_quant", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
     "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
     "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
-    "per_token_group_fp8_quant", "per_token_group_quant_fp8",
+    "per_token_group_fp8_quant", "per_token_group_quant_fp8", "rms_norm_per_block_quant",
     # int8 activations
     "scaled_int8_quant", "static_scaled_int8_quant", "dynamic_scaled_int8_quant",
 ]

@@ -183,6 +183,7 @@ fused_add_rms_norm_static_fp8_quant = cfunc("lk_fused_add_rms_norm_static_fp8_qu
 rms_norm_dynamic_per_token_quant = cfunc("lk_rms_norm_dynamic_per_token_quant", [_T, _T, _T, _T, _f, _T, _T])
 merge_attn_states_scaled = cfunc("lk_merge_attn_states_scaled", [_T] * 7)
 per_token_group_fp8_quant = cfunc("lk_per_token_group_fp8_quant", [_T, _T, _T, ctypes.c_int64, _f, _i])
+rms_norm_per_block_quant = cfunc("lk_rms_norm_per_block_quant", [_T, _T, _T, _T, _f, _T, _T, ctypes.c_int64])
 static_group_scaled_fp8_quant = cfunc("lk_static_group_scaled_fp8_quant", [_T, _T, _T])
 # int8 activations (since 0.3)
 static_scaled_int8_quant = cfunc("lk_static_scaled_int8_quant", [_T] * 4)

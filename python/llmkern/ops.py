@@ -204,9 +204,10 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
 
 # ---------------------------------------------------------------- fp8 activations
 # vLLM's names and argument order: the raw custom ops write into `out` (and the scale
-# tensors) in place; scaled_fp8_quant and rms_norm_dynamic_per_token_quant allocate and
-# return (output, scale) as vLLM's Python wrappers do. An fp8 output is a float8_e4m3fn /
-# float8_e5m2 tensor or array (ml_dtypes for NumPy), or a uint8 buffer taken as e4m3.
+# tensors) in place; scaled_fp8_quant, rms_norm_dynamic_per_token_quant and
+# rms_norm_per_block_quant allocate and return (output, scale) as vLLM's Python wrappers
+# do. An fp8 output is a float8_e4m3fn / float8_e5m2 tensor or array (ml_dtypes for
+# NumPy), or a uint8 buffer taken as e4m3.
 
 
 def _fp8_out(x, name):
@@ -592,6 +593,111 @@ def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major
     if s:
         _raise_as(s, {"out": "out_q", "input": "x", "scales": "x_s"})
     return out_q, x_s
+
+
+# ---- RMSNorm with per-block dynamic scales (vLLM's rms_norm_per_block_quant custom op and
+# its _custom_ops wrapper of the same name: the norm before block-fp8 GEMMs, DeepSeek-V3's
+# groups of 128): the per-token op's rules with a scale per (row, block of group_size columns)
+
+
+def _block_scale_view(scale, input, group_size, is_scale_transposed):
+    """The packed lk_tensor of the raw op's scale. is_scale_transposed set: a 2-D scale
+    shaped [D / group_size, rows] (and not [rows, D / group_size]) is taken as its
+    transposed view, any other shape as it is (the C op reads any strides). Not set: the
+    last dim's stride must be 1 where it has more than one element and the scale is not
+    empty (vLLM refuses an outer scale stride > 1 without the flag), else ValueError."""
+    if scale is None:
+        return None  # C's LK_ERR_NULL
+    L._writable(scale, "scale")
+    p, dt, shape, st = L.info(scale, "scale")
+    shape, st = tuple(int(d) for d in shape), tuple(int(s) for s in st)
+    if is_scale_transposed:
+        if len(shape) == 2 and group_size >= 1:
+            xshape = tuple(int(d) for d in L.info(input, "input")[2])
+            if xshape and xshape[-1] % group_size == 0:
+                rows, ng = int(np.prod(xshape[:-1], dtype=np.int64)), xshape[-1] // group_size
+                if shape == (ng, rows) and shape != (rows, ng):
+                    shape, st = shape[::-1], st[::-1]
+    elif len(shape) >= 1 and shape[-1] > 1 and st[-1] != 1 and 0 not in shape:  # empty: no layout
+        raise ValueError("scale: shape %s with strides %s: the last dim's stride is not 1; column-major "
+                         "(transposed) scales need is_scale_transposed=True, as in vLLM"
+                         % (list(shape), list(st)))
+    return L.pack(p, dt, shape, st, "scale")
+
+
+def rms_norm_per_block_quant_into(result, input, weight, scale, epsilon, scale_ub, residual, group_size,
+                                  is_scale_transposed=False):
+    """The raw custom op (torch.ops._C.rms_norm_per_block_quant), written in place: with
+    residual, residual = round(input + residual) (in place, its dtype) and the norm is over
+    it; y = RMSNorm(.) * weight in f32 (weight None: no weight), then per row r and block g
+    (columns g * group_size .. + group_size - 1):
+      scale[r, g] = max(min(absmax(y[r, block g]), scale_ub) / fp8_max, 1 / (fp8_max * 512))
+      result = fp8(y / scale[r, g])
+    int8 result: scale = max(min(absmax, scale_ub) / 127, FLT_EPSILON), result =
+    i8(y * (1 / scale)) (round to nearest even, saturated; vLLM refuses scale_ub with int8,
+    here it bounds the absmax as for fp8). result: float8_e4m3fn / float8_e5m2 (torch,
+    ml_dtypes), a uint8 buffer taken as e4m3, or int8; input [..., D]; group_size >= 1
+    dividing D (vLLM's kernels take 64 and 128 only; LlmkernError naming group_size
+    otherwise); scale_ub None or one f32 element (a number too).
+    scale: f32, logically [rows, D / group_size] (rows = numel / D), or input's leading
+    dims then D / group_size, any strides: vLLM's column-major scales
+    (is_scale_transposed: the transposed view of a [D / group_size, rows] buffer, outer
+    stride > 1) and row-major ones. is_scale_transposed is a hint, the strides decide:
+    with it, either layout is accepted, and a [D / group_size, rows] buffer itself (not
+    its transposed view; not when rows == D / group_size, which is taken as
+    [rows, D / group_size]) is taken as the transposed view; without it, a scale whose
+    last dim has a stride other than 1 (and more than one element) raises ValueError, as
+    vLLM refuses it, so that a call accepted here means the same in vLLM. Scale shape /
+    dtype errors are the C op's (LlmkernError naming scale)."""
+    g = _group_size_arg(group_size)
+    sv = _block_scale_view(scale, input, g, is_scale_transposed)
+    if scale_ub is not None:
+        scale_ub = _scale_in(scale_ub, "scale_ub")
+    s = L.rms_norm_per_block_quant(_fp8_out(result, "result"), _view(input, "input"), _view(weight, "weight"), sv,
+                                   epsilon, _view(scale_ub, "scale_ub"),
+                                   None if residual is None else _out(residual, "residual"), g)
+    if s:
+        _raise_as(s, {"out": "result", "scales": "scale"})
+
+
+def _block_group_size(group_size):
+    """vLLM's group_size of the wrapper: a block shape [1, G] (one row, G columns); G."""
+    try:
+        gs = tuple(group_size)
+    except TypeError:
+        gs = None
+    if gs is None or len(gs) != 2 or not all(_is_int(g) for g in gs):
+        raise TypeError("group_size: %r, expected a block shape [1, group_size] (two ints, as vLLM's "
+                        "group_shape)" % (group_size,))
+    if gs[0] != 1:
+        raise ValueError("group_size: %r; the blocks are parts of one row, expected [1, group_size]"
+                         % (group_size,))
+    return _group_size_arg(gs[1])
+
+
+def rms_norm_per_block_quant(input, weight, epsilon, quant_dtype, group_size, scale_ub=None, residual=None,
+                             is_scale_transposed=False):
+    """vLLM's rms_norm_per_block_quant (_custom_ops): returns (out, scales), out of input's
+    shape and quant_dtype (float8_e4m3fn / float8_e5m2 / int8, torch's or ml_dtypes' / NumPy's
+    types or their names), scales f32 [rows, D / G] (rows = numel / D; any input rank), as
+    vLLM allocates them: row-major, or with is_scale_transposed the transposed view of a
+    [D / G, rows] buffer (strides (1, rows)). group_size: vLLM's block shape [1, G] (a
+    sequence of two ints, the first 1, else TypeError / ValueError). Values as the raw op
+    rms_norm_per_block_quant_into (residual updated in place). NumPy arrays or torch
+    tensors, results of the same kind."""
+    g = _block_group_size(group_size)
+    shape = tuple(input.shape)
+    D = shape[-1] if shape else 0
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+    ng = D // g if g >= 1 and D % g == 0 else 0  # else C refuses group_size before looking at the scales
+    out = _fp8_like(input, shape, _quant_dtype(input, quant_dtype))
+    if is_scale_transposed:
+        buf = _f32_like(input, (ng, rows))
+        scales = buf.transpose(0, 1) if L.is_torch(input) else buf.T
+    else:
+        scales = _f32_like(input, (rows, ng))
+    rms_norm_per_block_quant_into(out, input, weight, scales, epsilon, scale_ub, residual, g, is_scale_transposed)
+    return out, scales
 
 
 # ---------------------------------------------------------------- int8 activations

@@ -127,6 +127,12 @@ _register("rms_norm_dynamic_per_token_quant",
           "Tensor!? residual) -> ()",
           lambda result, input, weight, scale, epsilon, scale_ub, residual:
           _ops.rms_norm_dynamic_per_token_quant_into(result, input, weight, scale, epsilon, scale_ub, residual))
+_register("rms_norm_per_block_quant",
+          "(Tensor! result, Tensor input, Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
+          "Tensor!? residual, int group_size, bool is_scale_transposed) -> ()",
+          lambda result, input, weight, scale, epsilon, scale_ub, residual, group_size, is_scale_transposed:
+          _ops.rms_norm_per_block_quant_into(result, input, weight, scale, epsilon, scale_ub, residual, group_size,
+                                             is_scale_transposed))
 
 # ---------------------------------------------------------------- int8 activations (vLLM's _C schemas)
 

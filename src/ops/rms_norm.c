@@ -163,18 +163,18 @@ lk_status lk_fused_add_rms_norm_static_fp8_quant(const lk_tensor *out, const lk_
     return lk_kernels()->rms_norm_quant(&a);
 }
 
-/* the dynamic forms: per token (group 0) and per block of group columns (group >= 1) */
+/* the dynamic forms: per token (!blocked) and per block of group columns (blocked) */
 static lk_status norm_dynamic(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
                               const lk_tensor *scales, float epsilon, const lk_tensor *scale_ub,
-                              const lk_tensor *residual, int64_t group) {
+                              const lk_tensor *residual, int blocked, int64_t group) {
     if (!out || !input || !scales)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
     lk_rms_norm_quant_args a = {.out = *out, .x = *input, .eps = epsilon, .mode = LK_Q_TOKEN, .ub = INFINITY,
-                                .group = group};
+                                .group = blocked ? group : 0};
     lk_status s;
     if ((s = check_norm_quant(&a, weight, residual, 1))) return s;
     int64_t D = a.x.shape[a.x.ndim - 1];
-    if (group) {
+    if (blocked) {
         if (group < 1) return lk_fail(LK_ERR_VALUE, "group_size: %lld, expected >= 1", (long long)group);
         if (D % group)
             return lk_fail(LK_ERR_SHAPE, "group_size: %lld does not divide input's last dim %lld (input %s)",
@@ -195,7 +195,7 @@ static lk_status norm_dynamic(const lk_tensor *out, const lk_tensor *input, cons
     /* rows of D == 0 (the views touch no element: row addresses are never formed); per
      * block they have no blocks */
     if (lk_numel(input) == 0)
-        return group ? LK_OK : lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
+        return blocked ? LK_OK : lk_q_fill_scales(&a.scales, lk_q_scale(0.0f, a.ub, a.out.dtype));
     return lk_kernels()->rms_norm_quant(&a);
 }
 
@@ -204,7 +204,7 @@ lk_status lk_rms_norm_dynamic_per_token_quant(const lk_tensor *out, const lk_ten
                                               const lk_tensor *residual) {
     lk_clear_error();
     lk_set_op("lk_rms_norm_dynamic_per_token_quant");
-    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, 0);
+    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, 0, 0);
 }
 
 lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *weight,
@@ -212,6 +212,5 @@ lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tensor *inp
                                       const lk_tensor *residual, int64_t group_size) {
     lk_clear_error();
     lk_set_op("lk_rms_norm_per_block_quant");
-    if (group_size == 0) return lk_fail(LK_ERR_VALUE, "group_size: 0, expected >= 1");
-    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, group_size);
+    return norm_dynamic(out, input, weight, scales, epsilon, scale_ub, residual, 1, group_size);
 }

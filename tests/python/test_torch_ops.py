@@ -97,6 +97,13 @@ def cases():
                                                       torch.tensor([0.02]), 1e-6), {}))
     c.append(("rms_norm_dynamic_per_token_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D), torch.empty(T, 1), 1e-6,
                                                    None, rn(T, D)), {}))
+    # per-block scales: vLLM's column-major ones (the transposed view of a [D / G, T] buffer)
+    # and row-major ones with an int8 result and scale_ub
+    c.append(("rms_norm_per_block_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D), torch.empty(D // 16, T).t(),
+                                           1e-6, None, rn(T, D), 16, True), {}))
+    c.append(("rms_norm_per_block_quant", (torch.empty(T, D, dtype=torch.int8), rn(T, D, dt=torch.bfloat16),
+                                           rn(D, dt=torch.bfloat16), torch.empty(T, D // 32), 1e-6,
+                                           torch.tensor([1.5]), None, 32, False), {}))
     # int8 activations
     i8 = torch.int8
     c.append(("static_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.tensor([0.02]), None), {}))
@@ -188,6 +195,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "rms_norm_dynamic_per_token_quant": "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, "
                                         "Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
                                         "Tensor!? residual) -> ()",
+    "rms_norm_per_block_quant": "rms_norm_per_block_quant(Tensor! result, Tensor input, Tensor weight, "
+                                "Tensor! scale, float epsilon, Tensor? scale_ub, Tensor!? residual, "
+                                "int group_size, bool is_scale_transposed) -> ()",
     "static_scaled_int8_quant": "static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, "
                                 "Tensor? azp) -> ()",
     "dynamic_scaled_int8_quant": "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, "
