@@ -117,6 +117,26 @@ static int rows_new(fz_world *w, fz_in *in, const char *name, lk_dtype dt, int n
     return fz_view_new(w, in, name, dt, snd, ss, FZ_OUT);
 }
 
+/* input [nd: shape] (a float dtype) and its fp8 out (the shape rarely off by one; out over
+ * the input one time in alias_chance; an i8 out rejected when i8_bad) */
+static void quant_io_new(fz_world *w, fz_in *in, q_attrs *a, int nd, const int64_t *shape, lk_dtype ot, int i8_bad,
+                         int alias_chance) {
+    a->x = fz_view_new(w, in, "input", fz_ftype(in), nd, shape, FZ_IN);
+    int64_t os[3] = {shape[0], shape[1], shape[2]};
+    if (fz_chance(in, 8)) {
+        os[fz_u8(in) % (unsigned)nd] += 1;
+        fz_fail_expected(w, "out shape differs from input");
+    }
+    if (fz_chance(in, alias_chance) && fz_usable(w, a->x)) { /* out written over the input: rejected */
+        a->out = fz_view_alias(w, a->x, "out", FZ_OUT);
+        w->v[a->out].inplace_of = -1;
+        fz_fail_expected(w, "out aliases input (not fp8)");
+    } else {
+        a->out = fp8_out_new(w, in, "out", ot, nd, os);
+        if (i8_bad && w->v[a->out].t.dtype == LK_I8) fz_fail_expected(w, "i8 out");
+    }
+}
+
 /* the int8 quantizers: out i8 = sat8(sat32(rn(v)) + azp); every written view bitwise */
 static void int8_case(fz_world *w, fz_in *in, q_attrs *a) {
     int nd = 1 + (int)(fz_u8(in) % 3);
@@ -345,20 +365,7 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     a->group = gs;
     a->ue8m0 = (int)(fz_u8(in) & 1);
 
-    a->x = fz_view_new(w, in, "input", fz_ftype(in), nd, shape, FZ_IN);
-    int64_t os[3] = {shape[0], shape[1], shape[2]};
-    if (fz_chance(in, 8)) {
-        os[fz_u8(in) % (unsigned)nd] += 1;
-        fz_fail_expected(w, "out shape differs from input");
-    }
-    if (fz_chance(in, 12) && fz_usable(w, a->x)) { /* out written over the input: rejected */
-        a->out = fz_view_alias(w, a->x, "out", FZ_OUT);
-        w->v[a->out].inplace_of = -1;
-        fz_fail_expected(w, "out aliases input (not fp8)");
-    } else {
-        a->out = fp8_out_new(w, in, "out", ot, nd, os);
-        if (i8_bad && w->v[a->out].t.dtype == LK_I8) fz_fail_expected(w, "i8 out");
-    }
+    quant_io_new(w, in, a, nd, shape, ot, i8_bad, 12);
 
     /* values: ordinary (also past the input's end), off-centre, below eps, near f32's max,
      * f16's range */
@@ -511,20 +518,7 @@ static void grid_case(fz_world *w, fz_in *in, q_attrs *a) {
     else if (bs < 20) sn = non_divisor(N);
     if (sm < 1 || sn < 1 || M % sm || N % sn) fz_fail_expected(w, "scale does not split the input into groups");
 
-    a->x = fz_view_new(w, in, "input", fz_ftype(in), nd, shape, FZ_IN);
-    int64_t os[3] = {shape[0], shape[1], shape[2]};
-    if (fz_chance(in, 8)) {
-        os[fz_u8(in) % (unsigned)nd] += 1;
-        fz_fail_expected(w, "out shape differs from input");
-    }
-    if (fz_chance(in, 10) && fz_usable(w, a->x)) { /* out written over the input: rejected */
-        a->out = fz_view_alias(w, a->x, "out", FZ_OUT);
-        w->v[a->out].inplace_of = -1;
-        fz_fail_expected(w, "out aliases input (not fp8)");
-    } else {
-        a->out = fp8_out_new(w, in, "out", ot, nd, os);
-        if (i8_bad && w->v[a->out].t.dtype == LK_I8) fz_fail_expected(w, "i8 out");
-    }
+    quant_io_new(w, in, a, nd, shape, ot, i8_bad, 10);
     /* input values: ordinary, off-centre, tiny (subnormal f32), near f32's max, f16's range */
     static const double LO[6] = {-4, 1, -1e-39, -3e38, -1e-30, -7e4}, HI[6] = {4, 9, 1e-39, 3e38, 1e-30, 7e4};
     unsigned rg = fz_u8(in) % 8;

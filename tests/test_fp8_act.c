@@ -937,13 +937,15 @@ static void test_group_scale_shapes(void) {
     tu_free(&x), tu_free(&out), tu_free(&ref);
 }
 
-/* expect() with the message starting "lk_per_token_group_fp8_quant: <name>" */
-static void gexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
+/* expect() with the message starting "<op>: <name>" */
+static void op_expect(const char *op, lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb,
+                      const char *what) {
     char pre[96];
-    snprintf(pre, sizeof pre, "lk_per_token_group_fp8_quant: %s", name);
+    snprintf(pre, sizeof pre, "%s: %s", op, name);
     int named = !strncmp(lk_last_error(), pre, strlen(pre));
     expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
 }
+#define gexpect(...) op_expect("lk_per_token_group_fp8_quant", __VA_ARGS__)
 
 static void test_group_errors(void) {
     int64_t R = 3, D = 20, G = 4, NG = D / G;
@@ -1427,13 +1429,7 @@ static void test_sgrid_empty(void) {
     }
 }
 
-/* expect() with the message starting "lk_static_group_scaled_fp8_quant: <name>" */
-static void sexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
-    char pre[96];
-    snprintf(pre, sizeof pre, "lk_static_group_scaled_fp8_quant: %s", name);
-    int named = !strncmp(lk_last_error(), pre, strlen(pre));
-    expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
-}
+#define sexpect(...) op_expect("lk_static_group_scaled_fp8_quant", __VA_ARGS__)
 
 static void test_sgrid_errors(void) {
     enum { R = 4, N = 20 };
@@ -1882,13 +1878,7 @@ static void test_block_scale_shapes(void) {
     tu_free(&x), tu_free(&out), tu_free(&res), tu_free(&w), tu_free(&ref);
 }
 
-/* expect() with the message starting "lk_rms_norm_per_block_quant: <name>" */
-static void bexpect(lk_status got, lk_status want, const char *name, tu_buf **bufs, int nb, const char *what) {
-    char pre[96];
-    snprintf(pre, sizeof pre, "lk_rms_norm_per_block_quant: %s", name);
-    int named = !strncmp(lk_last_error(), pre, strlen(pre));
-    expect(got, want, named ? name : "(a message starting with the op and the argument)", bufs, nb, what);
-}
+#define bexpect(...) op_expect("lk_rms_norm_per_block_quant", __VA_ARGS__)
 
 static void test_block_errors(void) {
     int64_t R = 3, D = 20, G = 4, NG = D / G;

@@ -57,6 +57,24 @@ lk_status lk_q_scales_out(const lk_tensor *t, const char *name, const lk_tensor 
     return lk_q_rows_out(t, name, x, view, LK_F32);
 }
 
+/* *view = t, a flat [rows, k] (or [rows]) view of per-row values of x [..., D], as x's
+ * leading dims and k (column stride ks). With no values (rows or k 0) the view's strides
+ * are unchecked: use 0; else every partial product is at most s0 * rows, within the view's
+ * validated extent (rows >= 2) or s0 itself (rows == 1) */
+static void spread_rows(const lk_tensor *t, const lk_tensor *x, int64_t k, int64_t ks, lk_tensor *view) {
+    int nd = x->ndim;
+    int64_t rows = lk_rows(x, 1), st = rows > 0 && k > 0 ? t->stride[0] : 0;
+    *view = *t;
+    view->ndim = nd;
+    view->shape[nd - 1] = k;
+    view->stride[nd - 1] = ks;
+    for (int d = nd - 2; d >= 0; d--) {
+        view->shape[d] = x->shape[d];
+        view->stride[d] = x->shape[d] > 1 ? st : 0;
+        if (d > 0) st *= x->shape[d];
+    }
+}
+
 lk_status lk_q_rows_out(const lk_tensor *t, const char *name, const lk_tensor *x, lk_tensor *view, lk_dtype dt) {
     lk_status s = lk_check_view(t, name, 1, LK_MAX_DIMS);
     if (s) return s;
@@ -78,20 +96,8 @@ lk_status lk_q_rows_out(const lk_tensor *t, const char *name, const lk_tensor *x
                        "(one value per row of input %s)", name, lk_shape_str(t), (long long)rows, (long long)rows,
                        lk_shape_str(x));
     if ((s = lk_check_no_self_overlap(t, name))) return s;
-    *view = *t;
-    if (flat) { /* [rows] (or [rows, 1]) stride s0 as x's leading dims + [1] */
-        /* no rows: strides 0; else every partial product is at most s0 * rows, within the
-         * view's validated extent (rows >= 2) or s0 itself (rows == 1) */
-        int64_t st = rows > 0 ? t->stride[0] : 0;
-        view->ndim = nd;
-        view->shape[nd - 1] = 1;
-        view->stride[nd - 1] = 0;
-        for (int d = nd - 2; d >= 0; d--) {
-            view->shape[d] = x->shape[d];
-            view->stride[d] = x->shape[d] > 1 ? st : 0;
-            if (d > 0) st *= x->shape[d];
-        }
-    }
+    if (flat) spread_rows(t, x, 1, 0, view); /* [rows] (or [rows, 1]) as x's leading dims + [1] */
+    else *view = *t;
     return LK_OK;
 }
 
@@ -183,19 +189,8 @@ lk_status lk_q_groups_out(const lk_tensor *t, const lk_tensor *x, int64_t ng, lk
                        "(one scale per group of each row of input %s)", lk_shape_str(t), (long long)rows,
                        (long long)ng, (long long)ng, lk_shape_str(x));
     if ((s = lk_check_no_self_overlap(t, "scales"))) return s;
-    *view = *t;
-    if (flat) { /* [rows, ng]: dim 0 spread over x's leading dims (as lk_q_rows_out) */
-        /* no scales (rows or ng 0): the view's strides are unchecked, use 0 */
-        int64_t st = rows > 0 && ng > 0 ? t->stride[0] : 0;
-        view->ndim = nd;
-        view->shape[nd - 1] = ng;
-        view->stride[nd - 1] = t->stride[1];
-        for (int d = nd - 2; d >= 0; d--) {
-            view->shape[d] = x->shape[d];
-            view->stride[d] = x->shape[d] > 1 ? st : 0;
-            if (d > 0) st *= x->shape[d];
-        }
-    }
+    if (flat) spread_rows(t, x, ng, t->stride[1], view); /* [rows, ng] as x's leading dims + [ng] */
+    else *view = *t;
     return LK_OK;
 }
 

@@ -71,3 +71,11 @@ def c_op_missing(name):
     """True when the loaded libllmkern lacks the C function (its branch not merged yet)."""
     from llmkern import _lib
     return getattr(getattr(_lib, name), "missing", False)
+
+
+def usable_isas(lk):
+    """The ISAs lk.set_isa takes on this machine, ref first (x86: each needs the ones
+    before it; aarch64: neon)."""
+    chains = [["ref", "avx2", "avx512", "avx512bf16", "amx"], ["ref", "neon"]]
+    chain = [c for c in chains if lk.best_isa() in c][0]
+    return chain[:chain.index(lk.best_isa()) + 1]
