@@ -691,6 +691,28 @@ LK_API lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tens
                                              const lk_tensor *weight, const lk_tensor *scales,
                                              float epsilon, const lk_tensor *scale_ub,
                                              const lk_tensor *residual, int64_t group_size);
+/* SiLU-and-mul then quantization (vLLM's silu_and_mul_quant and
+ * silu_and_mul_per_block_quant: the activation in front of an fp8 / int8 GEMM). input
+ * [..., 2d] f32 / f16 / bf16 (gate = input[..., :d], up = input[..., d:]), out [..., d],
+ * any strides; per element, in f32:
+ *   y = silu(gate) * up,   silu(g) = g / (1 + exp(-g))   (lk_silu_and_mul's SIMD form,
+ *       within 2 ulp of exact, the same bits on every ISA; silu(-inf) = -0, NaN stays)
+ * lk_silu_and_mul_quant: out fp8 (LK_F8E4M3 / LK_F8E5M2) = fp8(y / scale), scale [1] or []
+ *   f32, finite and > 0 (static per tensor).
+ * lk_silu_and_mul_per_block_quant: per row r and block g of group_size columns (group_size
+ *   >= 1 dividing d: LK_ERR_VALUE / LK_ERR_SHAPE naming it), scales f32 [..., d /
+ *   group_size] (input's leading dims) or [rows, d / group_size], any strides (vLLM's
+ *   is_scale_transposed scales are the transposed view of a [d / group_size, rows] buffer):
+ *     scales[r, g] = max(min(absmax(y[r, block g]) / qmax, scale_ub), min_scale)
+ *   (absmax ignoring NaN; scale_ub [1] f32 finite > 0, or NULL: none), then the block's
+ *   codes: fp8 out: fp8(y / scale), qmax = fp8_max, min_scale = 1 / (fp8_max * 512); i8
+ *   out: i8(y / scale) (round to nearest even, saturated to [-128, 127], NaN -> 0), qmax =
+ *   127, min_scale = FLT_EPSILON. Note the order: scale_ub bounds the scale here (vLLM's
+ *   silu kernel), the absmax in the RMSNorm ops above. */
+LK_API lk_status lk_silu_and_mul_quant(const lk_tensor *out, const lk_tensor *input, const lk_tensor *scale);
+LK_API lk_status lk_silu_and_mul_per_block_quant(const lk_tensor *out, const lk_tensor *input,
+                                                 const lk_tensor *scales, const lk_tensor *scale_ub,
+                                                 int64_t group_size);
 /* lk_merge_attn_states with an fp8 out (LK_F8E4M3 / LK_F8E5M2) and output_scale [1] f32
  * (vLLM's output_scale): out = fp8(merged / output_scale), everything else as
  * lk_merge_attn_states (the merged f32 value is the one a float out would round).

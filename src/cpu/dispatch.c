@@ -92,6 +92,7 @@ static void fill_ref(lk_kernel_table *r) {
     r->fp8_quant = lk_ref_fp8_quant;
     r->rms_norm_quant = lk_ref_rms_norm_quant;
     r->int8_quant = lk_ref_int8_quant; /* int8 activations */
+    r->act_quant = lk_ref_act_quant;
 }
 
 static void fill_tables(void) {

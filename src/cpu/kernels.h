@@ -129,6 +129,16 @@ typedef struct {
     lk_tensor azps;    /* dynamic asymmetric: [..., 1] i32 view */
 } lk_int8_quant_args;
 
+/* silu_and_mul + quant (src/ops/act_quant.c, src/cpu/act_quant.h): y = silu(x[..., :d]) *
+ * x[..., d:] (f32, lk_aq_silu), out = q(y / s) */
+typedef struct {
+    lk_tensor out, x;  /* out fp8 / i8 [..., d]; x [..., 2d] */
+    int64_t group;     /* 0: static per tensor (scale); else columns per block (divides d) */
+    float scale;       /* group == 0: the given scale */
+    lk_tensor scales;  /* group > 0: [..., d / group] f32, written */
+    float ub;          /* group > 0: scale_ub or +inf */
+} lk_act_quant_args;
+
 /* the rms_norm + quant ops: y = x_or_residual * inv_rms * w; out = fp8(y / scale) */
 typedef struct {
     lk_tensor out, x, w;  /* out fp8 [..., D]; x [..., D]; w [D] (stride 0: no weight) */
@@ -373,6 +383,7 @@ typedef struct {
     lk_status (*fp8_quant)(const lk_fp8_quant_args *a);
     lk_status (*rms_norm_quant)(const lk_rms_norm_quant_args *a);
     lk_status (*int8_quant)(const lk_int8_quant_args *a); /* int8 activations */
+    lk_status (*act_quant)(const lk_act_quant_args *a);   /* silu_and_mul + quant */
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -400,6 +411,7 @@ lk_status lk_ref_convert_fp8(const lk_convert_fp8_args *a);         /* fp8 cache
 lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a);
 lk_status lk_ref_rms_norm_quant(const lk_rms_norm_quant_args *a);
 lk_status lk_ref_int8_quant(const lk_int8_quant_args *a); /* int8 activations */
+lk_status lk_ref_act_quant(const lk_act_quant_args *a);
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
 

@@ -22,6 +22,7 @@ void LKV_FN(register_mla_decode)(lk_kernel_table *t);
 void LKV_FN(register_convert_fp8)(lk_kernel_table *t); /* fp8 caches */
 void LKV_FN(register_fp8_quant)(lk_kernel_table *t); /* fp8 activations */
 void LKV_FN(register_int8_quant)(lk_kernel_table *t); /* int8 activations */
+void LKV_FN(register_act_quant)(lk_kernel_table *t);
 
 void LKV_FN(register)(lk_kernel_table *t);
 void LKV_FN(register)(lk_kernel_table *t) {
@@ -40,4 +41,5 @@ void LKV_FN(register)(lk_kernel_table *t) {
     LKV_FN(register_convert_fp8)(t); /* fp8 caches */
     LKV_FN(register_fp8_quant)(t); /* fp8 activations */
     LKV_FN(register_int8_quant)(t); /* int8 activations */
+    LKV_FN(register_act_quant)(t);
 }
