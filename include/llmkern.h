@@ -650,7 +650,11 @@ LK_API lk_status lk_static_group_scaled_fp8_quant(const lk_tensor *out, const lk
  * absmax ignores NaN; NaN elements stay NaN (vLLM's clamp turns them into -fp8_max); an
  * inf element makes its group's scale inf (finite values -> 0, inf -> NaN). eps must be
  * finite and >= fp8_max * FLT_MIN (the smallest scale a normal f32), else LK_ERR_VALUE;
- * group_size < 1 (LK_ERR_VALUE) or not dividing D (LK_ERR_SHAPE) names group_size. */
+ * group_size < 1 (LK_ERR_VALUE) or not dividing D (LK_ERR_SHAPE) names group_size.
+ * out may also be LK_I8 (vLLM's per_token_group_quant_int8, block-int8 checkpoints):
+ * fp8_max is 127 and out[r, i] = trunc(clamp(input[r, i] / s, -128, 127)), toward zero as
+ * vLLM's int8_t(q) cast (not rounded: its other int8 quantizers round to nearest), NaN -> 0
+ * (vLLM's clamp gives -128). Since 0.3. */
 LK_API lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *input,
                                               const lk_tensor *scales, int64_t group_size, float eps,
                                               int scale_ue8m0);

@@ -17,6 +17,9 @@
  *   lk_q_i8(v)                round to nearest even, saturate to [-128, 127], NaN -> 0
  *   lk_q_quant(p, dt, i, y, s, rs) element i = fp8(y / s), or i8(y * rs) with rs = 1 / s
  *                             (vLLM multiplies int8 values by the reciprocal)
+ * and the int8 output of per_token_group_fp8_quant (vLLM's per_token_group_quant_int8):
+ *   lk_q_i8_trunc(v)          clamped to [-128, 127], then toward zero (vLLM's int8_t(q)
+ *                             cast of the clamped value); NaN -> 0
  */
 #ifndef LK_FP8_QUANT_H
 #define LK_FP8_QUANT_H
@@ -50,6 +53,13 @@ static inline int8_t lk_q_i8(float v) {
     if (v >= 127.0f) return 127;
     if (v <= -128.0f) return -128;
     return (int8_t)rintf(v);
+}
+
+static inline int8_t lk_q_i8_trunc(float v) {
+    if (!(v == v)) return 0;
+    if (v >= 127.0f) return 127;
+    if (v <= -128.0f) return -128;
+    return (int8_t)v; /* |v| < 128: the conversion truncates */
 }
 
 static inline void lk_q_quant(void *p, lk_dtype dt, int64_t i, float y, float s, float rs) {

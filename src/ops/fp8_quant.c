@@ -10,7 +10,8 @@
  *   per tensor: scale [1] = max(absmax(x) / fp8_max, min_scale) written first;
  *   per token: scales[r] = max(min(absmax(x[r]), scale_ub) / fp8_max, min_scale) per row r;
  *   per token group: scales[r, g] = max(absmax(x[r, gG:gG+G]), eps) / fp8_max (ue8m0:
- *   rounded up to a power of two) per row r and group g.
+ *   rounded up to a power of two) per row r and group g; an i8 out: / 127, codes
+ *   trunc(clamp(x / scale, -128, 127)).
  *
  * Also the scale / fp8-output checks the fused rms_norm + quant ops (src/ops/rms_norm.c)
  * and the merge with an fp8 output (src/ops/merge.c) share (src/cpu/fp8_quant.h).
@@ -108,10 +109,11 @@ lk_status lk_q_fill_scales(const lk_tensor *view, float v) {
     return LK_OK;
 }
 
-static lk_status check_common(const lk_fp8_quant_args *a) {
+/* i8: out may be LK_I8 (the per-token-group op) */
+static lk_status check_common(const lk_fp8_quant_args *a, int i8) {
     lk_status s;
     if ((s = lk_check_float(&a->x, "input", 1, LK_MAX_DIMS))) return s;
-    if ((s = lk_q_check_out(&a->out, "out"))) return s;
+    if ((s = lk_q_check_out_i8(&a->out, "out", i8))) return s;
     if ((s = lk_check_same_shape(&a->out, "out", &a->x, "input"))) return s;
     return lk_check_disjoint(&a->out, "out", &a->x, "input");
 }
@@ -130,7 +132,7 @@ lk_status lk_static_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *inpu
     if (!out || !input || !scale)
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_STATIC, .ub = INFINITY};
-    lk_status s = check_common(&a);
+    lk_status s = check_common(&a, 0);
     if (!s) s = lk_q_scale_in(scale, "scale", &a.scale);
     if (!s) s = lk_check_disjoint(&a.out, "out", scale, "scale"); /* read at validation; not overwritten */
     if (s) return s;
@@ -144,7 +146,7 @@ lk_status lk_dynamic_scaled_fp8_quant(const lk_tensor *out, const lk_tensor *inp
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_TENSOR, .ub = INFINITY};
     lk_status s;
-    if ((s = check_common(&a))) return s;
+    if ((s = check_common(&a, 0))) return s;
     if ((s = lk_q_scale_out(scale, "scale"))) return s;
     if ((s = lk_check_disjoint(scale, "scale", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scale, "scale", &a.x, "input"))) return s;
@@ -160,7 +162,7 @@ lk_status lk_dynamic_per_token_scaled_fp8_quant(const lk_tensor *out, const lk_t
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scales");
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_TOKEN, .ub = INFINITY};
     lk_status s;
-    if ((s = check_common(&a))) return s;
+    if ((s = check_common(&a, 0))) return s;
     if ((s = lk_q_scales_out(scales, "scales", &a.x, &a.scales))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;
@@ -203,7 +205,7 @@ lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *in
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_GROUP, .ub = INFINITY, .group = group_size,
                            .eps = eps, .ue8m0 = scale_ue8m0 != 0};
     lk_status s;
-    if ((s = check_common(&a))) return s;
+    if ((s = check_common(&a, 1))) return s;
     int64_t D = a.x.shape[a.x.ndim - 1];
     if (group_size < 1)
         return lk_fail(LK_ERR_VALUE, "group_size: %lld, expected >= 1", (long long)group_size);
@@ -228,7 +230,7 @@ lk_status lk_static_group_scaled_fp8_quant(const lk_tensor *out, const lk_tensor
         return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", !out ? "out" : !input ? "input" : "scale");
     lk_fp8_quant_args a = {.out = *out, .x = *input, .mode = LK_Q_STATIC_GRID, .ub = INFINITY};
     lk_status s;
-    if ((s = check_common(&a))) return s;
+    if ((s = check_common(&a, 0))) return s;
     if ((s = lk_check_view(scale, "scale", 2, 2))) return s;
     int64_t M = lk_rows(&a.x, 1), N = a.x.shape[a.x.ndim - 1], sm = scale->shape[0], sn = scale->shape[1];
     if (sm < 1 || sn < 1 || M % sm || N % sn)

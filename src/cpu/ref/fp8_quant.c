@@ -8,7 +8,8 @@
  *   per token:  s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
  *   grid:       s = scale[r / gm, i / gn] (given) for element i of row r
  *   per group:  s = gscales[r, g] = lk_q_group_scale(absmax(x[r, gG:gG+G]), eps, ue8m0)
- *               for the elements of group g (G = group elements)
+ *               for the elements of group g (G = group elements); an i8 out:
+ *               out[r, i] = lk_q_i8_trunc(x[r, i] / s) (fp8_max 127)
  * absmax ignores NaN (src/cpu/fp8_quant.h). Shapes: x, out [..., D] (rows walked in
  * row-major order, any strides); scales [..., 1]; gscales [..., D / G]; the grid
  * [rows / gm, D / gn]. No threads.
@@ -58,8 +59,11 @@ lk_status lk_ref_fp8_quant(const lk_fp8_quant_args *a) {
                 const char *xg = (const char *)xr + g * G * xs * lk_esize(x->dtype); // [G] stride xs
                 s = lk_q_group_scale(row_absmax(xg, x->dtype, xs, G), a->eps, a->ue8m0, out->dtype);
                 ((float *)gs->data)[si.off + g * gst] = s;
-                for (int64_t i = g * G; i < g * G + G; i++)
-                    lk_q_store(orow, out->dtype, i * os, lk_load_f(xr, x->dtype, i * xs) / s);
+                for (int64_t i = g * G; i < g * G + G; i++) {
+                    float v = lk_load_f(xr, x->dtype, i * xs) / s;
+                    if (out->dtype == LK_I8) ((int8_t *)orow)[i * os] = lk_q_i8_trunc(v);
+                    else lk_q_store(orow, out->dtype, i * os, v);
+                }
             }
             lk_rowit_next(&si);
             continue;

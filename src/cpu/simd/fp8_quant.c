@@ -7,7 +7,8 @@
  *   per tensor: s = max(absmax(x) / fp8_max, min_scale);
  *   per token: s = scales[r] = max(min(absmax(x[r]), ub) / fp8_max, min_scale)
  *   per token group (G elements): s = gscales[r, g] = lk_q_group_scale(absmax of the
- *   group, eps, ue8m0) for the elements of group g
+ *   group, eps, ue8m0) for the elements of group g; an i8 out: trunc(clamp(x / s, -128,
+ *   127)), NaN -> 0 (lk_q_i8_trunc, in vectors)
  *
  * Shapes: x, out [..., D]; scales [..., 1]; gscales [..., D / G]; the grid [rows / gm,
  * D / gn]. Fast path: last-dim stride 1 on x and out, else the reference. Work split:
@@ -63,6 +64,21 @@ LK_ALWAYS_INLINE void grid_row_dt(char *orow, lk_dtype od, const char *xr, lk_dt
     }
 }
 
+/* o[0, n) = trunc(clamp(x / s, -128, 127)) (NaN -> 0): lk_q_i8_trunc's codes */
+LK_ALWAYS_INLINE void i8_trunc_row(int8_t *o, const char *x, lk_dtype xd, int64_t n, float s) {
+    int64_t es = lk_esize(xd);
+    lkv_f32 k = lkv_set1(s);
+    lkv_i32 byte = lkv_i32_set1(0xff);
+    for (int64_t i = 0; i < n; i += LKV_W) {
+        int64_t m = n - i < LKV_W ? n - i : LKV_W;
+        lkv_f32 v = lkv_div(m == LKV_W ? lkv_load(x + i * es, xd) : lkv_load_part(x + i * es, xd, m), k);
+        v = lkv_zero_where(lkv_unord(v, v), v);
+        lkv_i32 c = lkv_i32_and(lkv_cvtt_i32(lkv_min(lkv_max(v, lkv_set1(-128.0f)), lkv_set1(127.0f))), byte);
+        if (m == LKV_W) lkv_u8_store(o + i, c);
+        else lkv_u8_store_part(o + i, c, m);
+    }
+}
+
 /* one row's groups of G with literal dtypes, in two passes over the row (in L1 between
  * them): the scales sr[g] (stride gst), then the codes, so that one group's absmax
  * reduction and scale division do not wait on the previous group's quantization */
@@ -71,7 +87,10 @@ LK_ALWAYS_INLINE void group_row_dt(char *orow, lk_dtype od, const char *xr, lk_d
     int64_t xes = lk_esize(xd);
     for (int64_t g = 0; g < D / G; g++)
         sr[g * gst] = lk_q_group_scale(lkq_row_absmax_dt(xr + g * G * xes, xd, G), a->eps, a->ue8m0, od);
-    for (int64_t g = 0; g < D / G; g++) lkq_fp8_row_dt(orow + g * G, od, xr + g * G * xes, xd, G, sr[g * gst]);
+    for (int64_t g = 0; g < D / G; g++) {
+        if (od == LK_I8) i8_trunc_row((int8_t *)orow + g * G, xr + g * G * xes, xd, G, sr[g * gst]);
+        else lkq_fp8_row_dt(orow + g * G, od, xr + g * G * xes, xd, G, sr[g * gst]);
+    }
 }
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -99,7 +118,11 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
             int64_t G = a->group, gst = gs->stride[gs->ndim - 1];
             float *sr = (float *)gs->data + si.off; // [D / G] stride gst
 #define GROUP_ROW(xd, od) group_row_dt(orow, od, xr, xd, D, G, sr, gst, a)
-            LKQ_FP8_OUT(x->dtype, out->dtype, GROUP_ROW);
+            if (out->dtype == LK_I8) { /* int8 codes (vLLM's per_token_group_quant_int8) */
+                if (x->dtype == LK_BF16) GROUP_ROW(LK_BF16, LK_I8);
+                else if (x->dtype == LK_F16) GROUP_ROW(LK_F16, LK_I8);
+                else GROUP_ROW(LK_F32, LK_I8);
+            } else LKQ_FP8_OUT(x->dtype, out->dtype, GROUP_ROW);
 #undef GROUP_ROW
             lk_rowit_next(&si);
             continue;

@@ -10,7 +10,7 @@
  *   arithmetic  lkv_zero set1 loadu storeu add sub mul div fma (a b + c) fnma (c - a b)
  *               max min (x86 rule: a > b ? a : b, so a NaN in a yields b) and or andnot
  *               round (to nearest even) hsum hmax
- *   int lanes   lkv_as_i32 as_f32 cvt_i32 (round to nearest) i32_set1 add sub and
+ *   int lanes   lkv_as_i32 as_f32 cvt_i32 (round to nearest) cvtt_i32 (toward zero) i32_set1 add sub and
  *               slli srli srai
  *   masks       lkv_lt gt unord m_none m_or m_any m_first(n) blend(a, b, m) (m ? b : a)
  *               maskz(m, a) (m ? a : 0) zero_where(m, a) (m ? 0 : a)

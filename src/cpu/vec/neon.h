@@ -85,6 +85,7 @@ static inline lkv_f32 lkv_zero_where(lkv_m m, lkv_f32 a) { return lkv__bitop(vbi
 static inline lkv_i32 lkv_as_i32(lkv_f32 v) { return vreinterpretq_s32_f32(v); }
 static inline lkv_f32 lkv_as_f32(lkv_i32 v) { return vreinterpretq_f32_s32(v); }
 static inline lkv_i32 lkv_cvt_i32(lkv_f32 v) { return vcvtnq_s32_f32(v); } /* nearest, ties to even */
+static inline lkv_i32 lkv_cvtt_i32(lkv_f32 v) { return vcvtq_s32_f32(v); }  /* toward zero */
 static inline lkv_i32 lkv_i32_set1(int x) { return vdupq_n_s32(x); }
 static inline lkv_i32 lkv_i32_add(lkv_i32 a, lkv_i32 b) { return vaddq_s32(a, b); }
 static inline lkv_i32 lkv_i32_sub(lkv_i32 a, lkv_i32 b) { return vsubq_s32(a, b); }

@@ -84,6 +84,7 @@ static inline lkv_m lkv_unord(lkv_f32 a, lkv_f32 b) { return LKV_CMP(a, b, _CMP_
 static inline lkv_i32 lkv_as_i32(lkv_f32 v) { return LKV_SI(castps)(v); }
 static inline lkv_f32 lkv_as_f32(lkv_i32 v) { return LKV_X(LKV_CASTSI_PS)(v); }
 static inline lkv_i32 lkv_cvt_i32(lkv_f32 v) { return LKV_X(cvtps_epi32)(v); }
+static inline lkv_i32 lkv_cvtt_i32(lkv_f32 v) { return LKV_X(cvttps_epi32)(v); }
 static inline lkv_i32 lkv_i32_set1(int x) { return LKV_X(set1_epi32)(x); }
 static inline lkv_i32 lkv_i32_add(lkv_i32 a, lkv_i32 b) { return LKV_X(add_epi32)(a, b); }
 static inline lkv_i32 lkv_i32_sub(lkv_i32 a, lkv_i32 b) { return LKV_X(sub_epi32)(a, b); }
