@@ -54,6 +54,8 @@ from .ops import (  # fp8 activations (vLLM's names)
     rms_norm_per_block_quant,
     rms_norm_static_fp8_quant,
     scaled_fp8_quant,
+    silu_and_mul_per_block_quant,
+    silu_and_mul_quant,
     static_scaled_fp8_quant,
 )
 from .ops import (  # int8 activations (vLLM's names)
@@ -79,6 +81,7 @@ __all__ = [
     "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
     "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
     "per_token_group_fp8_quant", "per_token_group_quant_fp8", "rms_norm_per_block_quant",
+    "silu_and_mul_quant", "silu_and_mul_per_block_quant",
     # int8 activations
     "scaled_int8_quant", "static_scaled_int8_quant", "dynamic_scaled_int8_quant",
 ]

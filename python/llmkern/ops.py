@@ -204,9 +204,9 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
 
 # ---------------------------------------------------------------- fp8 activations
 # vLLM's names and argument order: the raw custom ops write into `out` (and the scale
-# tensors) in place; scaled_fp8_quant, rms_norm_dynamic_per_token_quant and
-# rms_norm_per_block_quant allocate and return (output, scale) as vLLM's Python wrappers
-# do. An fp8 output is a float8_e4m3fn / float8_e5m2 tensor or array (ml_dtypes for
+# tensors) in place; scaled_fp8_quant, rms_norm_dynamic_per_token_quant,
+# rms_norm_per_block_quant and silu_and_mul_per_block_quant allocate and return (output,
+# scale) as vLLM's Python wrappers do. An fp8 output is a float8_e4m3fn / float8_e5m2 tensor or array (ml_dtypes for
 # NumPy), or a uint8 buffer taken as e4m3.
 
 
@@ -600,29 +600,33 @@ def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major
 # groups of 128): the per-token op's rules with a scale per (row, block of group_size columns)
 
 
-def _block_scale_view(scale, input, group_size, is_scale_transposed):
-    """The packed lk_tensor of the raw op's scale. is_scale_transposed set: a 2-D scale
-    shaped [D / group_size, rows] (and not [rows, D / group_size]) is taken as its
-    transposed view, any other shape as it is (the C op reads any strides). Not set: the
-    last dim's stride must be 1 where it has more than one element and the scale is not
-    empty (vLLM refuses an outer scale stride > 1 without the flag), else ValueError."""
+def _block_scale_view(scale, input, group_size, is_scale_transposed, name="scale", gated=False):
+    """The packed lk_tensor of the raw op's scale (argument `name`). is_scale_transposed
+    set: a 2-D scale shaped [D / group_size, rows] (and not [rows, D / group_size]) is taken
+    as its transposed view, any other shape as it is (the C op reads any strides). Not set:
+    the last dim's stride must be 1 where it has more than one element and the scale is not
+    empty (vLLM refuses an outer scale stride > 1 without the flag), else ValueError.
+    gated: input is [..., 2 D] (gate || up; the silu ops), the blocks are of its half D."""
     if scale is None:
         return None  # C's LK_ERR_NULL
-    L._writable(scale, "scale")
-    p, dt, shape, st = L.info(scale, "scale")
+    L._writable(scale, name)
+    p, dt, shape, st = L.info(scale, name)
     shape, st = tuple(int(d) for d in shape), tuple(int(s) for s in st)
     if is_scale_transposed:
         if len(shape) == 2 and group_size >= 1:
             xshape = tuple(int(d) for d in L.info(input, "input")[2])
-            if xshape and xshape[-1] % group_size == 0:
-                rows, ng = int(np.prod(xshape[:-1], dtype=np.int64)), xshape[-1] // group_size
+            D = xshape[-1] if xshape else -1
+            if gated:  # an odd last dim: C refuses input
+                D = D // 2 if D >= 0 and D % 2 == 0 else -1
+            if D >= 0 and D % group_size == 0:
+                rows, ng = int(np.prod(xshape[:-1], dtype=np.int64)), D // group_size
                 if shape == (ng, rows) and shape != (rows, ng):
                     shape, st = shape[::-1], st[::-1]
     elif len(shape) >= 1 and shape[-1] > 1 and st[-1] != 1 and 0 not in shape:  # empty: no layout
-        raise ValueError("scale: shape %s with strides %s: the last dim's stride is not 1; column-major "
+        raise ValueError("%s: shape %s with strides %s: the last dim's stride is not 1; column-major "
                          "(transposed) scales need is_scale_transposed=True, as in vLLM"
-                         % (list(shape), list(st)))
-    return L.pack(p, dt, shape, st, "scale")
+                         % (name, list(shape), list(st)))
+    return L.pack(p, dt, shape, st, name)
 
 
 def rms_norm_per_block_quant_into(result, input, weight, scale, epsilon, scale_ub, residual, group_size,
@@ -697,6 +701,85 @@ def rms_norm_per_block_quant(input, weight, epsilon, quant_dtype, group_size, sc
     else:
         scales = _f32_like(input, (rows, ng))
     rms_norm_per_block_quant_into(out, input, weight, scales, epsilon, scale_ub, residual, g, is_scale_transposed)
+    return out, scales
+
+
+# ---- SiLU-and-mul then quantization (vLLM's silu_and_mul_quant: a static per-tensor fp8
+# scale, and silu_and_mul_per_block_quant with its _custom_ops wrapper of the same name:
+# dynamic fp8 / int8 scales per block of group_size columns, the activation in front of
+# block-fp8 / int8 GEMMs). input [..., 2 d] = gate || up, out [..., d]; per element, in f32,
+# y = silu(gate) * up, silu(g) = g / (1 + exp(-g)) (the same bits on every ISA).
+
+
+def silu_and_mul_quant(out, input, scale):
+    """The raw custom op (torch.ops._C.silu_and_mul_quant(result, input, scale)), written in
+    place: out[..., d] = fp8(y / scale), y = silu(input[..., :d]) * input[..., d:] in f32
+    (round to nearest even, saturated, NaN kept). out: float8_e4m3fn / float8_e5m2 (torch,
+    ml_dtypes) or a uint8 buffer taken as e4m3 (vLLM's out is e4m3); input f32 / f16 / bf16
+    [..., 2 d], any strides (vLLM: f16 / bf16, contiguous); scale the static per-tensor
+    scale: a number, or one f32 element ([1], [], [1, 1]), finite and > 0 (LlmkernError
+    naming scale). Differs from vLLM's CUDA kernel, which rounds silu(g) and the product to
+    the input dtype and multiplies by 1 / scale: here y stays f32 and is divided by scale
+    (include/llmkern.h)."""
+    scale = _scale_in(scale, "scale")  # kept alive through the call
+    s = L.silu_and_mul_quant(_fp8_out(out, "out"), _view(input, "input"), _view(scale, "scale"))
+    if s:
+        _raise(s)
+
+
+def silu_and_mul_per_block_quant_into(out, input, scales, group_size, scale_ub=None, is_scale_transposed=False):
+    """The raw custom op (torch.ops._C.silu_and_mul_per_block_quant(out, input, scales,
+    group_size, scale_ub, is_scale_transposed)), written in place: y = silu(input[..., :d])
+    * input[..., d:] in f32, then per row r and block g (columns g * group_size .. +
+    group_size - 1 of out):
+      scales[r, g] = max(min(absmax(y[r, block g]) / qmax, scale_ub), min_scale)
+      out = fp8(y / scales[r, g])    qmax = fp8_max, min_scale = 1 / (fp8_max * 512)
+      out = i8(y / scales[r, g])     int8 out: qmax = 127, min_scale = FLT_EPSILON (round to
+                                     nearest even, saturated to [-128, 127], NaN -> 0)
+    (scale_ub bounds the scale, as in vLLM's silu kernel; the RMSNorm ops bound the absmax).
+    out: float8_e4m3fn / float8_e5m2 (torch, ml_dtypes), a uint8 buffer taken as e4m3, or
+    int8, [..., d]; input f32 / f16 / bf16 [..., 2 d], any strides; group_size an int >= 1
+    dividing d (vLLM: 64 or 128; LlmkernError naming group_size otherwise); scale_ub None,
+    a number or one f32 element, finite and > 0 (vLLM takes it with an fp8 out only; here
+    with int8 too). scales: f32, logically [rows, d / group_size] (rows = numel / (2 d)),
+    or input's leading dims then d / group_size, any strides; is_scale_transposed as in
+    rms_norm_per_block_quant_into: with it, vLLM's transposed view of a [d / group_size,
+    rows] buffer, a row-major scale (the strides decide), or that [d / group_size, rows]
+    buffer itself (taken as its transposed view; not when rows == d / group_size); without
+    it, a scale whose last dim has a stride other than 1 (and more than one element) raises
+    ValueError, as vLLM would write it row-major. Validated before any store."""
+    g = _group_size_arg(group_size)
+    sv = _block_scale_view(scales, input, g, is_scale_transposed, "scales", gated=True)
+    if scale_ub is not None:
+        scale_ub = _scale_in(scale_ub, "scale_ub")  # kept alive through the call
+    s = L.silu_and_mul_per_block_quant(_fp8_out(out, "out"), _view(input, "input"), sv, _view(scale_ub, "scale_ub"),
+                                       g)
+    if s:
+        _raise(s)
+
+
+def silu_and_mul_per_block_quant(input, group_size, quant_dtype, scale_ub=None, is_scale_transposed=False):
+    """vLLM's silu_and_mul_per_block_quant (_custom_ops): returns (out, scales), out
+    [..., d] of quant_dtype (float8_e4m3fn / float8_e5m2 / int8, torch's or ml_dtypes' /
+    NumPy's types or their names) for input [..., 2 d] (gate || up; vLLM: 2-D [num_tokens,
+    2 d], here any rank), scales f32 [rows, d / group_size] (rows = numel / (2 d)) as vLLM
+    allocates them: row-major, or with is_scale_transposed the transposed view of a
+    [d / group_size, rows] buffer (strides (1, rows)). group_size: an int (vLLM's wrapper
+    takes an int here, not the [1, G] block shape of rms_norm_per_block_quant). Values as
+    the raw op silu_and_mul_per_block_quant_into. NumPy arrays or torch tensors, results of
+    the same kind."""
+    g = _group_size_arg(group_size)
+    shape = tuple(input.shape)
+    d = shape[-1] // 2 if shape else 0  # an odd last dim: C refuses input before looking at out
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+    ng = d // g if g >= 1 and d % g == 0 else 0  # else C refuses group_size before looking at the scales
+    out = _fp8_like(input, shape[:-1] + (d,) if shape else (), _quant_dtype(input, quant_dtype))
+    if is_scale_transposed:
+        buf = _f32_like(input, (ng, rows))
+        scales = buf.transpose(0, 1) if L.is_torch(input) else buf.T
+    else:
+        scales = _f32_like(input, (rows, ng))
+    silu_and_mul_per_block_quant_into(out, input, scales, g, scale_ub, is_scale_transposed)
     return out, scales
 
 

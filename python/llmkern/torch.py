@@ -133,6 +133,13 @@ _register("rms_norm_per_block_quant",
           lambda result, input, weight, scale, epsilon, scale_ub, residual, group_size, is_scale_transposed:
           _ops.rms_norm_per_block_quant_into(result, input, weight, scale, epsilon, scale_ub, residual, group_size,
                                              is_scale_transposed))
+_register("silu_and_mul_quant", "(Tensor! result, Tensor input, Tensor scale) -> ()",
+          lambda result, input, scale: _ops.silu_and_mul_quant(result, input, scale))
+_register("silu_and_mul_per_block_quant",
+          "(Tensor! out, Tensor input, Tensor! scales, int group_size, Tensor? scale_ub=None, "
+          "bool is_scale_transposed=False) -> ()",
+          lambda out, input, scales, group_size, scale_ub=None, is_scale_transposed=False:
+          _ops.silu_and_mul_per_block_quant_into(out, input, scales, group_size, scale_ub, is_scale_transposed))
 
 # ---------------------------------------------------------------- int8 activations (vLLM's _C schemas)
 

@@ -104,6 +104,13 @@ def cases():
     c.append(("rms_norm_per_block_quant", (torch.empty(T, D, dtype=torch.int8), rn(T, D, dt=torch.bfloat16),
                                            rn(D, dt=torch.bfloat16), torch.empty(T, D // 32), 1e-6,
                                            torch.tensor([1.5]), None, 32, False), {}))
+    # SiLU-and-mul then quantization: static fp8; per block with vLLM's column-major scales,
+    # and row-major ones with an int8 out, scale_ub and the schema's defaults
+    c.append(("silu_and_mul_quant", (torch.empty(T, D, dtype=f8), x, torch.tensor([0.02])), {}))
+    c.append(("silu_and_mul_per_block_quant", (torch.empty(T, D, dtype=f8), x, torch.empty(D // 16, T).t(), 16,
+                                               None, True), {}))
+    c.append(("silu_and_mul_per_block_quant", (torch.empty(T, D, dtype=torch.int8), x, torch.empty(T, D // 32), 32),
+              {"scale_ub": torch.tensor([1.5])}))
     # int8 activations
     i8 = torch.int8
     c.append(("static_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.tensor([0.02]), None), {}))
@@ -198,6 +205,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "rms_norm_per_block_quant": "rms_norm_per_block_quant(Tensor! result, Tensor input, Tensor weight, "
                                 "Tensor! scale, float epsilon, Tensor? scale_ub, Tensor!? residual, "
                                 "int group_size, bool is_scale_transposed) -> ()",
+    "silu_and_mul_quant": "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()",
+    "silu_and_mul_per_block_quant": "silu_and_mul_per_block_quant(Tensor! out, Tensor input, Tensor! scales, "
+                                    "int group_size, Tensor? scale_ub=None, bool is_scale_transposed=False) -> ()",
     "static_scaled_int8_quant": "static_scaled_int8_quant(Tensor! result, Tensor input, Tensor scale, "
                                 "Tensor? azp) -> ()",
     "dynamic_scaled_int8_quant": "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, "
