@@ -63,7 +63,9 @@
     X(lk_dynamic_scaled_int8_quant)            \
     X(lk_per_token_group_fp8_quant)            \
     X(lk_static_group_scaled_fp8_quant)        \
-    X(lk_rms_norm_per_block_quant)
+    X(lk_rms_norm_per_block_quant)             \
+    X(lk_silu_and_mul_quant)                   \
+    X(lk_silu_and_mul_per_block_quant)
 
 #define BENCH_API_MEMBER(f) __typeof__(f) *f;
 typedef struct {
@@ -120,6 +122,8 @@ int bench_api_has(const bench_api_table *t, const char *name);
 #define lk_per_token_group_fp8_quant (bench_api->lk_per_token_group_fp8_quant)
 #define lk_static_group_scaled_fp8_quant (bench_api->lk_static_group_scaled_fp8_quant)
 #define lk_rms_norm_per_block_quant (bench_api->lk_rms_norm_per_block_quant)
+#define lk_silu_and_mul_quant (bench_api->lk_silu_and_mul_quant)
+#define lk_silu_and_mul_per_block_quant (bench_api->lk_silu_and_mul_per_block_quant)
 #define lk_rms_norm_static_fp8_quant (bench_api->lk_rms_norm_static_fp8_quant)
 #define lk_fused_add_rms_norm_static_fp8_quant (bench_api->lk_fused_add_rms_norm_static_fp8_quant)
 #define lk_rms_norm_dynamic_per_token_quant (bench_api->lk_rms_norm_dynamic_per_token_quant)

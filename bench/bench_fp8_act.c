@@ -6,11 +6,13 @@
  * static quant, fused_add_rms_norm + static quant, rms_norm + dynamic per-token quant,
  * merge_attn_states into fp8; per_token_group_fp8_quant at DeepSeek-V3's hidden size (7168,
  * groups of 128, column-major scales as vLLM allocates them for DeepGEMM; 4096 and 16
- * tokens; f32 scales and UE8M0 ones) and rms_norm_per_block_quant on the same shape (bf16
+ * tokens; f32 scales and UE8M0 ones; int8 codes) and rms_norm_per_block_quant on the same shape (bf16
  * weight, no residual); static_group_scaled_fp8_quant with per-channel
  * scales ([1, 4096]) and 128 x 128 blocks ([32, 32]) on 4096 x 4096; and the int8 quantizers (scaled_int8_quant: static and
  * dynamic per-token, symmetric and with a zero point, bf16 to i8; error: max
- * |code - ref| / (1 + |ref|)). Bytes: what the op must move once (inputs read, outputs
+ * |code - ref| / (1 + |ref|)); silu_and_mul_quant (static, Llama-3-8B's MLP: [T, 2 x 14336])
+ * and silu_and_mul_per_block_quant (DeepSeek-V3's expert MLP: [T, 2 x 2048], groups of 128,
+ * column-major scales; e4m3 and i8 out). Bytes: what the op must move once (inputs read, outputs
  * written: a per-tensor dynamic scale reads the input twice but counts it once), set
  * against the read bandwidth probe. Error: max |out - ref| / (1 + |ref|) of the
  * dequantized codes against the reference kernel (0: bit-identical).
@@ -113,21 +115,22 @@ static void run_g(void *p) {
     else (void)lk_per_token_group_fp8_quant(&c->out, &c->x, &c->scales, 128, 1e-10f, c->ue8m0);
 }
 
-/* norm: rms_norm_per_block_quant (ue8m0 unused) */
-static void group_case(int64_t T, int ue8m0, int norm) {
+/* norm: rms_norm_per_block_quant (ue8m0 unused); od: e4m3, or i8 (vLLM's
+ * per_token_group_quant_int8) */
+static void group_case(int64_t T, int ue8m0, int norm, lk_dtype od) {
     int64_t D = 7168, G = 128, n = T * D, s2[2] = {T, D};
-    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(LK_F8E4M3, n, 0, 0), *ref = bench_alloc(LK_F8E4M3, n, 0, 0);
+    void *x = bench_alloc(LK_BF16, n, -3, 3), *out = bench_alloc(od, n, 0, 0), *ref = bench_alloc(od, n, 0, 0);
     float *sc = bench_alloc(LK_F32, T * (D / G), 0, 0), *rsc = bench_alloc(LK_F32, T * (D / G), 0, 0);
     void *w = bench_alloc(LK_BF16, D, 0.5, 1.5);
     g_ctx c = {.ue8m0 = ue8m0, .norm = norm};
     c.w = lk_tensor_make(w, LK_BF16, 1, &D);
-    c.out = lk_tensor_make(out, LK_F8E4M3, 2, s2);
+    c.out = lk_tensor_make(out, od, 2, s2);
     c.x = lk_tensor_make(x, LK_BF16, 2, s2);
     /* column-major: the [T, D / G] view of a [D / G, T] buffer */
     c.scales = (lk_tensor){sc, LK_F32, 2, {T, D / G}, {1, T}};
     double ms = bench_time(run_g, &c);
     g_ctx r = c;
-    r.out = lk_tensor_make(ref, LK_F8E4M3, 2, s2);
+    r.out = lk_tensor_make(ref, od, 2, s2);
     r.scales.data = rsc;
     lk_isa isa = lk_isa_current();
     lk_set_isa(LK_ISA_REF);
@@ -136,13 +139,14 @@ static void group_case(int64_t T, int ue8m0, int norm) {
     double err = 0;
     for (int v = 0; bench_use_variant(v); v++) {
         run_g(&c);
-        double e = bench_max_err(out, ref, LK_F8E4M3, n), es = bench_max_err(sc, rsc, LK_F32, T * (D / G));
+        double e = bench_max_err(out, ref, od, n), es = bench_max_err(sc, rsc, LK_F32, T * (D / G));
         if (e > err) err = e;
         if (es > err) err = es;
     }
     char shp[64];
     snprintf(shp, sizeof shp, "%lld x %lld g%lld%s", (long long)T, (long long)D, (long long)G, ue8m0 ? " ue8m0" : "");
-    bench_row(norm ? "rms_norm_per_block_quant" : "per_token_group_fp8_quant", shp, "bf16->e4m3", ms,
+    bench_row(norm ? "rms_norm_per_block_quant" : "per_token_group_fp8_quant", shp,
+              od == LK_I8 ? "bf16->i8" : "bf16->e4m3", ms,
               (double)n * (2 + 1) + (double)T * (D / G) * 4, BENCH_READ_BW, err);
     bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc), bench_free(w);
 }
@@ -237,6 +241,51 @@ static void int8_case(int dynamic, int asym) {
     bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(zp);
 }
 
+/* ---- silu_and_mul + quant: static e4m3 at [T, 2 x 14336], per block at [T, 2 x 2048] ---- */
+
+typedef struct {
+    int block;
+    lk_tensor out, x, scale, scales;
+} aq_ctx;
+
+static void run_aq(void *p) {
+    aq_ctx *c = p;
+    if (c->block) (void)lk_silu_and_mul_per_block_quant(&c->out, &c->x, &c->scales, NULL, 128);
+    else (void)lk_silu_and_mul_quant(&c->out, &c->x, &c->scale);
+}
+
+static void act_quant_case(int64_t T, int block, lk_dtype od) {
+    int64_t d = block ? 2048 : 14336, G = 128, n = T * d, sx[2] = {T, 2 * d}, so[2] = {T, d}, ng = block ? d / G : 1;
+    void *x = bench_alloc(LK_BF16, 2 * n, -4, 4), *out = bench_alloc(od, n, 0, 0), *ref = bench_alloc(od, n, 0, 0);
+    float *sc = bench_alloc(LK_F32, T * ng, 0, 0), *rsc = bench_alloc(LK_F32, T * ng, 0, 0), scale = 0.02f;
+    aq_ctx c = {.block = block};
+    c.x = lk_tensor_make(x, LK_BF16, 2, sx);
+    c.out = lk_tensor_make(out, od, 2, so);
+    c.scale = (lk_tensor){&scale, LK_F32, 1, {1}, {1}};
+    c.scales = (lk_tensor){sc, LK_F32, 2, {T, ng}, {1, T}}; /* column-major: vLLM's transposed scales */
+    double ms = bench_time(run_aq, &c);
+    aq_ctx r = c;
+    r.out = lk_tensor_make(ref, od, 2, so);
+    r.scales.data = rsc;
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_aq(&r);
+    lk_set_isa(isa);
+    double err = 0;
+    for (int v = 0; bench_use_variant(v); v++) {
+        run_aq(&c);
+        double e = bench_max_err(out, ref, od, n), es = block ? bench_max_err(sc, rsc, LK_F32, T * ng) : 0;
+        if (e > err) err = e;
+        if (es > err) err = es;
+    }
+    char shp[64], dts[32];
+    snprintf(shp, sizeof shp, "%lld x %lld%s", (long long)T, (long long)d, block ? " g128" : "");
+    snprintf(dts, sizeof dts, "bf16->%s", od == LK_I8 ? "i8" : "e4m3");
+    bench_row(block ? "silu_and_mul_per_block_quant" : "silu_and_mul_quant", shp, dts, ms,
+              (double)n * (2 * 2 + 1) + (block ? (double)T * ng * 4 : 0), BENCH_READ_BW, err);
+    bench_free(x), bench_free(out), bench_free(ref), bench_free(sc), bench_free(rsc);
+}
+
 void bench_fp8_act(void) {
     bench_section("fp8 activations (bandwidth-bound; ceiling = read bandwidth)");
     if (bench_libs_have("lk_static_scaled_fp8_quant", "the fp8 rows"))
@@ -246,9 +295,14 @@ void bench_fp8_act(void) {
         for (int64_t T = 4096; T >= 16; T /= 256)
             for (int k = 0; k < 3; k++)
                 if (k < 2 || bench_libs_have("lk_rms_norm_per_block_quant", "the per-block norm rows"))
-                    group_case(T, k == 1, k == 2);
+                    group_case(T, k == 1, k == 2, LK_F8E4M3);
+    if (bench_libs_have("lk_silu_and_mul_per_block_quant", "the per-token-group int8 rows")) /* since the same release */
+        for (int64_t T = 4096; T >= 16; T /= 256) group_case(T, 0, 0, LK_I8);
     if (bench_libs_have("lk_static_group_scaled_fp8_quant", "the static grid rows"))
         grid_case(1, 4096), grid_case(32, 32);
     if (bench_libs_have("lk_static_scaled_int8_quant", "the int8 rows"))
         for (int k = 0; k < 4; k++) int8_case(k >> 1, k & 1);
+    if (bench_libs_have("lk_silu_and_mul_per_block_quant", "the silu_and_mul + quant rows"))
+        for (int64_t T = 4096; T >= 16; T /= 256)
+            act_quant_case(T, 0, LK_F8E4M3), act_quant_case(T, 1, LK_F8E4M3), act_quant_case(T, 1, LK_I8);
 }
