@@ -60,6 +60,8 @@ from .ops import (  # fp8 activations (vLLM's names)
 )
 from .ops import (  # int8 activations (vLLM's names)
     dynamic_scaled_int8_quant,
+    per_token_group_quant_int8,
+    per_token_group_quant_int8_into,
     scaled_int8_quant,
     static_scaled_int8_quant,
 )
@@ -84,4 +86,5 @@ __all__ = [
     "silu_and_mul_quant", "silu_and_mul_per_block_quant",
     # int8 activations
     "scaled_int8_quant", "static_scaled_int8_quant", "dynamic_scaled_int8_quant",
+    "per_token_group_quant_int8", "per_token_group_quant_int8_into",
 ]

@@ -493,6 +493,38 @@ def _fp8_lk_dtype(x, name):
     return L.F8E4M3 if L._is_uint8(x) else L.info(x, name)[1]
 
 
+_Q8_RANGE = {L.F8E4M3: ("float8_e4m3fn", -448.0, 448.0), L.F8E5M2: ("float8_e5m2", -57344.0, 57344.0),
+             L.I8: ("int8", -128.0, 127.0)}
+
+
+def _q8_range(output_q, dt, lo, hi, names):
+    """vLLM's (min, max) pair of the 8-bit output (argument names `names`, e.g. "fp8_min,
+    fp8_max"): it must be output_q's own range (the C op quantizes to the dtype's range and
+    has no such parameters), else ValueError; not numbers: TypeError."""
+    try:
+        flo, fhi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        flo = fhi = None
+    if flo is None or isinstance(lo, (str, bytes)) or isinstance(hi, (str, bytes)):
+        raise TypeError("%s: (%r, %r), expected two floats" % (names, lo, hi))
+    r = _Q8_RANGE.get(dt)
+    if r is not None and (flo != r[1] or fhi != r[2]):
+        raise ValueError("%s: (%r, %r); only the range of output_q's dtype is supported: %s (%r, %r)%s"
+                         % (names, lo, hi, r[0], r[1], r[2],
+                            ", a uint8 buffer is taken as e4m3" if L._is_uint8(output_q) else ""))
+
+
+def _eps_arg(eps):
+    """eps as a float (a Python / NumPy number, or anything float() takes but a string);
+    its range is C's (LlmkernError naming eps)."""
+    if isinstance(eps, (str, bytes, bool, np.bool_)):
+        raise TypeError("eps: %r, expected a float" % (eps,))
+    try:
+        return float(eps)
+    except (TypeError, ValueError):
+        raise TypeError("eps: %r, expected a float" % (eps,)) from None
+
+
 def per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0=False,
                               dummy_is_scale_transposed=False, dummy_is_tma_aligned=False):
     """vLLM's custom op (torch.ops._C.per_token_group_fp8_quant), written in place: per row r
@@ -505,18 +537,16 @@ def per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_mi
     TMA-aligned scales: transposed views of a [D / group_size, rows (padded)] buffer).
     fp8_min / fp8_max must be output_q's own range (-448 / 448 e4m3fn, -57344 / 57344
     e5m2): the C op quantizes to the dtype's range and has no such parameters, any other
-    pair raises ValueError. eps must be finite and >= fp8_max * FLT_MIN (LlmkernError).
-    dummy_is_scale_transposed / dummy_is_tma_aligned: the two trailing bools of newer vLLM's
-    schema, ignored as there (output_s's strides give its layout)."""
+    pair raises ValueError. An int8 output_q is taken too, as vLLM's kernel does (the codes
+    of per_token_group_quant_int8_into: scale max(absmax, eps) / 127, truncated toward
+    zero), fp8_min / fp8_max then -128 / 127. eps must be finite and >= fp8_max * FLT_MIN
+    (LlmkernError). dummy_is_scale_transposed / dummy_is_tma_aligned: the two trailing bools
+    of newer vLLM's schema, ignored as there (output_s's strides give its layout)."""
     g = _group_size_arg(group_size)
     ov = _fp8_out(output_q, "output_q")
     dt = _fp8_lk_dtype(output_q, "output_q")
-    fmax = _FP8_MAX.get(dt)
-    if fmax is not None and (float(fp8_min) != -fmax or float(fp8_max) != fmax):
-        raise ValueError("fp8_min, fp8_max: (%r, %r); only the range of output_q's dtype is supported: %s (%r, %r)%s"
-                         % (fp8_min, fp8_max, "float8_e4m3fn" if dt == L.F8E4M3 else "float8_e5m2", -fmax, fmax,
-                            ", a uint8 buffer is taken as e4m3" if L._is_uint8(output_q) else ""))
-    s = L.per_token_group_fp8_quant(ov, _view(input, "input"), _out(output_s, "output_s"), g, float(eps),
+    _q8_range(output_q, dt, fp8_min, fp8_max, "fp8_min, fp8_max")
+    s = L.per_token_group_fp8_quant(ov, _view(input, "input"), _out(output_s, "output_s"), g, _eps_arg(eps),
                                     1 if scale_ue8m0 else 0)
     if s:
         _raise_as(s, {"out": "output_q", "scales": "output_s"})
@@ -593,6 +623,87 @@ def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major
     if s:
         _raise_as(s, {"out": "out_q", "input": "x", "scales": "x_s"})
     return out_q, x_s
+
+
+# ---- per-token-group int8 quantization (vLLM's per_token_group_quant_int8: the custom op
+# torch.ops._C.per_token_group_quant_int8 and the Python function of the same name in
+# int8_utils; block-int8 activations): the per-token-group op with an int8 output
+
+
+def _i8_output_q(output_q, name):
+    """The out view of an int8 output (any other dtype: TypeError naming it; fp8 outputs
+    belong to per_token_group_fp8_quant)."""
+    dt = None if L._is_uint8(output_q) else L.info(output_q, name)[1]
+    if dt != L.I8:
+        raise TypeError("%s: dtype %s, expected int8 (per_token_group_quant_int8's codes; fp8 outputs: "
+                        "per_token_group_fp8_quant)" % (name, getattr(output_q, "dtype", dt)))
+    return _out(output_q, name)
+
+
+def per_token_group_quant_int8_into(input, output_q, output_s, group_size, eps, int8_min, int8_max):
+    """vLLM's custom op torch.ops._C.per_token_group_quant_int8(input, output_q, output_s,
+    group_size, eps, int8_min, int8_max) (here _into: the Python function of vLLM's
+    int8_utils has the op's name), written in place: per row r of input [..., D] (f32 /
+    f16 / bf16, any strides) and group g (elements g * group_size .. + group_size - 1 of
+    the last dim), in f32:
+      output_s[r, g] = s = max(absmax(group), eps) / 127     (absmax ignoring NaN)
+      output_q[r, i] = trunc(clamp(input[r, i] / s, -128, 127))
+    toward zero, as vLLM's int8_t(q) cast of the clamped quotient (its CUDA and Triton
+    kernels; 2.7 -> 2, -2.7 -> -2; not rounded as the other int8 quantizers), NaN -> 0
+    (vLLM's fminf / fmaxf clamp gives -128 there); an inf element makes its group's scale
+    inf (finite values -> 0, inf -> NaN -> 0). output_q: int8 of input's shape (any other
+    dtype: TypeError); output_s: f32 [..., D / group_size] (input's leading dims) or
+    [rows, D / group_size], any strides (a column-major scale: the transposed view of a
+    [D / group_size, rows] buffer). int8_min / int8_max must be -128 / 127, output_q's own
+    range: the C op quantizes to it and has no such parameters, any other pair raises
+    ValueError. group_size an int >= 1 dividing D, eps finite and >= 127 * FLT_MIN (else
+    LlmkernError naming group_size / eps). Everything is validated before any store."""
+    g = _group_size_arg(group_size)
+    ov = _i8_output_q(output_q, "output_q")
+    _q8_range(output_q, L.I8, int8_min, int8_max, "int8_min, int8_max")
+    s = L.per_token_group_fp8_quant(ov, _view(input, "input"), _out(output_s, "output_s"), g, _eps_arg(eps), 0)
+    if s:
+        _raise_as(s, {"out": "output_q", "scales": "output_s"})
+
+
+def _int8_dtype(dtype):
+    """vLLM's dtype argument of per_token_group_quant_int8: int8 only (torch.int8, np.int8
+    or "int8"), else NotImplementedError naming dtype (vLLM: "only torch.int8 is supported
+    for now"); None: int8."""
+    if dtype is None:
+        return
+    name = str(dtype).replace("torch.", "")
+    if name != "int8":
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name != "int8":
+        raise NotImplementedError("dtype: %r, only int8 is supported (as vLLM's per_token_group_quant_int8)"
+                                  % (dtype,))
+
+
+def per_token_group_quant_int8(x, group_size, eps=1e-10, dtype=None):
+    """vLLM's per_token_group_quant_int8 (int8_utils): returns (x_q, x_s), x_q int8 of x's
+    shape (contiguous), x_s f32 x.shape[:-1] + (D // group_size,) (row-major), the values of
+    per_token_group_quant_int8_into: s = max(absmax(group), eps) / 127, x_q =
+    trunc(clamp(x / s, -128, 127)) toward zero, NaN -> 0. dtype: int8 (None, torch.int8,
+    np.int8, "int8"; vLLM's default torch.int8), any other raises NotImplementedError.
+    group_size must divide D: a last dim it does not divide raises LlmkernError naming
+    group_size (as vLLM's version here asserts; no padding of a last group). x: any
+    strides (vLLM asserts a contiguous x). NumPy arrays or torch tensors, results of the
+    same kind."""
+    g = _group_size_arg(group_size)
+    _int8_dtype(dtype)
+    shape = tuple(x.shape)
+    D = shape[-1] if shape else 0
+    ng = D // g if g >= 1 and D % g == 0 else 0  # else C refuses group_size before looking at x_s
+    x_q = _like(x, shape, np.int8)
+    x_s = _f32_like(x, shape[:-1] + (ng,))
+    s = L.per_token_group_fp8_quant(_out(x_q, "x_q"), _view(x, "x"), _out(x_s, "x_s"), g, _eps_arg(eps), 0)
+    if s:
+        _raise_as(s, {"out": "x_q", "input": "x", "scales": "x_s"})
+    return x_q, x_s
 
 
 # ---- RMSNorm with per-block dynamic scales (vLLM's rms_norm_per_block_quant custom op and

@@ -147,6 +147,13 @@ _register("static_scaled_int8_quant", "(Tensor! result, Tensor input, Tensor sca
           lambda result, input, scale, azp: _ops.static_scaled_int8_quant(result, input, scale, azp))
 _register("dynamic_scaled_int8_quant", "(Tensor! result, Tensor input, Tensor! scale, Tensor!? azp) -> ()",
           lambda result, input, scale, azp: _ops.dynamic_scaled_int8_quant(result, input, scale, azp))
+# block-int8 activations: vLLM's op of this name (the binding's per_token_group_quant_int8_into;
+# llmkern.per_token_group_quant_int8 is vLLM's Python function of int8_utils)
+_register("per_token_group_quant_int8",
+          "(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, float eps, float int8_min, "
+          "float int8_max) -> ()",
+          lambda input, output_q, output_s, group_size, eps, int8_min, int8_max:
+          _ops.per_token_group_quant_int8_into(input, output_q, output_s, group_size, eps, int8_min, int8_max))
 
 # ---------------------------------------------------------------- attention
 

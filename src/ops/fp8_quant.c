@@ -214,8 +214,8 @@ lk_status lk_per_token_group_fp8_quant(const lk_tensor *out, const lk_tensor *in
                        (long long)group_size, (long long)D, lk_shape_str(&a.x));
     float lo = lk_q_max(a.out.dtype) * FLT_MIN;
     if (!(eps >= lo) || !(eps < INFINITY))
-        return lk_fail(LK_ERR_VALUE, "eps: %.9g, expected finite and >= fp8_max * FLT_MIN = %.9g (the smallest "
-                       "scale a normal f32)", (double)eps, (double)lo);
+        return lk_fail(LK_ERR_VALUE, "eps: %.9g, expected finite and >= %s * FLT_MIN = %.9g (the smallest "
+                       "scale a normal f32)", (double)eps, a.out.dtype == LK_I8 ? "127" : "fp8_max", (double)lo);
     if ((s = lk_q_groups_out(scales, &a.x, D / group_size, &a.gscales))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.out, "out"))) return s;
     if ((s = lk_check_disjoint(scales, "scales", &a.x, "input"))) return s;

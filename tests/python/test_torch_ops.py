@@ -119,6 +119,13 @@ def cases():
     c.append(("dynamic_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.empty(T, 1), None), {}))
     c.append(("dynamic_scaled_int8_quant", (torch.empty(T, D, dtype=i8), rn(T, D), torch.empty(T, 1),
                                             torch.empty(T, 1, dtype=torch.int32)), {}))
+    # per token group (block-int8): vLLM's column-major scales (the transposed view of a
+    # [D / G, T] buffer), and row-major ones with bf16 input and keyword arguments
+    c.append(("per_token_group_quant_int8", (rn(T, D), torch.empty(T, D, dtype=i8), torch.empty(D // 16, T).t(), 16,
+                                             1e-10, -128.0, 127.0), {}))
+    c.append(("per_token_group_quant_int8", (rn(T, D, dt=torch.bfloat16), torch.empty(T, D, dtype=i8)),
+              {"output_s": torch.empty(T, D // 32), "group_size": 32, "eps": 1e-10, "int8_min": -128.0,
+               "int8_max": 127.0}))
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     c.append(("flash_attn_varlen_func", (rn(T, H, D), rn(T, Hk, D), rn(T, Hk, D), cu, cu),
               {"causal": True, "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625])}))
@@ -212,6 +219,8 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
                                 "Tensor? azp) -> ()",
     "dynamic_scaled_int8_quant": "dynamic_scaled_int8_quant(Tensor! result, Tensor input, Tensor! scale, "
                                  "Tensor!? azp) -> ()",
+    "per_token_group_quant_int8": "per_token_group_quant_int8(Tensor input, Tensor! output_q, Tensor! output_s, "
+                                  "int group_size, float eps, float int8_min, float int8_max) -> ()",
 }
 
 
