@@ -682,6 +682,7 @@ static lk_status call_quant_token(const oc_inst *in) {
  * DeepSeek-V3's); eps 1e-10, UE8M0 scales in the medium size */
 static void make_quant_group(oc_inst *in, oc_size sz) {
     make_quant(in, sz, LK_F8E4M3, LK_BF16);
+    in->arg[0].i8 = 1; /* the out takes LK_I8 too (per_token_group_quant_int8) */
     int64_t R = in->arg[1].t.shape[0], D = in->arg[1].t.shape[1];
     in->group = sz == OC_LARGE ? 128 : 8;
     add(in, "scales", LK_F32, 2, (int64_t[]){R, D / in->group}, 1, 1);
@@ -779,6 +780,46 @@ static void make_norm_block(oc_inst *in, oc_size sz) {
 static lk_status call_norm_block(const oc_inst *in) {
     return lk_rms_norm_per_block_quant(T(in, 0), T(in, 1), T(in, 3), T(in, 4), in->eps, T(in, 5), T(in, 2),
                                        in->group);
+}
+
+/* silu_and_mul then quantization: out [R, d] (fp8; the per-block op's takes i8 too),
+ * input [R, 2d] in [-6, 6] (|y| up to ~36); d 40 (small), 520 (medium), 9216 (large: two
+ * full runs of 4096 columns and a partial one per row, the SIMD kernel's work units, 16 rows
+ * of them). Static: scale [1] 0.1 (codes up to ~360, below e4m3's 448) */
+static void make_act_quant(oc_inst *in, oc_size sz, lk_dtype ot) {
+    int64_t R = sz == OC_LARGE ? 16 : sz == OC_MEDIUM ? 48 : 3, d = sz == OC_LARGE ? 9216 : sz ? 520 : 40;
+    add(in, "out", ot, 2, (int64_t[]){R, d}, 1, 1);
+    in->arg[0].fp8 = 1;
+    tu_fill_uniform(add(in, "input", sz == OC_MEDIUM ? LK_F32 : LK_BF16, 2, (int64_t[]){R, 2 * d}, 0, sz != OC_LARGE), -6,
+                    6);
+}
+static void make_silu_quant(oc_inst *in, oc_size sz) {
+    make_act_quant(in, sz, sz == OC_MEDIUM ? LK_F8E5M2 : LK_F8E4M3);
+    add_scale(in, "scale", 0.1f, 0);
+}
+static lk_status call_silu_quant(const oc_inst *in) { return lk_silu_and_mul_quant(T(in, 0), T(in, 1), T(in, 2)); }
+/* per block: out, input, scales [R, d / G] written, scale_ub (optional, 0.05: it bounds
+ * the larger blocks' e4m3 scales); G 8 (small), 40 (medium: the int8 out, vLLM's
+ * column-major scales, the transposed view of a [13, 48] buffer), 128 (large,
+ * DeepSeek-V3's: 72 blocks a row, runs of 32 blocks a work unit) */
+static void make_silu_block(oc_inst *in, oc_size sz) {
+    make_act_quant(in, sz, sz == OC_MEDIUM ? LK_I8 : LK_F8E4M3);
+    in->arg[0].i8 = 1; /* the out takes LK_I8 too */
+    int64_t R = in->arg[0].t.shape[0], d = in->arg[0].t.shape[1];
+    in->group = sz == OC_LARGE ? 128 : sz == OC_MEDIUM ? 40 : 8;
+    int64_t s[2] = {R, d / in->group};
+    if (sz == OC_MEDIUM) {
+        add(in, "scales", LK_F32, 2, s, 1, 0);
+        oc_arg *sc = &in->arg[in->nargs - 1];
+        tu_free(&sc->buf);
+        sc->buf = tu_alloc_perm(LK_F32, 2, s, (int[]){1, 0}, 0);
+        sc->t = sc->buf.t;
+    } else add(in, "scales", LK_F32, 2, s, 1, 1);
+    add_scale(in, "scale_ub", 0.05f, 0);
+    in->arg[3].optional = 1; /* NULL: no bound */
+}
+static lk_status call_silu_block(const oc_inst *in) {
+    return lk_silu_and_mul_per_block_quant(T(in, 0), T(in, 1), T(in, 2), T(in, 3), in->group);
 }
 
 /* ---------------------------------------------------------------- int8 activations */
@@ -961,6 +1002,8 @@ const oc_op OC_OPS[] = {
     {"lk_rms_norm_dynamic_per_token_quant", make_norm_token_i8, call_norm_token},
     {"lk_rms_norm_per_block_quant", make_norm_block, call_norm_block},
     {"lk_merge_attn_states_scaled", make_merge_fp8, call_merge_fp8},
+    {"lk_silu_and_mul_quant", make_silu_quant, call_silu_quant},
+    {"lk_silu_and_mul_per_block_quant", make_silu_block, call_silu_block},
     /* int8 activations */
     {"lk_static_scaled_int8_quant", make_i8q_static, call_i8q_static},          /* symmetric */
     {"lk_static_scaled_int8_quant", make_i8q_static_azp, call_i8q_static},      /* azp */
