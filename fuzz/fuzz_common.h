@@ -582,6 +582,7 @@ static void fz_clone(const fz_world *w, fz_world *c) {
 }
 
 static double fz_get(const lk_tensor *t, int64_t i) {
+    if (t->dtype == LK_I8) return (double)((const int8_t *)t->data)[fz_off(t, i)]; /* the int8 quantizers' out */
     return (double)lk_load_f(t->data, t->dtype, fz_off(t, i));
 }
 

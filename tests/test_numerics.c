@@ -574,6 +574,140 @@ static void test_fp8_norm_block(void) {
     }
 }
 
+/* lk_silu_and_mul_quant and lk_silu_and_mul_per_block_quant's special values
+ * (docs/numerics.md "SiLU-and-mul + quant"), per ISA, f32 and bf16 inputs, e4m3 / e5m2 /
+ * i8 outs, rows of D = 40 in 2 blocks of 20. Gates whose silu is exact by the documented
+ * limits (100, 88: beyond the 87.3 clamp the denominator is exactly 1, silu = g; -inf,
+ * -100, -89: -0; -0: -0; NaN: NaN; +inf: +inf), so y is known exactly and every code is the
+ * scalar converter's fp8(y / s) (i8: nearest even, saturated, NaN -> 0) with s the f32
+ * formula max(min(absmax / qmax, scale_ub), min_scale) of the exact absmax (NaN ignored). */
+static float aq_y(float g, float u) {
+    if (isnan(g)) return g;
+    float silu = g == 100.0f || g == 88.0f || g == INFINITY ? g : -0.0f; /* -inf, -100, -89, -0 */
+    return silu * u;
+}
+
+static uint8_t aq_code(lk_dtype ot, float y, float s) {
+    float t = y / s;
+    if (ot == LK_I8) return (uint8_t)(int8_t)(t != t ? 0 : t >= 127.0f ? 127 : t <= -128.0f ? -128 : (int)rintf(t));
+    return ot == LK_F8E4M3 ? lk_f32_to_f8e4m3(t) : lk_f32_to_f8e5m2(t);
+}
+
+static int aq_nan_code(lk_dtype ot, uint8_t c) {
+    return ot == LK_I8 ? c == 0 : ot == LK_F8E4M3 ? (c & 0x7f) == 0x7f : (c & 0x7c) == 0x7c && (c & 3);
+}
+
+/* block b of one row (G = D / 2 columns): codes against fp8(y / s) / i8(y / s), NaN-ness
+ * only where y / s is NaN (the sign of a computed NaN is unspecified) */
+static int aq_codes_ok(const uint8_t *q, const float *y, int b, float s, lk_dtype ot) {
+    int ok = 1;
+    for (int i = b * D / 2; i < (b + 1) * D / 2; i++)
+        ok &= isnan(y[i] / s) ? aq_nan_code(ot, q[i]) : q[i] == aq_code(ot, y[i], s);
+    return ok;
+}
+
+static void test_act_quant(void) {
+    enum { G = D / 2, R = 2 };
+    static const lk_dtype XT[2] = {LK_F32, LK_BF16}, OT[3] = {LK_F8E4M3, LK_F8E5M2, LK_I8};
+    /* row 0: gates 100, ups +-0.25 / +-0.75 (y +-25, +-75); block 0 an up 4 (y 400: the
+     * absmax, at the max code), a NaN gate and a NaN up (ignored by the absmax), gate 88 (y
+     * 88), gates -inf / -100 / -89 / -0 (y +-0 by the up's sign); block 1 gates +inf with
+     * ups 1 and -1 (y +-inf: scale inf, or scale_ub), -inf with up +inf and +inf with up 0
+     * (NaN). Row 1: block 0 every gate NaN; block 1 gates -inf / -100 / -89 with ups +-2 and
+     * 0 (every y +-0): both blocks' absmax 0, scale min_scale. */
+    float g[R][D], u[R][D];
+    for (int i = 0; i < D; i++) {
+        g[0][i] = 100.0f, u[0][i] = ((float)(i % 4) - 1.5f) * 0.5f;
+        g[1][i] = i < G ? NAN : i % 3 == 0 ? -INFINITY : i % 3 == 1 ? -100.0f : -89.0f;
+        u[1][i] = i % 5 == 0 ? 0.0f : i % 2 ? -2.0f : 2.0f;
+    }
+    u[0][3] = 4.0f, g[0][5] = NAN, u[0][6] = NAN, g[0][7] = 88.0f, u[0][7] = 1.0f;
+    g[0][8] = -INFINITY, u[0][8] = 2.0f, g[0][9] = -100.0f, u[0][9] = -1.0f, g[0][10] = -89.0f, u[0][10] = 1.0f;
+    g[0][11] = -0.0f, u[0][11] = 3.0f;
+    g[0][G + 2] = INFINITY, u[0][G + 2] = 1.0f, g[0][G + 5] = INFINITY, u[0][G + 5] = -1.0f;
+    g[0][G + 7] = -INFINITY, u[0][G + 7] = INFINITY, g[0][G + 9] = INFINITY, u[0][G + 9] = 0.0f;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int xi = 0; xi < 2; xi++)
+            for (int oi = 0; oi < 3; oi++) {
+                lk_dtype xt = XT[xi], ot = OT[oi];
+                const char *xn = lk_dtype_name(xt), *on = lk_dtype_name(ot);
+                int i8 = ot == LK_I8;
+                float qm = oi == 0 ? 448.0f : oi == 1 ? 57344.0f : 127.0f, lo = i8 ? FLT_EPSILON : 1.0f / (qm * 512.0f);
+                float xb[R * 2 * D], sc[R][2], y[R][D];
+                uint8_t q[R][D], mx = oi == 0 ? 0x7e : oi == 1 ? 0x7b : 127;
+                for (int r = 0; r < R; r++)
+                    for (int i = 0; i < D; i++) {
+                        lk_store_f(xb, xt, r * 2 * D + i, g[r][i]), lk_store_f(xb, xt, r * 2 * D + D + i, u[r][i]);
+                        y[r][i] = aq_y(g[r][i], u[r][i]);
+                    }
+#define NANQ(c) aq_nan_code(ot, c)
+                lk_tensor tx = t2(xb, xt, R, 2 * D), tq = lk_tensor_make(q, ot, 2, (int64_t[]){R, D});
+                lk_tensor ts = t2(sc, LK_F32, R, 2);
+#define CODES_OK(r, b, s) aq_codes_ok(q[r], y[r], b, s, ot)
+                /* the static op (fp8 outs): scale 0.5 */
+                if (!i8) {
+                    float s = 0.5f;
+                    lk_tensor one = t1(&s, LK_F32, 1);
+                    memset(q, 0x55, sizeof q);
+                    lk_status st = lk_silu_and_mul_quant(&tq, &tx, &one);
+                    int ok = st == LK_OK && CODES_OK(0, 0, s) && CODES_OK(0, 1, s) && CODES_OK(1, 0, s) &&
+                             CODES_OK(1, 1, s) && q[0][G + 2] == mx && q[0][G + 5] == (0x80 | mx) &&
+                             (oi || q[0][3] == mx) && q[0][8] == 0x80 && q[0][9] == 0x00 && q[0][10] == 0x80 && q[0][11] == 0x80 &&
+                             NANQ(q[0][5]) && NANQ(q[0][6]) && NANQ(q[0][G + 7]) && NANQ(q[0][G + 9]);
+                    tu_check(ok, "%s silu_and_mul_quant %s -> %s: NaN gate / up -> NaN code, silu(+-inf) = +inf / "
+                             "-0 (inf * 0 and -0 * inf NaN), gates -100 / -89 -> -0 * u, 88 / 100 -> g * u exactly, "
+                             "+-inf and beyond-max y (e4m3: 800) saturate to +-max, -0 -> 0x80 (%s)", isa, xn, on,
+                             lk_status_str(st));
+                }
+                /* per block, scale_ub none / binding (1 / qmax) / below the floor (min_scale / 4) */
+                for (int v = 0; v < 3; v++) {
+                    float ubv = v == 1 ? 1.0f / qm : lo / 4, ub = v ? ubv : INFINITY, want[R][2];
+                    lk_tensor tub = t1(&ubv, LK_F32, 1);
+                    for (int r = 0; r < R; r++)
+                        for (int b = 0; b < 2; b++) {
+                            float m = 0;
+                            for (int i = b * G; i < b * G + G; i++)
+                                if (fabsf(y[r][i]) > m) m = fabsf(y[r][i]); /* NaN ignored */
+                            float s = m / qm;
+                            s = s < ub ? s : ub;
+                            want[r][b] = s > lo ? s : lo;
+                        }
+                    memset(q, 0x55, sizeof q), memset(sc, 0x55, sizeof sc);
+                    lk_status st = lk_silu_and_mul_per_block_quant(&tq, &tx, &ts, v ? &tub : NULL, G);
+                    int ok = st == LK_OK && !memcmp(sc, want, sizeof sc) && CODES_OK(0, 0, want[0][0]) &&
+                             CODES_OK(0, 1, want[0][1]) && CODES_OK(1, 0, want[1][0]) && CODES_OK(1, 1, want[1][1]);
+                    if (v == 0) {
+                        /* the absmax at the max code, NaN codes (i8 0), the inf block's scale inf */
+                        ok &= want[0][0] == 400.0f / qm && q[0][3] == mx && NANQ(q[0][5]) && NANQ(q[0][6]) &&
+                              isinf(sc[0][1]) && NANQ(q[0][G + 2]) && NANQ(q[0][G + 5]) &&
+                              q[0][G] == (i8 ? 0 : 0x80) && q[0][G + 3] == 0 && sc[1][0] == lo && sc[1][1] == lo;
+                        for (int i = 0; i < G; i++) ok &= NANQ(q[1][i]);
+                        tu_check(ok, "%s silu_and_mul_per_block_quant %s -> %s: NaN ignored by the absmax (NaN codes%s), "
+                                 "the absmax at the max code, an inf y makes its block's scale inf (finite codes %s, "
+                                 "the inf %s), all-NaN and all-zero blocks min_scale %s (%s)", isa, xn, on,
+                                 i8 ? ": 0" : "", i8 ? "0" : "signed zeros", i8 ? "0" : "NaN",
+                                 i8 ? "FLT_EPSILON" : "1 / (fp8_max * 512)", lk_status_str(st));
+                    } else if (v == 1) {
+                        /* scale_ub bounds the scale: +-inf -> +-max (i8 127 / -128), 400 saturates */
+                        ok &= sc[0][0] == ubv && sc[0][1] == ubv && q[0][G + 2] == mx &&
+                              q[0][G + 5] == (i8 ? 0x80 : 0x80 | mx) && q[0][3] == mx && sc[1][0] == lo;
+                        tu_check(ok, "%s silu_and_mul_per_block_quant %s -> %s, scale_ub 1 / qmax: the scale bounded "
+                                 "(scale_ub exactly), +-inf and beyond-max y saturate to +-max%s, the zero blocks keep "
+                                 "min_scale (%s)", isa, xn, on, i8 ? " (127 / -128)" : "", lk_status_str(st));
+                    } else {
+                        ok &= sc[0][0] == lo && sc[0][1] == lo && sc[1][0] == lo && sc[1][1] == lo;
+                        tu_check(ok, "%s silu_and_mul_per_block_quant %s -> %s, scale_ub min_scale / 4: min_scale "
+                                 "wins (max(min(absmax / qmax, ub), min_scale)) (%s)", isa, xn, on, lk_status_str(st));
+                    }
+                }
+#undef CODES_OK
+#undef NANQ
+            }
+    }
+}
+
 /* lk_static_group_scaled_fp8_quant's special values (docs/numerics.md "fp8 activations":
  * the fp8.h conversion of x / scale[r / gm, c / gn]), per ISA, f32 and bf16 inputs, 2 rows
  * of D = 40, on each of its SIMD paths: per-channel scales [1, D] read as vectors, the same
@@ -583,8 +717,9 @@ static void test_fp8_norm_block(void) {
  * scale (0.25 or 0.5) */
 static void test_fp8_static_grid(void) {
     static const lk_dtype XT[2] = {LK_F32, LK_BF16};
-    static const char *PATH[5] = {"per-channel [1, 40] (vector path)", "per-channel [1, 40] column stride 2 "
-                                  "(element path)", "[2, 8]: groups of 5 columns (element path)",
+    static const char *PATH[5] = {"per-channel [1, 40] (vector path)",
+                                  "per-channel [1, 40] column stride 2 (element path)",
+                                  "[2, 8]: groups of 5 columns (element path)",
                                   "[1, 2]: groups of 20 columns", "[2, 1]: whole rows"};
     static const int64_t SH[5][2] = {{1, D}, {1, D}, {2, 8}, {1, 2}, {2, 1}};
     for (int ii = 0; ii < ni; ii++) {
@@ -1674,6 +1809,7 @@ int main(void) {
     test_fp8_act();
     test_fp8_group();
     test_fp8_norm_block();
+    test_act_quant();
     test_fp8_static_grid();
     test_int8_act();
     test_merge();
