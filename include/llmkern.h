@@ -700,9 +700,9 @@ LK_API lk_status lk_rms_norm_per_block_quant(const lk_tensor *out, const lk_tens
  * [..., 2d] f32 / f16 / bf16 (gate = input[..., :d], up = input[..., d:]), out [..., d],
  * any strides; per element, in f32:
  *   y = silu(gate) * up,   silu(g) = g / (1 + exp(-g))   (lk_silu_and_mul's SIMD form,
- *       within 2 ulp of exact where exp(-g) is finite, -0 below g = -88.72 as
- *       lk_silu_and_mul and vLLM's expf form; the same bits on every ISA; silu(-inf) =
- *       -0, NaN stays)
+ *       relative error < 2^-22 where exp(-g) is finite, -0 below g = -88.72 as
+ *       lk_silu_and_mul and vLLM's expf form; the same bits on every ISA, but for the sign
+ *       of a NaN where gate and up are both NaN (unspecified); silu(-inf) = -0, NaN stays)
  * lk_silu_and_mul_quant: out fp8 (LK_F8E4M3 / LK_F8E5M2) = fp8(y / scale), scale [1] or []
  *   f32, finite and > 0 (static per tensor).
  * lk_silu_and_mul_per_block_quant: per row r and block g of group_size columns (group_size

@@ -6,7 +6,7 @@
  *                            act_core computes it (src/cpu/simd/act_core.h, precise path),
  *                            one lane: the same f32 operations in the same order (fmaf for
  *                            each fma, min / max returning the second operand when either
- *                            is NaN, as MINPS / MAXPS and the NEON forms): within 2 ulp of
+ *                            is NaN, as MINPS / MAXPS and the NEON forms): relative error < 2^-22 from
  *                            exact; silu(-inf) = -0, silu(+inf) = +inf, NaN stays NaN
  *   lk_aq_y(g, u)            y = silu(g) * u (one f32 product)
  *   lk_aq_block_scale(m, ub, dt)  max(min(m / qmax, ub), min_scale) (vLLM's silu block
