@@ -10,8 +10,9 @@
  * point: azp values from 0 to INT32_MIN / INT32_MAX, given or written; an azp of the wrong
  * dtype or size; a non-i8 out; input ranges that reach the int32 saturation or make rows
  * constant, tiny or off-centre). Input: op, rank, shape, dtypes (input, residual, weight,
- * e4m3 / e5m2 out; the per-token norm's i8 out, and an i8 out the others reject), layouts, [rows] or [..., 1] scales, scale / scale_ub / output_scale
- * values (0, < 0, NaN, inf rejected), eps, weightless norms, out aliasing the input, a
+ * e4m3 / e5m2 out; the i8 out of the per-token norm and of the per-token-group op, and an
+ * i8 out the others reject), layouts, [rows] or [..., 1] scales, scale / scale_ub /
+ * output_scale values (0, < 0, NaN, inf rejected), eps, weightless norms, out aliasing the input, a
  * residual aliasing the input, shape mismatches, NULL pointers. Every written view
  * (fp8 out, scales, residual, out_lse) is compared with the ref bitwise (the kernels'
  * reductions run in a fixed order, so every ISA gives the reference's bits), except the
@@ -295,11 +296,14 @@ static int gscales_new(fz_world *w, fz_in *in, int nd, const int64_t *shape, int
 /* the contract, independently of the kernels (which share their scale rule): after an
  * accepted call, every scales[r, g] = max(absmax(group), eps) / fp8_max (absmax ignoring
  * NaN; ue8m0: the smallest power of two >= max(that, 1e-10)) and every out[r, i] =
- * fp8(input[r, i] / scales[r, g]), bitwise */
+ * fp8(input[r, i] / scales[r, g]), bitwise. An i8 out (vLLM's per_token_group_quant_int8):
+ * fp8_max 127 and out[r, i] = trunc(clamp(input[r, i] / scales[r, g], -128, 127)) (the f32
+ * division, then toward zero), NaN -> 0 */
 static void group_check(fz_world *w, const q_attrs *a) {
     const lk_tensor *x = &w->v[a->x].t, *out = &w->v[a->out].t, *sc = &w->v[a->scale].t;
     int64_t G = a->group, n = fz_numel(x);
-    float fmax = out->dtype == LK_F8E5M2 ? 57344.0f : 448.0f;
+    int i8 = out->dtype == LK_I8;
+    float fmax = i8 ? 127.0f : out->dtype == LK_F8E5M2 ? 57344.0f : 448.0f;
     for (int64_t i0 = 0; i0 < n; i0 += G) { /* group (r, g) = element i0 / G of scales */
         float m = 0.0f;
         for (int64_t i = i0; i < i0 + G; i++) {
@@ -320,10 +324,20 @@ static void group_check(fz_world *w, const q_attrs *a) {
                       (long long)(i0 / G), (double)got, (double)s, (double)m, (double)a->eps, a->ue8m0);
         for (int64_t i = i0; i < i0 + G; i++) {
             uint8_t q, o = ((const uint8_t *)out->data)[fz_off(out, i)];
-            lk_store_f(&q, out->dtype, 0, lk_load_f(x->data, x->dtype, fz_off(x, i)) / s);
+            float xv = lk_load_f(x->data, x->dtype, fz_off(x, i));
+            if (i8) {
+                volatile float t = xv / s; /* one f32 division */
+                float c = t != t ? 0.0f : t > 127.0f ? 127.0f : t < -128.0f ? -128.0f : truncf(t);
+                q = (uint8_t)(int8_t)c;
+                if (q != o)
+                    fz_report(w, "out[%lld] = %d, the contract gives trunc(%.9g / %.9g) = %d (i8)", (long long)i,
+                              (int)(int8_t)o, (double)xv, (double)s, (int)(int8_t)q);
+                continue;
+            }
+            lk_store_f(&q, out->dtype, 0, xv / s);
             if (q != o)
                 fz_report(w, "out[%lld] = 0x%02x, the contract gives fp8(%.9g / %.9g) = 0x%02x", (long long)i, o,
-                          (double)lk_load_f(x->data, x->dtype, fz_off(x, i)), (double)s, q);
+                          (double)xv, (double)s, q);
         }
     }
 }
@@ -331,15 +345,15 @@ static void group_check(fz_world *w, const q_attrs *a) {
 /* lk_per_token_group_fp8_quant: input [..., D] (rank 1..3), D = ng * G; group_size G
  * (rarely 0, < 0, a non-divisor of D, D itself, INT64_MAX); eps (mostly vLLM's 1e-10;
  * rarely 0, -0, < 0, NaN, +-inf, subnormal, FLT_MIN, and fp8_max * FLT_MIN, the smallest
- * accepted, exactly and one ulp below, for either fp8 dtype); ue8m0 0 / 1; scales [..., ng]
- * or [rows, ng] (any fz_view_new layout; or vLLM's column-major scales: the transposed
- * view of an [ng, rows + pad] buffer; rarely f16, a wrong shape, or placed in the buffer of
- * out or input); out e4m3 / e5m2 (rarely i8, the input itself, or of another shape).
- * out and scales are compared with the ref bitwise. */
+ * accepted, exactly and one ulp below, for out's dtype: 448, 57344, or 127 for i8); ue8m0
+ * 0 / 1; scales [..., ng] or [rows, ng] (any fz_view_new layout; or vLLM's column-major
+ * scales: the transposed view of an [ng, rows + pad] buffer; rarely f16, a wrong shape, or
+ * placed in the buffer of out or input); out e4m3 / e5m2, i8 one time in 8 (vLLM's
+ * per_token_group_quant_int8: valid), rarely the input itself or of another shape.
+ * out and scales are compared with the ref bitwise, then with the contract (group_check). */
 static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     lk_dtype ot = fz_u8(in) & 1 ? LK_F8E5M2 : LK_F8E4M3;
-    int i8_bad = fz_chance(in, 8);
-    if (i8_bad) ot = LK_I8;
+    if (fz_chance(in, 8)) ot = LK_I8; /* the int8 out (valid) */
     int nd = 1 + (int)(fz_u8(in) % 3);
     int64_t shape[3] = {1, 1, 1};
     for (int d = 0; d < nd - 1; d++) shape[d] = fz_dim(in, 5);
@@ -365,7 +379,7 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     a->group = gs;
     a->ue8m0 = (int)(fz_u8(in) & 1);
 
-    quant_io_new(w, in, a, nd, shape, ot, i8_bad, 12);
+    quant_io_new(w, in, a, nd, shape, ot, 0, 12);
 
     /* values: ordinary (also past the input's end), off-centre, below eps, near f32's max,
      * f16's range */
@@ -383,9 +397,9 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     }
 
     /* eps, judged against out's fp8_max: 448 * FLT_MIN = 0x1.cp-118 (e4m3),
-     * 57344 * FLT_MIN = 0x1.cp-111 (e5m2) */
+     * 57344 * FLT_MIN = 0x1.cp-111 (e5m2), 127 * FLT_MIN = 0x1.fcp-120 (i8) */
     lk_dtype odt = w->v[a->out].t.dtype;
-    float lo = odt == LK_F8E5M2 ? 0x1.cp-111f : 0x1.cp-118f;
+    float lo = odt == LK_F8E5M2 ? 0x1.cp-111f : odt == LK_I8 ? 0x1.fcp-120f : 0x1.cp-118f;
     unsigned eb = fz_u8(in);
     if (eb < 192) a->eps = 1e-10f;
     else {

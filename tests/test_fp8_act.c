@@ -18,12 +18,20 @@
  * Per-token-group quant: the same two comparisons (every scale exactly the f32 formula
  * max(absmax, eps) / fp8_max; with UE8M0 the smallest power of two >= max(s, 1e-10),
  * checked to be a power of two >= s and < 2 s, or 2^-33 when clamped; each group's absmax
- * element at the max code) over input dtypes x out dtypes, group sizes 1, 7, 16, 128 (D =
- * G, 3 G, and DeepSeek-V3's 7168 / 128), rows 1..5, contiguous / padded / transposed
+ * element at the max code) over input dtypes x out dtypes (e4m3, e5m2, and i8: vLLM's
+ * per_token_group_quant_int8, fp8_max 127, codes trunc(clamp(x / s, -128, 127)) equal to
+ * that rule written out independently and within [0, 1) toward zero of the float64 value
+ * / scale, so a rounded code fails; the absmax element at +-127 or +-126), group sizes 1,
+ * 3, 7, 16, 128 (D = G, 3 G, odd rows 33 / 3, 33 / 33, 51 / 17, 4097 / 241, and
+ * DeepSeek-V3's 7168 / 128), rows 1..5, contiguous / padded / transposed
  * (reference fallback) inputs and outs, 3-D inputs [2, 3, D] with [2, 3, ng] or flat
  * [6, ng] scales, row-major, padded and column-major scales (vLLM's transposed view of a
  * [ng, rows padded to 4] buffer, padding intact), UE8M0 on and off, eps 1e-10, its
- * minimum fp8_max * FLT_MIN, and a large eps (1) that dominates.
+ * minimum fp8_max * FLT_MIN, and a large eps (1) that dominates. The i8 out's rules per
+ * ISA by their codes (2.7 -> 2, -2.7 -> -2, -0.5 -> 0, +-127, NaN -> 0, an inf group all
+ * 0, an all-zero group eps / 127) and its converter lk_q_i8_trunc (saturation at 127 /
+ * -128, out of the op's reach); threads, empty inputs, scale forms and errors (eps >= 127
+ * FLT_MIN, shape, overlaps) with i8 outs too.
  * Static quant on a grid of given scales [sm, sn] (groups of M / sm rows x N / sn
  * columns): the same two comparisons (float64: x / scale[r / gm, c / gn]; inputs intact)
  * over input dtypes x out dtypes with scales per tensor [1, 1], per channel [1, N] (the
@@ -651,6 +659,31 @@ static double pow2_at_least(double v) {
     return p;
 }
 
+/* the out dtypes of the per-token-group op: e4m3, e5m2, and i8 (vLLM's
+ * per_token_group_quant_int8) */
+static const lk_dtype GOUT[3] = {LK_F8E4M3, LK_F8E5M2, LK_I8};
+
+/* the i8 code of x under scale s, by the contract's rule written out independently of
+ * the library: one f32 division, NaN -> 0, clamped to [-128, 127], then toward zero
+ * (truncf; an inf scale: finite -> 0, inf / inf = NaN -> 0) */
+static double i8_trunc_f32(float x, float s) {
+    volatile float q = x / s; /* one f32 division, not contracted or kept wider */
+    if (isnan(q)) return 0;
+    if (q > 127.0f) q = 127.0f;
+    if (q < -128.0f) q = -128.0f;
+    return (double)truncf(q);
+}
+
+/* q vs y = float64 value / scale: an integer in [-128, 127] no farther from zero than y
+ * clamped (a rounded code is not: it moves past y for fractions >= 1/2) and less than 1
+ * (plus the f32 division's 2^-23 |y|) toward zero from it; NaN -> 0 */
+static int i8_trunc_close(double y, double q) {
+    if (isnan(y)) return q == 0;
+    double c = y > 127 ? 127 : y < -128 ? -128 : y, slack = fabs(c) * 0x1p-23;
+    return q == rint(q) && q >= -128 && q <= 127 && fabs(q) <= fabs(c) + slack && fabs(q - c) < 1 + slack &&
+           (q == 0 || (q < 0) == (c < 0));
+}
+
 /* input layouts of group_case: 0 contiguous, 1 padded strides, 2 input's last stride != 1
  * (stored transposed: the reference fallback), 3 contiguous input, out stored transposed
  * (the fallback through out), 4 3-D [2, 3, D] contiguous, 5 3-D padded.
@@ -735,11 +768,17 @@ static void group_case(lk_dtype xt, lk_dtype ot, int64_t R, int64_t D, int64_t G
             scales_ok &= got == want;
             for (int64_t i = 0; i < G; i++) {
                 double v = tu_get(&x, at + i);
-                f64 &= fp8_close(ot, v / got, (float)tu_get(&out, at + i), 0);
+                if (ot == LK_I8) {
+                    double q = tu_get(&out, at + i);
+                    f64 &= q == i8_trunc_f32((float)v, got) && i8_trunc_close(v / got, q);
+                } else
+                    f64 &= fp8_close(ot, v / got, (float)tu_get(&out, at + i), 0);
             }
-            /* without UE8M0 the absmax element lands on +-max (with UE8M0 it is at most max) */
+            /* without UE8M0 the absmax element lands on +-max (with UE8M0 it is at most max);
+             * i8: +-127, or +-126 where the f32 division gives 127 (1 - 2^-24) rounded down
+             * (the scale m / 127 rounded up), truncated */
             if (!ue8m0 && am >= 0 && (float)m > eps && !isinf(m))
-                f64 &= fabs(tu_get(&out, am)) == fmax8(ot);
+                f64 &= ot == LK_I8 ? fabs(tu_get(&out, am)) >= 126 : fabs(tu_get(&out, am)) == fmax8(ot);
         }
     }
     tu_check(f64 && scales_ok, "group quant %s -> %s R=%lld D=%lld G=%lld layout=%d scales=%d%s eps=%g amp=%g%s: ref "
@@ -755,36 +794,48 @@ static void group_case(lk_dtype xt, lk_dtype ot, int64_t R, int64_t D, int64_t G
 }
 
 static void test_group_grid(void) {
-    static const int64_t GS[] = {1, 7, 16, 128};
+    static const int64_t GS[] = {1, 3, 7, 16, 128};
     for (int xi = 0; xi < 3; xi++)
-        for (int oi = 0; oi < 2; oi++)
-            for (int gi = 0; gi < 4; gi++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int gi = 0; gi < 5; gi++)
                 for (int k = 0; k < 2; k++)
                     for (int xl = 0; xl < GX_LAYOUTS; xl++)
                         for (int sl = 0; sl < (xl >= 4 ? 4 : 3); sl++) {
                             int64_t G = GS[gi], D = k ? 3 * G : G, R = 1 + (gi + k + xl + sl) % 5;
-                            int ue = (xl + sl + k) & 1;
-                            group_case(TU_FLOAT_DTYPES[xi], FP8[oi], R, D, G, xl, sl, ue, 1e-10f, 3.0, 0);
+                            int ue = (xl + sl + k + oi) & 1;
+                            group_case(TU_FLOAT_DTYPES[xi], GOUT[oi], R, D, G, xl, sl, ue, 1e-10f, 3.0, 0);
                         }
-    /* DeepSeek-V3's activations: D 7168, groups of 128 */
+    /* odd rows: one group of 33 (G = D), 11 of 3, 3 of 17 (around the vector widths), 17
+     * of 241 (D 4097: long groups with a tail) */
+    static const int64_t ODD[4][3] = {{5, 33, 33}, {2, 33, 3}, {3, 51, 17}, {2, 4097, 241}};
+    for (int xi = 0; xi < 3; xi++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int c = 0; c < 4; c++)
+                for (int ue = 0; ue < 2; ue++)
+                    group_case(TU_FLOAT_DTYPES[xi], GOUT[oi], ODD[c][0], ODD[c][1], ODD[c][2],
+                               (c + ue + xi) % GX_LAYOUTS, (c + oi) % 3, ue, 1e-10f, 3.0, 0);
+    /* DeepSeek-V3's activations: D 7168, groups of 128 (e4m3; e5m2 and the block-int8
+     * checkpoints' i8 once each) */
     for (int xi = 0; xi < 3; xi++)
         for (int sl = 0; sl < 3; sl++)
             for (int ue = 0; ue < 2; ue++)
                 if (!tu_emulated() || (xi == 2 && sl == 2))
                     group_case(TU_FLOAT_DTYPES[xi], LK_F8E4M3, 2 + sl, 7168, 128, sl == 1, sl, ue, 1e-10f, 3.0, 0);
     group_case(LK_BF16, LK_F8E5M2, 3, 7168, 128, 0, 2, 1, 1e-10f, 3.0, 0);
+    for (int sl = 0; sl < 3; sl++)
+        group_case(TU_FLOAT_DTYPES[2 - sl], LK_I8, 2 + sl, 7168, 128, sl == 1, sl, sl == 1, 1e-10f, 3.0, 0);
     /* a large eps dominating some groups (amp 1.5) or all of them (amp 0.5: s = eps / fp8_max) */
-    for (int oi = 0; oi < 2; oi++)
+    for (int oi = 0; oi < 3; oi++)
         for (int ue = 0; ue < 2; ue++) {
-            group_case(LK_F32, FP8[oi], 3, 21, 7, 0, 2, ue, 1.0f, 1.5, 0);
-            group_case(LK_BF16, FP8[oi], 4, 48, 16, 1, 1, ue, 1.0f, 0.5, 0);
-            group_case(LK_F16, FP8[oi], 5, 8, 1, 4, 3, ue, 1.0f, 1.5, 0);
+            group_case(LK_F32, GOUT[oi], 3, 21, 7, 0, 2, ue, 1.0f, 1.5, 0);
+            group_case(LK_BF16, GOUT[oi], 4, 48, 16, 1, 1, ue, 1.0f, 0.5, 0);
+            group_case(LK_F16, GOUT[oi], 5, 8, 1, 4, 3, ue, 1.0f, 1.5, 0);
         }
     /* specials; eps at its minimum fp8_max * FLT_MIN (an all-zero group: scale FLT_MIN) */
     for (int xi = 0; xi < 3; xi++)
-        for (int oi = 0; oi < 2; oi++)
+        for (int oi = 0; oi < 3; oi++)
             for (int ue = 0; ue < 2; ue++) {
-                lk_dtype xt = TU_FLOAT_DTYPES[xi], ot = FP8[oi];
+                lk_dtype xt = TU_FLOAT_DTYPES[xi], ot = GOUT[oi];
                 float lo = (float)fmax8(ot) * FLT_MIN;
                 group_case(xt, ot, 2, 48, 16, 0, 0, ue, 1e-10f, 3.0, 1);
                 group_case(xt, ot, 3, 21, 7, 1, 2, ue, lo, 3.0, 1);
@@ -835,12 +886,95 @@ static void test_group_specials(void) {
     }
 }
 
+/* lk_q_i8_trunc, the converter of the i8 group out (the reference's; the SIMD rows must
+ * give its codes): clamped to [-128, 127], then toward zero; NaN -> 0. Through the op the
+ * clamp is out of reach (|x / s| <= 127 (1 + 2^-23) for s >= absmax / 127), so its
+ * saturation is checked here */
+static void test_i8_trunc_convert(void) {
+    static const float V[] = {2.7f, -2.7f, -0.5f, 0.5f, 0.99999994f, -0.99999994f, 126.99999f, 127.0f, 127.5f,
+                              127.99999f, 128.0f, 1e9f, INFINITY, -127.0f, -127.5f, -127.99999f, -128.0f, -128.5f,
+                              -129.0f, -1e9f, -INFINITY, NAN, -NAN, -0.0f, 1.5f, 2.5f, -1.5f, -2.5f, FLT_TRUE_MIN,
+                              -FLT_MIN, 64.99999f, -100.75f};
+    static const int W[] = {2,    -2,   0,    0,    0,    0, 126, 127, 127, 127, 127, 127, 127, -127, -127, -127,
+                            -128, -128, -128, -128, -128, 0, 0,   0,   1,   2,   -1,  -2,  0,   0,    64,   -100};
+    int ok = sizeof V / sizeof V[0] == sizeof W / sizeof W[0];
+    for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+        ok &= lk_q_i8_trunc(V[i]) == W[i];
+        if (!isnan(V[i])) ok &= lk_q_i8_trunc(V[i]) == (int)i8_trunc_f32(V[i], 1.0f);
+    }
+    tu_check(ok, "f32 -> i8 toward zero (2.7 -> 2, -2.7 -> -2, -0.5 -> 0, 126.99999 -> 126), saturated to [-128, "
+             "127] (127.5, 128, inf -> 127; -128, -128.5, -inf -> -128; -127.5 -> -127), NaN -> 0");
+}
+
+/* the i8 out's rules by their codes, per ISA (a [2, 80] f32 input, groups of 20: a full
+ * vector and a tail on either width, both rows alike):
+ *   group 0: absmax 127, so s = 127 / 127 = 1 (ue8m0 too): 2.7 -> 2, -2.7 -> -2, -0.5 ->
+ *     0, 0.99999994 -> 0, +-127 -> +-127, 126.99999 -> 126, 3.5 -> 3, -1.5 -> -1, NaN -> 0
+ *     (rounding would give 3, -3, 1, 127, 4, -2 there)
+ *   group 1: an inf and a -inf: scale inf, every code 0 (finite / inf = 0, inf / inf = NaN)
+ *   group 2: all +-0: scale eps / 127 (ue8m0: 1e-10 -> 2^-33), codes 0
+ *   group 3: absmax 200: s = 200 / 127 (codes: the f32 division, truncated), ue8m0 s = 2
+ *     (7 -> 3, 5 -> 2, 3 -> 1, -199 -> -99, 11 -> 5: rounding gives 4, 2, 2, -100, 6) */
+static void test_group_specials_i8(void) {
+    enum { G = 20, NG = 4, R = 2, D = G * NG };
+    static const float G0[G] = {2.7f, -2.7f, -0.5f, 0.5f, 0.99999994f, -0.99999994f, 127.0f, -127.0f, 126.99999f,
+                                -126.99999f, NAN, -NAN, -0.0f, 1.0f, -1.0f, 3.5f, -3.5f, 2.5f, -1.5f, 64.5f};
+    static const int W0[G] = {2, -2, 0, 0, 0, 0, 127, -127, 126, -126, 0, 0, 0, 1, -1, 3, -3, 2, -1, 64};
+    static const float G3[G] = {200.0f, 7.0f, -7.0f, 5.0f, 3.0f, -3.0f, 1.0f, -1.0f, 0.75f, -199.0f,
+                                13.0f,  9.0f, 11.0f, -11.0f, 101.0f, -101.0f, 2.5f, 150.0f, -150.0f, NAN};
+    static const int W3U[G] = {100, 3, -3, 2, 1, -1, 0, 0, 0, -99, 6, 4, 5, -5, 50, -50, 1, 75, -75, 0};
+    float x[R][D];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < G; i++) {
+            x[r][i] = G0[i];
+            x[r][G + i] = i == 5 ? INFINITY : i == 9 ? -INFINITY : i == 11 ? NAN : (float)(i % 7) - 3.3f;
+            x[r][2 * G + i] = i % 2 ? -0.0f : 0.0f;
+            x[r][3 * G + i] = G3[i];
+        }
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int ue = 0; ue < 2; ue++) {
+            int8_t q[R][D];
+            float sc[R][NG];
+            memset(q, 0x5a, sizeof q), memset(sc, 0xff, sizeof sc);
+            lk_tensor tx = lk_tensor_make(x, LK_F32, 2, (int64_t[]){R, D});
+            lk_tensor tq = lk_tensor_make(q, LK_I8, 2, (int64_t[]){R, D});
+            lk_tensor ts = lk_tensor_make(sc, LK_F32, 2, (int64_t[]){R, NG});
+            int ok0 = lk_per_token_group_fp8_quant(&tq, &tx, &ts, G, 1e-10f, ue) == LK_OK, ok1 = ok0, ok2 = ok0,
+                ok3 = ok0;
+            for (int r = 0; r < R; r++) {
+                ok0 &= sc[r][0] == 1.0f;
+                ok1 &= isinf(sc[r][1]) && sc[r][1] > 0;
+                ok2 &= sc[r][2] == (ue ? ldexpf(1.0f, -33) : 1e-10f / 127.0f);
+                ok3 &= sc[r][3] == (ue ? 2.0f : 200.0f / 127.0f);
+                for (int i = 0; i < G; i++) {
+                    ok0 &= q[r][i] == W0[i];
+                    ok1 &= q[r][G + i] == 0;
+                    ok2 &= q[r][2 * G + i] == 0;
+                    ok3 &= q[r][3 * G + i] == (ue ? W3U[i] : (int)i8_trunc_f32(G3[i], 200.0f / 127.0f));
+                }
+            }
+            tu_check(ok0, "%s group quant -> i8%s: absmax 127 gives scale 1; codes truncated toward zero (2.7 -> 2, "
+                     "-2.7 -> -2, -0.5 -> 0, 126.99999 -> 126, 3.5 -> 3, -1.5 -> -1), +-127 kept, NaN -> 0 and "
+                     "ignored by the absmax", isa, ue ? " ue8m0" : "");
+            tu_check(ok1, "%s group quant -> i8%s: an inf makes the group's scale inf, every code 0 (finite -> 0, "
+                     "+-inf -> NaN -> 0)", isa, ue ? " ue8m0" : "");
+            tu_check(ok2, "%s group quant -> i8%s: an all-zero group gets eps / 127 (ue8m0: 2^-33), codes 0", isa,
+                     ue ? " ue8m0" : "");
+            tu_check(ok3, "%s group quant -> i8%s: absmax 200, scale %s, codes x / scale truncated (7 -> 3, 11 -> 5, "
+                     "-199 -> -99 with scale 2)", isa, ue ? " ue8m0" : "", ue ? "2" : "200 / 127");
+        }
+    }
+}
+
 /* 1-4 threads bitwise identical (row-major and column-major scales, UE8M0 on and off), on
  * every ISA; 64 rows of 4096 (groups of 128) and 7 rows of 7168 */
 static void test_group_threads(void) {
-    for (int sh = 0; sh < 2; sh++) {
-        int64_t R = sh ? 7 : 64, D = sh ? 7168 : 4096, G = 128;
-        tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), out = tu_alloc(LK_F8E4M3, 2, (int64_t[]){R, D}, 0);
+    for (int sh = 0; sh < 4; sh++) {
+        int64_t R = sh & 1 ? 7 : 64, D = sh & 1 ? 7168 : 4096, G = 128;
+        lk_dtype ot = sh < 2 ? LK_F8E4M3 : LK_I8;
+        tu_buf x = tu_alloc(LK_BF16, 2, (int64_t[]){R, D}, 0), out = tu_alloc(ot, 2, (int64_t[]){R, D}, 0);
         tu_fill_uniform(&x, -3, 3);
         for (int ii = 0; ii < ni; ii++) {
             lk_set_isa(isas[ii]);
@@ -856,8 +990,8 @@ static void test_group_threads(void) {
                     else ok &= tu_same(&out, &first[0]) && tu_same(&sc, &first[1]);
                 }
                 lk_set_num_threads(0);
-                tu_check(ok, "%s group quant R=%lld D=%lld G=128 %s scales%s: 1-4 threads bitwise identical (out, "
-                         "scales)", lk_isa_name(isas[ii]), (long long)R, (long long)D,
+                tu_check(ok, "%s group quant -> %s R=%lld D=%lld G=128 %s scales%s: 1-4 threads bitwise identical "
+                         "(out, scales)", lk_isa_name(isas[ii]), lk_dtype_name(ot), (long long)R, (long long)D,
                          v & 1 ? "column-major" : "row-major", v >> 1 ? " ue8m0" : "");
                 free(first[0].bytes), free(first[1].bytes);
                 tu_free(&sc);
@@ -877,12 +1011,14 @@ static void test_group_empty(void) {
         int64_t sshape[3] = {SH[c][0], SH[c][1], SH[c][2]};
         sshape[nd - 1] = SH[c][nd - 1] / 8;
         tu_buf x = tu_alloc(LK_BF16, nd, SH[c], 1), out = tu_alloc(LK_F8E4M3, nd, SH[c], 1);
-        tu_buf sc = tu_alloc(LK_F32, nd, sshape, 1);
-        tu_snapshot(&x), tu_snapshot(&out), tu_snapshot(&sc);
+        tu_buf o8 = tu_alloc(LK_I8, nd, SH[c], 1), sc = tu_alloc(LK_F32, nd, sshape, 1);
+        tu_snapshot(&x), tu_snapshot(&out), tu_snapshot(&o8), tu_snapshot(&sc);
         for (int ii = 0; ii < ni; ii++) {
             lk_set_isa(isas[ii]);
             ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, 8, 1e-10f, ii & 1) == LK_OK && tu_intact(&x) &&
                   tu_intact(&out) && tu_intact(&sc);
+            ok &= lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, 8, 127.0f * FLT_MIN, !(ii & 1)) == LK_OK &&
+                  tu_intact(&x) && tu_intact(&o8) && tu_intact(&sc);
         }
         /* a flat [rows, 0] for the 3-D input with D == 0; an empty view's strides are
          * unconstrained (stride +-2^62 on its rows): spreading them over the
@@ -899,42 +1035,46 @@ static void test_group_empty(void) {
             }
             tu_free(&sf);
         }
-        tu_free(&x), tu_free(&out), tu_free(&sc);
+        tu_free(&x), tu_free(&out), tu_free(&o8), tu_free(&sc);
     }
-    tu_check(ok, "group quant of empty inputs (0 rows, D == 0; 2-D and 3-D): LK_OK, nothing written");
+    tu_check(ok, "group quant of empty inputs (0 rows, D == 0; 2-D and 3-D; e4m3 and i8 outs): LK_OK, nothing "
+             "written");
 }
 
 /* a 3-D input: scales [2, 3, ng], flat [6, ng], padded, column-major give the same bits
- * (values per (row, group)); a 1-D input: [ng] and [1, ng] */
+ * (values per (row, group)); a 1-D input: [ng] and [1, ng]; e5m2 and i8 outs */
 static void test_group_scale_shapes(void) {
     enum { A = 2, B = 3, D = 96, G = 16, NG = D / G };
-    tu_buf x = tu_alloc(LK_F16, 3, (int64_t[]){A, B, D}, 0), out = tu_alloc(LK_F8E5M2, 3, (int64_t[]){A, B, D}, 0);
-    tu_fill_uniform(&x, -4, 4);
-    tu_buf ref = group_scales(A * B, NG, 1, 0);
-    int ok = lk_per_token_group_fp8_quant(&out.t, &x.t, &ref.t, G, 1e-10f, 0) == LK_OK;
-    tu_saved o0 = tu_save(&out);
-    for (int sl = 1; sl < GS_FORMS; sl++) {
-        tu_buf sc = group_scales(A * B, NG, 1, sl);
-        memset(out.t.data, 0, (size_t)(A * B * D));
-        ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, 1e-10f, 0) == LK_OK && tu_same(&out, &o0);
-        for (int64_t k = 0; k < A * B * NG; k++) ok &= tu_get(&sc, k) == tu_get(&ref, k);
-        tu_free(&sc);
+    for (int oi = 0; oi < 2; oi++) {
+        lk_dtype ot = oi ? LK_I8 : LK_F8E5M2;
+        tu_buf x = tu_alloc(LK_F16, 3, (int64_t[]){A, B, D}, 0), out = tu_alloc(ot, 3, (int64_t[]){A, B, D}, 0);
+        tu_fill_uniform(&x, -4, 4);
+        tu_buf ref = group_scales(A * B, NG, 1, 0);
+        int ok = lk_per_token_group_fp8_quant(&out.t, &x.t, &ref.t, G, 1e-10f, 0) == LK_OK;
+        tu_saved o0 = tu_save(&out);
+        for (int sl = 1; sl < GS_FORMS; sl++) {
+            tu_buf sc = group_scales(A * B, NG, 1, sl);
+            memset(out.t.data, 0, (size_t)(A * B * D));
+            ok &= lk_per_token_group_fp8_quant(&out.t, &x.t, &sc.t, G, 1e-10f, 0) == LK_OK && tu_same(&out, &o0);
+            for (int64_t k = 0; k < A * B * NG; k++) ok &= tu_get(&sc, k) == tu_get(&ref, k);
+            tu_free(&sc);
+        }
+        /* the 1-D input's rows */
+        float s1[NG], s2[1][NG];
+        uint8_t q1[D], q2[D];
+        lk_tensor x1 = x.t, o1 = lk_tensor_make(q1, ot, 1, (int64_t[]){D}), o2 = o1;
+        x1.ndim = 1, x1.shape[0] = D, x1.stride[0] = 1;
+        o2.data = q2;
+        lk_tensor t1 = lk_tensor_make(s1, LK_F32, 1, (int64_t[]){NG});
+        lk_tensor t2 = lk_tensor_make(s2, LK_F32, 2, (int64_t[]){1, NG});
+        ok &= lk_per_token_group_fp8_quant(&o1, &x1, &t1, G, 1e-10f, 1) == LK_OK &&
+              lk_per_token_group_fp8_quant(&o2, &x1, &t2, G, 1e-10f, 1) == LK_OK && !memcmp(q1, q2, D) &&
+              !memcmp(s1, s2, sizeof s1);
+        tu_check(ok, "group quant -> %s of a 3-D input: scales [2, 3, ng], flat [6, ng], padded and column-major "
+                 "give the same bits; a 1-D input: [ng] and [1, ng]", lk_dtype_name(ot));
+        free(o0.bytes);
+        tu_free(&x), tu_free(&out), tu_free(&ref);
     }
-    /* the 1-D input's rows */
-    float s1[NG], s2[1][NG];
-    uint8_t q1[D], q2[D];
-    lk_tensor x1 = x.t, o1 = lk_tensor_make(q1, LK_F8E5M2, 1, (int64_t[]){D}), o2 = o1;
-    x1.ndim = 1, x1.shape[0] = D, x1.stride[0] = 1;
-    o2.data = q2;
-    lk_tensor t1 = lk_tensor_make(s1, LK_F32, 1, (int64_t[]){NG});
-    lk_tensor t2 = lk_tensor_make(s2, LK_F32, 2, (int64_t[]){1, NG});
-    ok &= lk_per_token_group_fp8_quant(&o1, &x1, &t1, G, 1e-10f, 1) == LK_OK &&
-          lk_per_token_group_fp8_quant(&o2, &x1, &t2, G, 1e-10f, 1) == LK_OK && !memcmp(q1, q2, D) &&
-          !memcmp(s1, s2, sizeof s1);
-    tu_check(ok, "group quant of a 3-D input: scales [2, 3, ng], flat [6, ng], padded and column-major give the same "
-             "bits; a 1-D input: [ng] and [1, ng]");
-    free(o0.bytes);
-    tu_free(&x), tu_free(&out), tu_free(&ref);
 }
 
 /* expect() with the message starting "<op>: <name>" */
@@ -1033,7 +1173,31 @@ static void test_group_errors(void) {
             "group: scales overlapping input");
     /* out / input */
     gexpect(lk_per_token_group_fp8_quant(&ob.t, &x.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "out", all, nb, "group: bf16 out");
-    /* (an i8 out is accepted: vLLM's per_token_group_quant_int8) */
+    /* (an i8 out is accepted: vLLM's per_token_group_quant_int8), and the dtype message says so */
+    tu_check(strstr(lk_last_error(), "or i8") != NULL, "group: the bf16 out's message names i8 among the outs (%s)",
+             lk_last_error());
+    /* the i8 out's own rules: eps >= 127 FLT_MIN, its shape, its overlaps */
+    const float lo8 = 127.0f * FLT_MIN;
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, G, nextafterf(lo8, 0.0f), 0), LK_ERR_VALUE, "eps", all,
+            nb, "group: eps just below 127 FLT_MIN (i8 out)");
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, G, FLT_MIN, 1), LK_ERR_VALUE, "eps", all, nb,
+            "group: eps FLT_MIN (i8 out)");
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, G, NAN, 0), LK_ERR_VALUE, "eps", all, nb,
+            "group: eps NaN (i8 out)");
+    lk_tensor o8n = o8.t;
+    o8n.shape[1] = 16;
+    gexpect(lk_per_token_group_fp8_quant(&o8n, &x.t, &sc.t, G, e, 0), LK_ERR_SHAPE, "out", all, nb,
+            "group: i8 out [3, 16] for input [3, 20]");
+    lk_tensor o8x = lk_tensor_make((char *)x.t.data + 2, LK_I8, 2, (int64_t[]){R, D});
+    gexpect(lk_per_token_group_fp8_quant(&o8x, &x.t, &sc.t, G, e, 0), LK_ERR_ALIAS, "out", all, nb,
+            "group: i8 out overlapping input");
+    lk_tensor s8 = lk_tensor_make(o8.t.data, LK_F32, 2, (int64_t[]){R, NG}); /* 60 bytes over the i8 out's 60 */
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &s8, G, e, 0), LK_ERR_ALIAS, "scales", all, nb,
+            "group: scales overlapping the i8 out");
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, 7, e, 0), LK_ERR_SHAPE, "group_size", all, nb,
+            "group: i8 out, group_size 7 not dividing D 20");
+    gexpect(lk_per_token_group_fp8_quant(&o8.t, &o8.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "input", all, nb,
+            "group: i8 input");
     gexpect(lk_per_token_group_fp8_quant(&out.t, &out.t, &sc.t, G, e, 0), LK_ERR_DTYPE, "input", all, nb,
             "group: fp8 input");
     gexpect(lk_per_token_group_fp8_quant(&o3.t, &x.t, &sc.t, G, e, 0), LK_ERR_SHAPE, "out", all, nb,
@@ -1051,7 +1215,11 @@ static void test_group_errors(void) {
              lk_per_token_group_fp8_quant(&o5.t, &x.t, &sc.t, G, lo5, 0) == LK_OK &&
              lk_per_token_group_fp8_quant(&out.t, &x.t, &s1, D, FLT_MAX, 0) == LK_OK &&
              tu_get(&big, 0) == FLT_MAX / 448.0f;
-    tu_check(ok, "group quant: eps = fp8_max * FLT_MIN and FLT_MAX accepted, G = D accepted (%s)", lk_last_error());
+    ok &= lk_per_token_group_fp8_quant(&o8.t, &x.t, &sc.t, G, lo8, 1) == LK_OK &&
+          lk_per_token_group_fp8_quant(&o8.t, &x.t, &s1, D, FLT_MAX, 0) == LK_OK && tu_get(&big, 0) == FLT_MAX / 127.0f;
+    for (int64_t i = 0; i < R * D; i++) ok &= tu_get(&o8, i) == 0; /* x / (FLT_MAX / 127): |.| < 1 */
+    tu_check(ok, "group quant: eps = fp8_max * FLT_MIN (127 FLT_MIN for i8) and FLT_MAX accepted, G = D accepted (%s)",
+             lk_last_error());
     for (int b = 0; b < nb; b++) tu_free(all[b]);
 }
 
@@ -2048,6 +2216,8 @@ int main(void) {
     test_errors();
     test_group_grid();
     test_group_specials();
+    test_i8_trunc_convert();
+    test_group_specials_i8();
     test_group_threads();
     test_group_empty();
     test_group_scale_shapes();
