@@ -791,22 +791,44 @@ def _block_group_size(group_size):
 
 
 def rms_norm_per_block_quant(input, weight, epsilon, quant_dtype, group_size, scale_ub=None, residual=None,
-                             is_scale_transposed=False):
+                             is_scale_transposed=False, tma_alignment=0):
     """vLLM's rms_norm_per_block_quant (_custom_ops): returns (out, scales), out of input's
     shape and quant_dtype (float8_e4m3fn / float8_e5m2 / int8, torch's or ml_dtypes' / NumPy's
     types or their names), scales f32 [rows, D / G] (rows = numel / D; any input rank), as
     vLLM allocates them: row-major, or with is_scale_transposed the transposed view of a
-    [D / G, rows] buffer (strides (1, rows)). group_size: vLLM's block shape [1, G] (a
-    sequence of two ints, the first 1, else TypeError / ValueError). Values as the raw op
+    [D / G, rows] buffer (strides (1, rows)); with is_scale_transposed and tma_alignment 4
+    (DeepGEMM's TMA-aligned scales; input of 2 dims or more, m = input.shape[-2]) scales
+    input.shape[:-2] + (m, D / G), each [m, D / G] matrix column-major with its columns
+    padded to m rounded up to a multiple of 4 (vLLM's strides (1, m4), or (m4 D / G, 1, m4)
+    for 3-D input). tma_alignment 0 or 4 (else ValueError, as vLLM's assert), ignored
+    without is_scale_transposed. group_size: vLLM's block shape [1, G] (a sequence of two
+    ints, the first 1, else TypeError / ValueError). Values as the raw op
     rms_norm_per_block_quant_into (residual updated in place). NumPy arrays or torch
     tensors, results of the same kind."""
+    if isinstance(tma_alignment, bool) or tma_alignment not in (0, 4):
+        raise ValueError("tma_alignment: %r, expected 0 or 4 (as vLLM's)" % (tma_alignment,))
     g = _block_group_size(group_size)
     shape = tuple(input.shape)
     D = shape[-1] if shape else 0
     rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
     ng = D // g if g >= 1 and D % g == 0 else 0  # else C refuses group_size before looking at the scales
     out = _fp8_like(input, shape, _quant_dtype(input, quant_dtype))
-    if is_scale_transposed:
+    if is_scale_transposed and tma_alignment and len(shape) >= 2:
+        m = shape[-2]
+        m4 = (m + tma_alignment - 1) // tma_alignment * tma_alignment
+        lead = shape[:-2]
+        nb = int(np.prod(lead, dtype=np.int64))
+        st, acc = [], m4 * ng  # elements: each [m, ng] matrix m4 * ng apart, lead dims row-major
+        for d in reversed(lead):
+            st.insert(0, acc)
+            acc *= d
+        size, stride = lead + (m, ng), tuple(st) + (1, m4)
+        buf = _f32_like(input, (max(nb * m4 * ng, 1),))
+        if L.is_torch(input):
+            scales = buf.as_strided(size, stride)
+        else:
+            scales = np.lib.stride_tricks.as_strided(buf, size, tuple(4 * e for e in stride))
+    elif is_scale_transposed:
         buf = _f32_like(input, (ng, rows))
         scales = buf.transpose(0, 1) if L.is_torch(input) else buf.T
     else:

@@ -544,3 +544,39 @@ def test_torch_compile_fullgraph(rng):
     got = torch.compile(f, fullgraph=True)(x, w, res.clone())
     for g_, w_ in zip(got, want):
         assert torch.equal(g_, w_)
+
+
+@pytest.mark.parametrize("shape", [(7, 256), (1, 128), (8, 384), (2, 5, 256), (3, 1, 128)])
+def test_tma_aligned_scales(rng, shape):
+    """vLLM's tma_alignment=4 with is_scale_transposed: scales input.shape[:-2] + (m, D / G),
+    column-major per [m, D / G] matrix with its columns m4 = m rounded up to 4 apart (strides
+    (1, m4), or (m4 D / G, 1, m4) for 3-D input: vLLM's empty_strided); values bit for bit
+    those of the row-major scales, codes the same; NumPy and torch."""
+    G = 128
+    ng, m = shape[-1] // G, shape[-2]
+    m4 = (m + 3) // 4 * 4
+    want_st = (1, m4) if len(shape) == 2 else (m4 * ng, 1, m4)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, shape[-1]).astype(np.float32)
+    o, s = lk.rms_norm_per_block_quant(x, w, EPS, E4, [1, G], is_scale_transposed=True, tma_alignment=4)
+    o0, s0 = lk.rms_norm_per_block_quant(x, w, EPS, E4, [1, G])
+    assert s.shape == shape[:-1] + (ng,) and tuple(e // 4 for e in s.strides) == want_st
+    assert np.array_equal(s.reshape(-1, ng), s0) and np.array_equal(o.view(np.uint8), o0.view(np.uint8))
+    torch = torch_or_skip()
+    xt, wt = torch.from_numpy(x).to(torch.bfloat16), torch.from_numpy(w).to(torch.bfloat16)
+    o, s = lk.rms_norm_per_block_quant(xt, wt, EPS, torch.float8_e4m3fn, [1, G], scale_ub=None,
+                                       is_scale_transposed=True, tma_alignment=4)
+    o0, s0 = lk.rms_norm_per_block_quant(xt, wt, EPS, torch.float8_e4m3fn, [1, G])
+    assert tuple(s.shape) == shape[:-1] + (ng,) and s.stride() == want_st
+    assert torch.equal(s.reshape(-1, ng), s0) and torch.equal(o.view(torch.uint8), o0.view(torch.uint8))
+
+
+def test_tma_alignment_values(rng):
+    """tma_alignment: 0 or 4 (vLLM asserts it), ignored without is_scale_transposed"""
+    x = rng.standard_normal((5, 128)).astype(np.float32)
+    w = np.ones(128, np.float32)
+    o, s = lk.rms_norm_per_block_quant(x, w, EPS, E4, [1, 128], tma_alignment=4)
+    assert s.shape == (5, 1) and s.strides == (4, 4)
+    for bad in (1, 2, 8, -4, True):
+        with pytest.raises(ValueError, match="tma_alignment"):
+            lk.rms_norm_per_block_quant(x, w, EPS, E4, [1, 128], is_scale_transposed=True, tma_alignment=bad)
