@@ -7,10 +7,10 @@
  *
  * Same formulas, special values and rounding points as ref/activation.c (see there for
  * why gelu uses the sigmoid form: no cancellation for tiny or very negative gates).
- * act_core computes the sigmoid denominator in base 2 without compares or blends
- * (clamps chosen so that exp's overflow and underflow fall out of the arithmetic, see
- * there), then a true IEEE division (not rcp): f32 and the mixed dtype pairs within 2
- * f32 ulp of exact; bf16 -> bf16 with a shorter reduction and polynomial, still the
+ * act_core (act_core.h) computes the sigmoid denominator in base 2 without compares or
+ * blends (clamps chosen so that exp's overflow and underflow fall out of the arithmetic,
+ * see there), then a true IEEE division (not rcp): f32 and the mixed dtype pairs within 2
+ * units of 2^-23 relative of exact; bf16 -> bf16 with a shorter reduction and polynomial, still the
  * reference's bf16 or its neighbour for every bf16 gate.
  *
  * Shapes: x [..., 2d], out [..., d]. Fast path needs last-dim stride 1 on x and out;
