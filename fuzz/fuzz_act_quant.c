@@ -207,21 +207,6 @@ static int gscales_new(fz_world *w, fz_in *in, int nd, const int64_t *shape, int
 
 /* ---------------------------------------------------------------- shapes and values */
 
-/* a non-divisor of n (>= 1): the smallest in [2, n), else n + 1 */
-static int64_t non_divisor(int64_t n) {
-    for (int64_t d = 2; d < n; d++)
-        if (n % d) return d;
-    return n + 1;
-}
-
-/* a divisor of n >= 1, picked by b */
-static int64_t divisor_of(int64_t n, unsigned b) {
-    int64_t dv[64], k = 0;
-    for (int64_t d = 1; d <= n && k < 64; d++)
-        if (n % d == 0) dv[k++] = d;
-    return dv[b % (unsigned)k];
-}
-
 /* the per-block op's d (returned) and group_size (a->group). Ordinary rows: G from
  * {1 .. 8, 16, 17, 32, 64, 128} with d = ng G (ng 0 .. 8, or 0 .. 3 for G >= 64); d in
  * 0 .. 70 with any divisor of it; or G = d (one block a row; 128 when d is 0). Long rows
@@ -232,7 +217,6 @@ static int64_t divisor_of(int64_t n, unsigned b) {
  * for a group_size < 1, d / G; for a non-divisor d / G or d / group_size rounded down);
  * *gfail: the status of the group_size rule (LK_OK: valid) */
 static int64_t block_dims(fz_in *in, aq_attrs *a, int big, int64_t *ngs, lk_status *gfail) {
-    static const int64_t GS[12] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 64, 128};
     int64_t d, G;
     if (big) {
         if (fz_u8(in) & 1) {
@@ -244,33 +228,9 @@ static int64_t block_dims(fz_in *in, aq_attrs *a, int big, int64_t *ngs, lk_stat
             G = MG[fz_u8(in) % 6];
             d = ((4096 + (int64_t)fz_u8(in) * 17) / G + 1) * G;
         }
-    } else {
-        unsigned k = fz_u8(in) % 8;
-        if (k < 5) {
-            G = GS[fz_u8(in) % 12];
-            d = fz_dim(in, G >= 64 ? 3 : 8) * G;
-        } else if (k < 7) {
-            d = fz_dim(in, 70);
-            G = d ? divisor_of(d, fz_u8(in)) : 1 + (int64_t)(fz_u8(in) % 8);
-        } else {
-            d = fz_dim(in, 70);
-            G = d ? d : 128;
-        }
-    }
-    int64_t gs = G;
-    if (fz_chance(in, 20)) {
-        const int64_t BGS[10] = {0, -1, -G, INT64_MIN, INT64_MAX, non_divisor(d), 2 * d + 1, d, 2 * G, G + 1};
-        gs = BGS[fz_u8(in) % 10];
-    }
-    *ngs = d / G;
-    *gfail = LK_OK;
-    if (gs < 1) *gfail = LK_ERR_VALUE;
-    else if (d % gs) {
-        *gfail = LK_ERR_SHAPE;
-        if (fz_u8(in) & 1) *ngs = d / gs;
     } else
-        *ngs = d / gs;
-    a->group = gs;
+        d = fz_group_row(in, &G);
+    a->group = fz_group_size(in, d, G, ngs, gfail);
     return d;
 }
 

@@ -77,6 +77,65 @@ static inline int64_t fz_dim(fz_in *in, int64_t max) {
     return 1 + (int64_t)(b % (unsigned)max);
 }
 
+/* ---- group sizes of the block-scaled quantizers (fuzz_fp8_act, fuzz_act_quant) ---- */
+
+/* a non-divisor of n (>= 1): the smallest in [2, n), else n + 1 */
+static inline int64_t fz_non_divisor(int64_t n) {
+    for (int64_t d = 2; d < n; d++)
+        if (n % d) return d;
+    return n + 1;
+}
+
+/* a divisor of n >= 1, picked by b */
+static inline int64_t fz_divisor_of(int64_t n, unsigned b) {
+    int64_t dv[64], k = 0;
+    for (int64_t d = 1; d <= n && k < 64; d++)
+        if (n % d == 0) dv[k++] = d;
+    return dv[b % (unsigned)k];
+}
+
+/* a row length D (returned) and its group G (*G): G from {1 .. 8, 16, 17, 32, 64, 128}
+ * with D = ng G (ng 0 .. 8, or 0 .. 3 for G >= 64); D in 0 .. 70 with any divisor of it;
+ * or G = D (one group a row; 128 when D is 0) */
+static inline int64_t fz_group_row(fz_in *in, int64_t *G) {
+    static const int64_t GS[12] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 64, 128};
+    int64_t D;
+    unsigned k = fz_u8(in) % 8;
+    if (k < 5) {
+        *G = GS[fz_u8(in) % 12];
+        D = fz_dim(in, *G >= 64 ? 3 : 8) * *G;
+    } else if (k < 7) {
+        D = fz_dim(in, 70);
+        *G = D ? fz_divisor_of(D, fz_u8(in)) : 1 + (int64_t)(fz_u8(in) % 8);
+    } else {
+        D = fz_dim(in, 70);
+        *G = D ? D : 128;
+    }
+    return D;
+}
+
+/* the group_size passed for rows of D in groups of G (returned): G, or rarely a bad one (0,
+ * -1, -G, INT64_MIN, INT64_MAX, a non-divisor, 2 D + 1; or D and 2 G, which may divide D:
+ * valid). *ngs: the scales a row to build (D / group_size; for a group_size < 1, D / G;
+ * for a non-divisor D / G or D / group_size rounded down); *gfail: the status the
+ * group_size rule gives (LK_OK: valid) */
+static inline int64_t fz_group_size(fz_in *in, int64_t D, int64_t G, int64_t *ngs, lk_status *gfail) {
+    int64_t gs = G;
+    if (fz_chance(in, 20)) {
+        const int64_t BG[10] = {0, -1, -G, INT64_MIN, INT64_MAX, fz_non_divisor(D), 2 * D + 1, D, 2 * G, G + 1};
+        gs = BG[fz_u8(in) % 10];
+    }
+    *ngs = D / G;
+    *gfail = LK_OK;
+    if (gs < 1) *gfail = LK_ERR_VALUE;
+    else if (D % gs) {
+        *gfail = LK_ERR_SHAPE;
+        if (fz_u8(in) & 1) *ngs = D / gs;
+    } else
+        *ngs = D / gs;
+    return gs;
+}
+
 /* ---------------------------------------------------------------- rng for bulk values */
 
 static inline uint64_t fz_next(uint64_t *s) {

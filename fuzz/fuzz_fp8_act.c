@@ -424,13 +424,6 @@ static void group_case(fz_world *w, fz_in *in, q_attrs *a) {
     if (!w->must_fail && fz_usable(w, a->x) && call(w, a) == LK_OK) group_check(w, a);
 }
 
-/* a non-divisor of n (>= 1): the smallest in [2, n), else n + 1 */
-static int64_t non_divisor(int64_t n) {
-    for (int64_t d = 2; d < n; d++)
-        if (n % d) return d;
-    return n + 1;
-}
-
 /* scale of OP_GRID placed in the buffer of view p (out or input): a contiguous f32 [sm, sn]
  * at a 4-byte aligned offset inside p's arena from the input; -1 when it does not fit.
  * Overlapping bytes of out (fz_overlaps decides) must be rejected; bytes of out's padding
@@ -527,9 +520,9 @@ static void grid_case(fz_world *w, fz_in *in, q_attrs *a) {
     }
     unsigned bs = fz_u8(in); /* rarely a grid that does not split the input */
     if (bs < 4) sm = 0;
-    else if (bs < 10) sm = non_divisor(M);
+    else if (bs < 10) sm = fz_non_divisor(M);
     else if (bs < 14) sn = 0;
-    else if (bs < 20) sn = non_divisor(N);
+    else if (bs < 20) sn = fz_non_divisor(N);
     if (sm < 1 || sn < 1 || M % sm || N % sn) fz_fail_expected(w, "scale does not split the input into groups");
 
     quant_io_new(w, in, a, nd, shape, ot, i8_bad, 10);
@@ -624,14 +617,6 @@ static void grid_case(fz_world *w, fz_in *in, q_attrs *a) {
  * (block_vs_token); an input whose only fault is its group_size must fail with the
  * contract's status (LK_ERR_VALUE below 1, LK_ERR_SHAPE for a non-divisor) naming it. */
 
-/* a divisor of n >= 1, picked by b */
-static int64_t divisor_of(int64_t n, unsigned b) {
-    int64_t dv[64], k = 0;
-    for (int64_t d = 1; d <= n && k < 64; d++)
-        if (n % d == 0) dv[k++] = d;
-    return dv[b % (unsigned)k];
-}
-
 /* the row length D (returned) and group_size (a->group): G from the group op's list (1,
  * small, 16, 17, 32, 64, 128) with D = ng * G (ng 0 .. 8, or 0 .. 3 for G >= 64); D in
  * 0 .. 70 with any divisor of it; or G = D (whole rows, the per-token scales; 128 when D is
@@ -640,33 +625,8 @@ static int64_t divisor_of(int64_t n, unsigned b) {
  * for a group_size < 1, D / G; for a non-divisor D / G or D / group_size rounded down);
  * *gfail: the status the group_size rule gives (LK_OK: valid; judged from the value). */
 static int64_t block_dims(fz_in *in, q_attrs *a, int64_t *ngs, lk_status *gfail) {
-    static const int64_t GS[12] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 64, 128};
-    int64_t D, G;
-    unsigned k = fz_u8(in) % 8;
-    if (k < 5) {
-        G = GS[fz_u8(in) % 12];
-        D = fz_dim(in, G >= 64 ? 3 : 8) * G;
-    } else if (k < 7) {
-        D = fz_dim(in, 70);
-        G = D ? divisor_of(D, fz_u8(in)) : 1 + (int64_t)(fz_u8(in) % 8);
-    } else {
-        D = fz_dim(in, 70);
-        G = D ? D : 128;
-    }
-    int64_t gs = G;
-    if (fz_chance(in, 20)) {
-        const int64_t BG[10] = {0, -1, -G, INT64_MIN, INT64_MAX, non_divisor(D), 2 * D + 1, D, 2 * G, G + 1};
-        gs = BG[fz_u8(in) % 10];
-    }
-    *ngs = D / G;
-    *gfail = LK_OK;
-    if (gs < 1) *gfail = LK_ERR_VALUE;
-    else if (D % gs) {
-        *gfail = LK_ERR_SHAPE;
-        if (fz_u8(in) & 1) *ngs = D / gs;
-    } else
-        *ngs = D / gs;
-    a->group = gs;
+    int64_t G, D = fz_group_row(in, &G);
+    a->group = fz_group_size(in, D, G, ngs, gfail);
     return D;
 }
 
