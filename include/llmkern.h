@@ -342,6 +342,29 @@ LK_API lk_status lk_concat_and_cache_mla_fp8(const lk_tensor *kv_c, const lk_ten
                                              const lk_tensor *slot_mapping, lk_kv_layout layout,
                                              const lk_tensor *scale);
 
+/* Rotary embedding and MLA latent cache write in one call (vLLM's
+ * concat_and_cache_mla_rope_fused, which replaces DeepSeek's rotary_emb followed by
+ * concat_and_cache_mla):
+ *   1. q_pe [T, Hq, Dr] and k_pe [T, Dr] are rotated in place as lk_rotary_embedding
+ *      rotates q and k (k_pe is one head), with positions[t] for token t < T;
+ *   2. kv_c [T, Dl] and the rotated k_pe are written to the cache(s) as
+ *      lk_concat_and_cache_mla_fp8 writes them (slot_mapping [N <= T], slot < 0 skipped,
+ *      ND or NZ, one or two caches, fp8 caches with a per-tensor scale or NULL).
+ * Every token's q_pe and k_pe is rotated, a padding token's (slot < 0, or t >= N) too.
+ * positions [P >= T] i32/i64 (a padded positions buffer: its first T values are used),
+ * each in [0, max_pos); cos_sin_cache [max_pos, rot], rot even and <= Dr (dims [rot, Dr)
+ * are not rotated). q_pe, k_pe, kv_c and the cache may each be f32/f16/bf16 (the cache
+ * also fp8); k_pe's stored value is its rotated value rounded to k_pe's dtype, then
+ * quantized as the cache's dtype needs. Every check of both operations, and q_pe against
+ * every other argument for overlaps (k_pe and kv_c may be interleaved slices of one
+ * buffer), is made before any store; an error leaves every buffer untouched. */
+LK_API lk_status lk_concat_and_cache_mla_rope(const lk_tensor *positions, const lk_tensor *q_pe,
+                                              const lk_tensor *k_pe, const lk_tensor *kv_c,
+                                              const lk_tensor *cos_sin_cache, int is_neox,
+                                              const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                              const lk_tensor *slot_mapping, lk_kv_layout layout,
+                                              const lk_tensor *scale);
+
 /* lk_gather_cache out of a cache that may be fp8 (vLLM's gather_and_maybe_dequant_cache):
  * out = f32(q) * scale rounded to out's dtype (f32/f16/bf16); scale per tensor [] / [1]
  * or NULL. An fp8 out takes a cache of its own dtype only, copied as bits (scale unused;

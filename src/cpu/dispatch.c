@@ -93,6 +93,7 @@ static void fill_ref(lk_kernel_table *r) {
     r->rms_norm_quant = lk_ref_rms_norm_quant;
     r->int8_quant = lk_ref_int8_quant; /* int8 activations */
     r->act_quant = lk_ref_act_quant;
+    r->concat_and_cache_mla_rope = lk_mla_cache_rope_drive;
 }
 
 static void fill_tables(void) {

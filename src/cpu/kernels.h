@@ -71,6 +71,11 @@ typedef struct {
     int is_neox;
 } lk_rotary_args;
 
+/* The front-end's validation of rotary arguments (src/ops/rotary.c), shared by
+ * lk_rotary_embedding and lk_concat_and_cache_mla_rope; qn / kn name q and k in the
+ * messages. */
+lk_status lk_rotary_check(const lk_rotary_args *a, const char *qn, const char *kn);
+
 typedef struct {
     lk_tensor k, v;             /* [T, H, D] */
     lk_tensor k_cache, v_cache; /* [num_blocks, block_size, H, D] */
@@ -229,6 +234,14 @@ typedef struct {
     float scale;            /* fp8 caches: stored = fp8(x / scale); else unused (1) */
 } lk_mla_cache_args;
 
+/* concat_and_cache_mla_rope: rope (q = q_pe, k = k_pe as [T, 1, Dr]) first, then cache
+ * (whose k_pe is the same buffer, read after the rotation) */
+typedef struct {
+    lk_rotary_args rope;
+    lk_mla_cache_args cache;
+    int do_rope, do_cache; /* 0: that step has nothing to do (empty) */
+} lk_mla_cache_rope_args;
+
 /* gather_cache: out[t] = the entry of token j of request b (t = sum(seq_lens[:b]) + j),
  * read at position p = start_b + j of the request's block table (page p / block_size,
  * slot p % block_size) */
@@ -384,6 +397,7 @@ typedef struct {
     lk_status (*rms_norm_quant)(const lk_rms_norm_quant_args *a);
     lk_status (*int8_quant)(const lk_int8_quant_args *a); /* int8 activations */
     lk_status (*act_quant)(const lk_act_quant_args *a);   /* silu_and_mul + quant */
+    lk_status (*concat_and_cache_mla_rope)(const lk_mla_cache_rope_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -414,5 +428,7 @@ lk_status lk_ref_int8_quant(const lk_int8_quant_args *a); /* int8 activations */
 lk_status lk_ref_act_quant(const lk_act_quant_args *a);
 /* every ISA: src/cpu/mla/driver.c over the table's own kernels */
 lk_status lk_mla_prefill_drive(const struct lk_mla_args *a, lk_mla_strategy strategy);
+/* every ISA: src/cpu/mla_cache_rope.c, the table's rotary and concat kernels in turn */
+lk_status lk_mla_cache_rope_drive(const lk_mla_cache_rope_args *a);
 
 #endif

@@ -25,6 +25,11 @@
  * of request b is at position p = seq_starts[b] + j (page block_table[b, p / block_size],
  * slot p % block_size); seq_starts < 0 or past the block table with the request's length
  * -> LK_ERR_INDEX.
+ *
+ * lk_concat_and_cache_mla_rope (vLLM's concat_and_cache_mla_rope_fused) validates the
+ * fp8 concat's arguments and rotary_embedding's (q = q_pe [T, Hq, Dr], k = k_pe as
+ * [T, 1, Dr], positions narrowed to its first T values), then the driver
+ * src/cpu/mla_cache_rope.c rotates q_pe and k_pe in place and writes the cache.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +119,23 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
     return check_slots(&a->slot_mapping, lk_paged_slots(&a->kv_c_cache));
 }
 
+/* check_mla and the per-tensor scale (NULL: 1), which the caches must not overlap */
+static lk_status check_concat(lk_mla_cache_args *a, const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                              lk_kv_layout layout, int fp8, const lk_tensor *scale) {
+    lk_status s = check_mla(a, kv_c_cache, k_pe_cache, layout, fp8);
+    if (s) return s;
+    lk_scale sc = {0};
+    if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
+    if (scale) {
+        const lk_tensor *caches[2] = {kv_c_cache, k_pe_cache};
+        const char *cn[2] = {"kv_c_cache", "k_pe_cache"};
+        for (int i = 0; i < 2 && caches[i]; i++)
+            if ((s = lk_check_disjoint(caches[i], cn[i], scale, "scale"))) return s;
+    }
+    a->scale = lk_scale_at(&sc, 0, 0);
+    return LK_OK;
+}
+
 static lk_status concat(const char *op, const lk_tensor *kv_c, const lk_tensor *k_pe, const lk_tensor *kv_c_cache,
                         const lk_tensor *k_pe_cache, const lk_tensor *slot_mapping, lk_kv_layout layout, int fp8,
                         const lk_tensor *scale) {
@@ -126,17 +148,8 @@ static lk_status concat(const char *op, const lk_tensor *kv_c, const lk_tensor *
     a.kv_c = *kv_c;
     a.k_pe = *k_pe;
     a.slot_mapping = *slot_mapping;
-    lk_status s = check_mla(&a, kv_c_cache, k_pe_cache, layout, fp8);
+    lk_status s = check_concat(&a, kv_c_cache, k_pe_cache, layout, fp8, scale);
     if (s) return s;
-    lk_scale sc = {0};
-    if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
-    if (scale) {
-        const lk_tensor *caches[2] = {kv_c_cache, k_pe_cache};
-        const char *cn[2] = {"kv_c_cache", "k_pe_cache"};
-        for (int i = 0; i < 2 && caches[i]; i++)
-            if ((s = lk_check_disjoint(caches[i], cn[i], scale, "scale"))) return s;
-    }
-    a.scale = lk_scale_at(&sc, 0, 0);
     if (a.slot_mapping.shape[0] == 0 || a.kv_c.shape[1] + a.k_pe.shape[1] == 0) return LK_OK;
     return lk_kernels()->concat_and_cache_mla(&a);
 }
@@ -151,6 +164,84 @@ lk_status lk_concat_and_cache_mla_fp8(const lk_tensor *kv_c, const lk_tensor *k_
                                       const lk_tensor *scale) {
     return concat("lk_concat_and_cache_mla_fp8", kv_c, k_pe, kv_c_cache, k_pe_cache, slot_mapping, layout, 1,
                   scale);
+}
+
+/* ---------------------------------------------------------------- concat_and_cache_mla_rope */
+
+/* what the rope step adds to the concat checks: q_pe, positions (P >= T, the first T
+ * used), cos_sin_cache, and the overlaps of the buffers it writes (q_pe, k_pe) and of
+ * the caches with the arguments only it reads */
+static lk_status check_rope(lk_mla_cache_rope_args *a, const lk_tensor *positions, const lk_tensor *q_pe,
+                            const lk_tensor *cos_sin_cache, const lk_tensor *kv_c_cache,
+                            const lk_tensor *k_pe_cache, const lk_tensor *scale) {
+    lk_status s;
+    const lk_tensor *kv_c = &a->cache.kv_c, *k_pe = &a->cache.k_pe, *sm = &a->cache.slot_mapping;
+    if ((s = lk_check_index(positions, "positions", 1, 1))) return s;
+    int64_t T = q_pe->shape[0];
+    if (kv_c->shape[0] != T)
+        return lk_fail(LK_ERR_SHAPE, "kv_c: shape %s: first dim must equal q_pe's (%lld tokens)",
+                       lk_shape_str(kv_c), (long long)T);
+    if (positions->shape[0] < T)
+        return lk_fail(LK_ERR_SHAPE, "positions: shape %s: %lld values for %lld tokens (q_pe's first dim)",
+                       lk_shape_str(positions), (long long)positions->shape[0], (long long)T);
+    if (k_pe->shape[1] != q_pe->shape[2])
+        return lk_fail(LK_ERR_SHAPE, "k_pe: shape %s: last dim must equal q_pe's head dim (%lld)",
+                       lk_shape_str(k_pe), (long long)q_pe->shape[2]);
+    lk_rotary_args *r = &a->rope;
+    r->positions = *positions;
+    r->positions.shape[0] = T;
+    r->q = *q_pe;
+    r->k = *k_pe; /* [T, Dr] as [T, 1, Dr] */
+    r->k.ndim = 3;
+    r->k.shape[2] = k_pe->shape[1], r->k.stride[2] = k_pe->stride[1];
+    r->k.shape[1] = 1, r->k.stride[1] = 0;
+    r->has_k = 1;
+    r->cos_sin = *cos_sin_cache;
+    if ((s = lk_rotary_check(r, "q_pe", "k_pe"))) return s;
+    /* written: q_pe, k_pe, the caches; the rotary check covered q_pe / k_pe against each
+     * other, cos_sin_cache and positions, the concat check the caches against kv_c,
+     * k_pe, slot_mapping, scale */
+    if ((s = lk_check_disjoint(q_pe, "q_pe", kv_c, "kv_c"))) return s;
+    if ((s = lk_check_disjoint(q_pe, "q_pe", sm, "slot_mapping"))) return s;
+    if ((s = lk_check_disjoint(k_pe, "k_pe", kv_c, "kv_c"))) return s;
+    if ((s = lk_check_disjoint(k_pe, "k_pe", sm, "slot_mapping"))) return s;
+    if (scale) {
+        if ((s = lk_check_disjoint(q_pe, "q_pe", scale, "scale"))) return s;
+        if ((s = lk_check_disjoint(k_pe, "k_pe", scale, "scale"))) return s;
+    }
+    const lk_tensor *caches[2] = {kv_c_cache, k_pe_cache};
+    const char *cn[2] = {"kv_c_cache", "k_pe_cache"};
+    for (int i = 0; i < 2 && caches[i]; i++) {
+        if ((s = lk_check_disjoint(caches[i], cn[i], q_pe, "q_pe"))) return s;
+        if ((s = lk_check_disjoint(caches[i], cn[i], positions, "positions"))) return s;
+        if ((s = lk_check_disjoint(caches[i], cn[i], cos_sin_cache, "cos_sin_cache"))) return s;
+    }
+    return LK_OK;
+}
+
+lk_status lk_concat_and_cache_mla_rope(const lk_tensor *positions, const lk_tensor *q_pe, const lk_tensor *k_pe,
+                                       const lk_tensor *kv_c, const lk_tensor *cos_sin_cache, int is_neox,
+                                       const lk_tensor *kv_c_cache, const lk_tensor *k_pe_cache,
+                                       const lk_tensor *slot_mapping, lk_kv_layout layout, const lk_tensor *scale) {
+    lk_clear_error();
+    lk_set_op("lk_concat_and_cache_mla_rope");
+    const lk_tensor *req[7] = {positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_c_cache, slot_mapping};
+    const char *rn[7] = {"positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "kv_c_cache", "slot_mapping"};
+    for (int i = 0; i < 7; i++)
+        if (!req[i]) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", rn[i]);
+    lk_mla_cache_rope_args a;
+    a.cache.kv_c = *kv_c;
+    a.cache.k_pe = *k_pe;
+    a.cache.slot_mapping = *slot_mapping;
+    lk_status s;
+    if ((s = lk_check_float(q_pe, "q_pe", 3, 3))) return s;
+    if ((s = check_concat(&a.cache, kv_c_cache, k_pe_cache, layout, 1, scale))) return s;
+    if ((s = check_rope(&a, positions, q_pe, cos_sin_cache, kv_c_cache, k_pe_cache, scale))) return s;
+    a.rope.is_neox = is_neox != 0;
+    a.do_rope = q_pe->shape[0] > 0 && cos_sin_cache->shape[1] > 0;
+    a.do_cache = a.cache.slot_mapping.shape[0] > 0 && a.cache.kv_c.shape[1] + a.cache.k_pe.shape[1] > 0;
+    if (!a.do_rope && !a.do_cache) return LK_OK;
+    return lk_kernels()->concat_and_cache_mla_rope(&a);
 }
 
 /* ---------------------------------------------------------------- gather_cache */

@@ -36,17 +36,17 @@ static lk_status check_positions(const lk_tensor *p, int64_t max_pos) {
     return LK_OK;
 }
 
-static lk_status check_rotary(const lk_rotary_args *a) {
+lk_status lk_rotary_check(const lk_rotary_args *a, const char *qn, const char *kn) {
     lk_status s;
     if ((s = lk_check_index(&a->positions, "positions", 1, 1))) return s;
     int64_t T = a->positions.shape[0];
-    if ((s = check_head_tensor(&a->q, "q", T))) return s;
+    if ((s = check_head_tensor(&a->q, qn, T))) return s;
     int64_t D = a->q.shape[2];
     if (a->has_k) {
-        if ((s = check_head_tensor(&a->k, "k", T))) return s;
+        if ((s = check_head_tensor(&a->k, kn, T))) return s;
         if (a->k.shape[2] != D)
-            return lk_fail(LK_ERR_SHAPE, "k: head dim %lld (shape %s) differs from q's %lld",
-                           (long long)a->k.shape[2], lk_shape_str(&a->k), (long long)D);
+            return lk_fail(LK_ERR_SHAPE, "%s: head dim %lld (shape %s) differs from %s's %lld", kn,
+                           (long long)a->k.shape[2], lk_shape_str(&a->k), qn, (long long)D);
     }
     const lk_tensor *cs = &a->cos_sin;
     if ((s = lk_check_float(cs, "cos_sin_cache", 2, 2))) return s;
@@ -55,12 +55,12 @@ static lk_status check_rotary(const lk_rotary_args *a) {
         return lk_fail(LK_ERR_SHAPE,
                        "cos_sin_cache: rotary dim %lld (shape %s) must be even and <= head dim %lld",
                        (long long)rot, lk_shape_str(cs), (long long)D);
-    if ((s = lk_check_disjoint(&a->q, "q", cs, "cos_sin_cache"))) return s;
-    if ((s = lk_check_disjoint(&a->q, "q", &a->positions, "positions"))) return s;
+    if ((s = lk_check_disjoint(&a->q, qn, cs, "cos_sin_cache"))) return s;
+    if ((s = lk_check_disjoint(&a->q, qn, &a->positions, "positions"))) return s;
     if (a->has_k) {
-        if ((s = lk_check_disjoint(&a->q, "q", &a->k, "k"))) return s;
-        if ((s = lk_check_disjoint(&a->k, "k", cs, "cos_sin_cache"))) return s;
-        if ((s = lk_check_disjoint(&a->k, "k", &a->positions, "positions"))) return s;
+        if ((s = lk_check_disjoint(&a->q, qn, &a->k, kn))) return s;
+        if ((s = lk_check_disjoint(&a->k, kn, cs, "cos_sin_cache"))) return s;
+        if ((s = lk_check_disjoint(&a->k, kn, &a->positions, "positions"))) return s;
     }
     return check_positions(&a->positions, cs->shape[0]);
 }
@@ -80,7 +80,7 @@ lk_status lk_rotary_embedding(const lk_tensor *positions, const lk_tensor *q, co
     else a.k = (lk_tensor){0};
     a.cos_sin = *cos_sin_cache;
     a.is_neox = is_neox != 0;
-    lk_status s = check_rotary(&a);
+    lk_status s = lk_rotary_check(&a, "q", "k");
     if (s) return s;
     int64_t heads = a.q.shape[1] + (a.has_k ? a.k.shape[1] : 0);
     if (a.positions.shape[0] == 0 || heads == 0 || a.cos_sin.shape[1] == 0) return LK_OK;
