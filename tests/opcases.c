@@ -583,6 +583,43 @@ static lk_status call_concat8(const oc_inst *in) {
     return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), LK_KV_ND, T(in, 5));
 }
 
+/* rotary + concat (lk_concat_and_cache_mla_rope). Args positions (two more values than
+ * tokens: only the first T are used), q_pe, k_pe, kv_c, cos_sin_cache, then ND: two
+ * caches (e4m3 latent, bf16 rope), slot_mapping, scale; NZ: one e5m2 buffer of Dl + Dr,
+ * slot_mapping, scale */
+static void make_mla_rope(oc_inst *in, oc_size sz, lk_kv_layout lay) {
+    int64_t Tn = sz == OC_LARGE ? 256 : sz == OC_MEDIUM ? 24 : 3, Hq = sz == OC_LARGE ? 16 : 2;
+    int64_t Dl = sz == OC_LARGE ? 512 : 32, Dr = sz == OC_LARGE ? 64 : 32, P = Tn + 2, MP = 96;
+    int64_t NB = sz == OC_LARGE ? 24 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_buf *p = add(in, "positions", LK_I64, 1, &P, 0, 0);
+    for (int64_t t = 0; t < P; t++) tu_set(p, t, (double)tu_randint(0, MP - 1));
+    tu_fill_uniform(add(in, "q_pe", LK_BF16, 3, (int64_t[]){Tn, Hq, Dr}, 1, 1), -2, 2);
+    tu_fill_uniform(add(in, "k_pe", LK_BF16, 2, (int64_t[]){Tn, Dr}, 1, 1), -2, 2);
+    tu_fill_uniform(add(in, "kv_c", LK_BF16, 2, (int64_t[]){Tn, Dl}, 0, 0), -2, 2);
+    tu_fill_uniform(add(in, "cos_sin_cache", LK_F32, 2, (int64_t[]){MP, Dr}, 0, 0), -1, 1);
+    if (lay == LK_KV_NZ) {
+        add(in, "kv_c_cache", LK_F8E5M2, 4, (int64_t[]){NB, (Dl + Dr) / 32, bs, 32}, 1, 1);
+        in->arg[5].fp8 = 1;
+    } else {
+        add(in, "kv_c_cache", LK_F8E4M3, 3, (int64_t[]){NB, bs, Dl}, 1, 0);
+        add(in, "k_pe_cache", LK_BF16, 3, (int64_t[]){NB, bs, Dr}, 1, 1);
+        in->arg[5].fp8 = in->arg[6].fp8 = 1;
+        in->arg[6].optional = 1;
+    }
+    fill_slots(add(in, "slot_mapping", LK_I32, 1, &Tn, 0, 0), Tn, NB * bs);
+    make_scale(in, "scale", 1, 0.5f);
+    in->flag = lay;
+}
+static void make_mla_rope_nd(oc_inst *in, oc_size sz) { make_mla_rope(in, sz, LK_KV_ND); }
+static void make_mla_rope_nz(oc_inst *in, oc_size sz) { make_mla_rope(in, sz, LK_KV_NZ); }
+static lk_status call_mla_rope(const oc_inst *in) {
+    if (in->flag == LK_KV_NZ) /* one buffer, GPT-J pairs */
+        return lk_concat_and_cache_mla_rope(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), 0, T(in, 5), NULL,
+                                            T(in, 6), LK_KV_NZ, T(in, 7));
+    return lk_concat_and_cache_mla_rope(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), 1, T(in, 5), T(in, 6),
+                                        T(in, 7), LK_KV_ND, T(in, 8));
+}
+
 /* gather out of an fp8 cache (e4m3 ND, e5m2 NZ) into f32 / bf16; args out, cache,
  * block_table, seq_lens, scale */
 static void make_gather8(oc_inst *in, oc_size sz, lk_kv_layout lay) {
@@ -983,6 +1020,8 @@ const oc_op OC_OPS[] = {
     {"lk_reshape_and_cache_flash_fp8", make_kv8_nz, call_kv8},   /* NZ, e4m3 + e5m2 caches */
     {"lk_concat_and_cache_mla_fp8", make_concat8_nd, call_concat8}, /* ND two buffers */
     {"lk_concat_and_cache_mla_fp8", make_concat8_nz, call_concat8}, /* NZ one buffer */
+    {"lk_concat_and_cache_mla_rope", make_mla_rope_nd, call_mla_rope}, /* ND two buffers */
+    {"lk_concat_and_cache_mla_rope", make_mla_rope_nz, call_mla_rope}, /* NZ one buffer */
     {"lk_gather_cache_fp8", make_gather8_nd, call_gather8},
     {"lk_gather_cache_fp8", make_gather8_nz, call_gather8},
     {"lk_gather_cache_starts", make_gather_starts_nd, call_gather_starts},
