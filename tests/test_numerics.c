@@ -360,6 +360,58 @@ static void test_fp8_ops(void) {
     }
 }
 
+/* lk_concat_and_cache_mla_rope (docs/numerics.md, "Per operator"): rotary's IEEE rules on
+ * q_pe and k_pe (NeoX pairs (i, i + 16), position 0: cos 1, sin 0), then the e4m3 write
+ * of the stored k_pe (scale 0.5): inf * sin 0 = NaN in the pair's other element, NaN to
+ * both, -0 * 1 + x * 0 = +0, saturation of +-inf, a tie to even; kv_c's codes as the
+ * fp8 write's; the padding token (slot -1, position 1: cos 0, sin 1) rotated, its slot
+ * untouched */
+static void test_mla_rope(void) {
+    enum { DR = 32, H2 = DR / 2 };
+    static const float PX[5] = {INFINITY, NAN, 1e6f, 3.375f, -INFINITY}, PY[5] = {1.0f, 2.0f, -0.0f, 0.5f, 0.25f};
+    static const int WX[5] = {0x7e, -1, 0x7e, 0x4e, 0xfe}, WY[5] = {-1, -1, 0x00, 0x38, -1}; /* -1: a NaN code */
+    static const float SPK[8] = {INFINITY, -INFINITY, NAN, -0.0f, 1e6f, 0.5f * 0.5f * 0.001953125f, 3.0f * 1.125f, -NAN};
+    static const uint8_t WK[8] = {0x7e, 0xfe, 0x7f, 0x80, 0x7e, 0x00, 0x4e, 0xff}; /* e4m3 of x / 0.5 */
+    float cs[2][DR];
+    for (int i = 0; i < H2; i++) cs[0][i] = 1.0f, cs[0][H2 + i] = 0.0f, cs[1][i] = 0.0f, cs[1][H2 + i] = 1.0f;
+    int64_t pos[2] = {0, 1}, slot[2] = {1, -1};
+    float sc = 0.5f;
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        float q[2][1][DR], k[2][DR], c[2][D];
+        for (int i = 0; i < H2; i++) {
+            q[0][0][i] = k[0][i] = PX[i % 5], q[0][0][H2 + i] = k[0][H2 + i] = PY[i % 5];
+            q[1][0][i] = k[1][i] = 1.5f, q[1][0][H2 + i] = k[1][H2 + i] = 2.5f;
+        }
+        for (int i = 0; i < D; i++) c[0][i] = SPK[i % 8], c[1][i] = 7.0f;
+        uint8_t cache[1][2][D + DR];
+        memset(cache, 0x11, sizeof cache);
+        lk_tensor tp = t1(pos, LK_I64, 2), tq = t3(q, LK_F32, 2, 1, DR), tk = t2(k, LK_F32, 2, DR);
+        lk_tensor tc = t2(c, LK_F32, 2, D), tcs = t2(cs, LK_F32, 2, DR), tsl = t1(slot, LK_I64, 2);
+        lk_tensor tca = t3(cache, LK_F8E4M3, 1, 2, D + DR), tsc = t1(&sc, LK_F32, 1);
+        lk_status s = lk_concat_and_cache_mla_rope(&tp, &tq, &tk, &tc, &tcs, 1, &tca, NULL, &tsl, LK_KV_ND, &tsc);
+        int ok = s == LK_OK;
+        for (int i = 0; i < D + DR; i++) ok &= cache[0][0][i] == 0x11;
+        for (int i = 0; i < D; i++) ok &= cache[0][1][i] == WK[i % 8];
+        for (int i = 0; i < H2; i++) {
+            uint8_t cx = cache[0][1][D + i], cy = cache[0][1][D + H2 + i];
+            ok &= WX[i % 5] < 0 ? (cx & 0x7f) == 0x7f : cx == WX[i % 5];
+            ok &= WY[i % 5] < 0 ? (cy & 0x7f) == 0x7f : cy == WY[i % 5];
+            for (int w = 0; w < 2; w++) { /* q_pe and k_pe hold the rotated values */
+                float x = w ? k[0][i] : q[0][0][i], y = w ? k[0][H2 + i] : q[0][0][H2 + i];
+                float wx = PX[i % 5] - PY[i % 5] * 0.0f, wy = PY[i % 5] + PX[i % 5] * 0.0f;
+                ok &= isnan(wx) ? isnan(x) : x == wx && signbit(x) == signbit(wx);
+                ok &= isnan(wy) ? isnan(y) : y == wy && signbit(y) == signbit(wy);
+                float px = w ? k[1][i] : q[1][0][i], py = w ? k[1][H2 + i] : q[1][0][H2 + i];
+                ok &= px == -2.5f && py == 1.5f;
+            }
+        }
+        tu_check(ok, "%s concat_and_cache_mla_rope: rotary's inf * 0 = NaN in the pair's other element, NaN to both, "
+                 "+0 from -0 * 1 + x * 0, then e4m3 saturation, NaN codes and a tie to even; kv_c's codes; the "
+                 "padding token rotated, its slot untouched (%s)", lk_isa_name(isas[ii]), lk_status_str(s));
+    }
+}
+
 /* ---------------------------------------------------------------- fp8 activations */
 
 /* the fp8 activation ops' special values (docs/numerics.md "fp8 activations"), per ISA */
@@ -1806,6 +1858,7 @@ int main(void) {
     test_copies();
     test_fp8_cache();
     test_fp8_ops(); /* fp8 cache operators */
+    test_mla_rope();
     test_fp8_act();
     test_fp8_group();
     test_fp8_norm_block();
