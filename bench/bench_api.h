@@ -65,7 +65,9 @@
     X(lk_static_group_scaled_fp8_quant)        \
     X(lk_rms_norm_per_block_quant)             \
     X(lk_silu_and_mul_quant)                   \
-    X(lk_silu_and_mul_per_block_quant)
+    X(lk_silu_and_mul_per_block_quant)         \
+    X(lk_concat_and_cache_mla_fp8)             \
+    X(lk_concat_and_cache_mla_rope)
 
 #define BENCH_API_MEMBER(f) __typeof__(f) *f;
 typedef struct {
@@ -124,6 +126,8 @@ int bench_api_has(const bench_api_table *t, const char *name);
 #define lk_rms_norm_per_block_quant (bench_api->lk_rms_norm_per_block_quant)
 #define lk_silu_and_mul_quant (bench_api->lk_silu_and_mul_quant)
 #define lk_silu_and_mul_per_block_quant (bench_api->lk_silu_and_mul_per_block_quant)
+#define lk_concat_and_cache_mla_fp8 (bench_api->lk_concat_and_cache_mla_fp8)
+#define lk_concat_and_cache_mla_rope (bench_api->lk_concat_and_cache_mla_rope)
 #define lk_rms_norm_static_fp8_quant (bench_api->lk_rms_norm_static_fp8_quant)
 #define lk_fused_add_rms_norm_static_fp8_quant (bench_api->lk_fused_add_rms_norm_static_fp8_quant)
 #define lk_rms_norm_dynamic_per_token_quant (bench_api->lk_rms_norm_dynamic_per_token_quant)

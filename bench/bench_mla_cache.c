@@ -6,9 +6,15 @@
  *  - gather_cache: the 8192-token prefix of 2 requests (4096 each) in shuffled pages,
  *    page 128 and 16, ND and NZ, bf16 and f32;
  *  - one case of each far beyond the L3 (32768 written tokens, a 49152-token prefix) for
- *    the bandwidth ceiling.
- * Bytes = read + written: tokens x 576 x (source + destination element size).
- * Max error: the whole cache (concat) or out (gather) against the ref kernel.
+ *    the bandwidth ceiling;
+ *  - concat_and_cache_mla_rope (rotary on q_pe [T, 16 or 128 heads, 64] and k_pe, then
+ *    the cache write; NeoX, bf16 in, a bf16 or e4m3 cache, page 64 ND), decode (16
+ *    tokens) and prefill (4096), next to the same work as two calls (rotary_embedding,
+ *    then concat_and_cache_mla_fp8) in the same run.
+ * Bytes = read + written: tokens x 576 x (source + destination element size); the rope
+ * rows add q_pe and k_pe read and written once.
+ * Max error: the whole cache (concat) or out (gather) against the ref kernel (the rope
+ * rows: after one call from the starting q_pe / k_pe).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +128,72 @@ static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_l
     free(pages), free(bt), free(sl);
 }
 
+/* ---------------------------------------------------------------- concat + rope */
+
+#define MP 8192 /* rows of the cos / sin cache */
+
+typedef struct {
+    lk_tensor pos, q, pe, pe3, kv, cs, cache, sm, scale;
+    int two_calls;
+    const void *q0, *pe0; /* the starting q_pe / k_pe, for run_rope_again */
+    size_t qb, pb;
+} rope_ctx;
+
+static void run_rope(void *p) {
+    rope_ctx *c = p;
+    if (c->two_calls) {
+        lk_rotary_embedding(&c->pos, &c->q, &c->pe3, &c->cs, 1);
+        lk_concat_and_cache_mla_fp8(&c->kv, &c->pe, &c->cache, NULL, &c->sm, LK_KV_ND, &c->scale);
+    } else
+        lk_concat_and_cache_mla_rope(&c->pos, &c->q, &c->pe, &c->kv, &c->cs, 1, &c->cache, NULL, &c->sm, LK_KV_ND,
+                                     &c->scale);
+}
+
+/* from the starting q_pe / k_pe (for the error: every variant from the same values) */
+static void run_rope_again(void *p) {
+    rope_ctx *c = p;
+    memcpy(c->q.data, c->q0, c->qb), memcpy(c->pe.data, c->pe0, c->pb);
+    run_rope(c);
+}
+
+/* rotation angles vary with the position; each timed call rotates q_pe and k_pe again
+ * (the values stay bounded: a rotation keeps each pair's norm up to rounding) */
+static void rope_case(int64_t T, int64_t Hq, lk_dtype cdt, int two_calls) {
+    const int64_t bs = 64, nb = 2 * ((T + bs - 1) / bs) + 2;
+    int64_t *pages = shuffled(nb), *slots = malloc(sizeof(int64_t) * (size_t)T), *pos = malloc(sizeof(int64_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) slots[t] = pages[t / bs] * bs + t % bs, pos[t] = rnd(MP);
+    void *q = bench_alloc(LK_BF16, T * Hq * DR, -2, 2), *pe = bench_alloc(LK_BF16, T * DR, -2, 2);
+    void *kv = bench_alloc(LK_BF16, T * DL, -2, 2), *cs = bench_alloc(LK_F32, MP * DR, -1, 1);
+    void *cache = bench_alloc(cdt, nb * bs * DC, 0, 0), *ref = bench_alloc(cdt, nb * bs * DC, 0, 0);
+    void *q0 = bench_alloc(LK_BF16, T * Hq * DR, 0, 0), *pe0 = bench_alloc(LK_BF16, T * DR, 0, 0);
+    size_t qb = (size_t)(T * Hq * DR) * 2, pb = (size_t)(T * DR) * 2;
+    memcpy(q0, q, qb), memcpy(pe0, pe, pb);
+    float sc = 0.0625f;
+    rope_ctx c = {lk_tensor_make(pos, LK_I64, 1, &T), lk_tensor_make(q, LK_BF16, 3, (int64_t[]){T, Hq, DR}),
+                  lk_tensor_make(pe, LK_BF16, 2, (int64_t[]){T, DR}), lk_tensor_make(pe, LK_BF16, 3, (int64_t[]){T, 1, DR}),
+                  lk_tensor_make(kv, LK_BF16, 2, (int64_t[]){T, DL}), lk_tensor_make(cs, LK_F32, 2, (int64_t[]){MP, DR}),
+                  lk_tensor_make(cache, cdt, 3, (int64_t[]){nb, bs, DC}), lk_tensor_make(slots, LK_I64, 1, &T),
+                  lk_tensor_make(&sc, LK_F32, 1, (int64_t[]){1}), two_calls, q0, pe0, qb, pb};
+    double ms = bench_time_bw(run_rope, &c);
+    /* the cache (which holds the rotated k_pe) after one call from the starting values */
+    rope_ctx r = c;
+    r.cache.data = ref;
+    lk_isa isa = lk_isa_current();
+    lk_set_isa(LK_ISA_REF);
+    run_rope_again(&r);
+    lk_set_isa(isa);
+    double err = bench_err_variants(run_rope_again, &c, cache, ref, cdt, nb * bs * DC);
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%lld q %lldx%d %d+%d p%lld", (long long)T, (long long)Hq, DR, DL, DR,
+             (long long)bs);
+    double bytes = (double)T * ((double)(Hq + 1) * DR * 2 * 2 + DL * 2 + DC * (double)lk_dtype_size(cdt));
+    bench_row(two_calls ? "rotary + concat (2 calls)" : "concat_and_cache_mla_rope", shape,
+              cdt == LK_BF16 ? "bf16" : "bf16->e4m3", ms, bytes, BENCH_BW, err);
+    bench_free(q), bench_free(pe), bench_free(kv), bench_free(cs), bench_free(cache), bench_free(ref);
+    bench_free(q0), bench_free(pe0);
+    free(pages), free(slots), free(pos);
+}
+
 void bench_mla_cache(void) {
     bench_section("concat_and_cache_mla / gather_cache, MLA 512 + 64 (bandwidth-bound; ceiling = copy bandwidth)");
     const int64_t tokens[] = {1, 16, 4096}, pages[] = {128, 16};
@@ -141,4 +213,10 @@ void bench_mla_cache(void) {
         concat_case(32768, 128, LK_BF16, (lk_kv_layout)L);
         gather_case(24576, 2, 128, LK_BF16, (lk_kv_layout)L);
     }
+    if (!bench_libs_have("lk_concat_and_cache_mla_rope", "the concat_and_cache_mla_rope rows")) return;
+    const int64_t rope_T[] = {16, 4096}, rope_H[] = {16, 128};
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < 2; h++)
+            for (int f8 = 0; f8 < 2; f8++)
+                for (int two = 0; two < 2; two++) rope_case(rope_T[t], rope_H[h], f8 ? LK_F8E4M3 : LK_BF16, two);
 }
