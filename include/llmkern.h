@@ -229,7 +229,8 @@ LK_API lk_status lk_reshape_and_cache_flash_scaled(const lk_tensor *k, const lk_
  * src and dst must not overlap.
  * lk_copy_blocks: n >= 1 caches, each copied within itself (caches[c][dst] =
  * caches[c][src]; key and value caches of every layer are n separate caches); they must
- * not overlap each other.
+ * not overlap each other. A row mapping a block onto itself leaves it as it is (a
+ * no-op, left out of the rules below; since 0.3).
  * Errors before any store: a block index outside its cache (LK_ERR_INDEX, naming
  * block_mapping and the row), a destination block named twice or also a source of the
  * same cache (LK_ERR_INDEX: the copies would depend on their order), shapes / dtypes

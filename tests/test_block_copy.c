@@ -94,6 +94,50 @@ static void test_copy(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* copy_blocks rows mapping a block onto itself: no-ops left out of the rules (so a block
+ * may be a source or a destination of another row as well), never run */
+static void test_copy_self(void) {
+    static const int64_t maps[5][6] = {{2, 2, 0, 2}, {1, 1, 1, 3}, {5, 5}, {1, 1, 0, 1, 0, 4}, {3, 3, 3, 3, 2, 5}};
+    static const int64_t rows[5] = {2, 2, 1, 3, 3};
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int k = 0; k < 5; k++) {
+            tu_buf c = tu_alloc(LK_BF16, 4, (int64_t[]){6, 4, 2, 16}, k % 2);
+            tu_fill_uniform(&c, -2, 2);
+            double *before = tu_values(&c);
+            tu_snapshot(&c);
+            tu_buf m = tu_alloc(k % 2 ? LK_I32 : LK_I64, 2, (int64_t[]){rows[k], 2}, 0);
+            for (int64_t i = 0; i < 2 * rows[k]; i++) tu_set(&m, i, (double)maps[k][i]);
+            lk_set_num_threads(1 + k % 4);
+            lk_status st = lk_copy_blocks(1, &c.t, &m.t);
+            lk_set_num_threads(0);
+            tu_check(st == LK_OK && blocks_ok(&c, before, &c, before, maps[k], rows[k]) && tu_outside_intact(&c),
+                     "copy_blocks %s, rows with a block onto itself (map %d): the other rows' copies, the block "
+                     "itself unchanged -> %s %s", lk_isa_name(isas[ii]), k, lk_status_str(st), lk_last_error());
+            free(before);
+            tu_free(&c), tu_free(&m);
+        }
+        /* the rules still hold among the other rows */
+        static const int64_t bad[2][6] = {{2, 2, 0, 2, 3, 2}, {0, 2, 2, 2, 2, 4}};
+        static const char *why[2] = {"more than once", "both a destination and a source"};
+        for (int k = 0; k < 2; k++) {
+            tu_buf c = tu_alloc(LK_F32, 2, (int64_t[]){6, 8}, 1);
+            tu_fill_uniform(&c, -2, 2);
+            tu_snapshot(&c);
+            tu_buf m = tu_alloc(LK_I64, 2, (int64_t[]){3, 2}, 0);
+            for (int64_t i = 0; i < 6; i++) tu_set(&m, i, (double)bad[k][i]);
+            lk_status st = lk_copy_blocks(1, &c.t, &m.t);
+            tu_check(st == LK_ERR_INDEX && strstr(lk_last_error(), why[k]) && tu_intact(&c),
+                     "copy_blocks %s: a self row does not hide the other rows' conflict (%s) -> %s %s",
+                     lk_isa_name(isas[ii]), why[k], lk_status_str(st), lk_last_error());
+            tu_free(&c), tu_free(&m);
+        }
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 static void test_threads(void) {
     int64_t sh[4] = {256, 16, 4, 64};
     tu_buf s = tu_alloc(LK_BF16, 4, sh, 0);
@@ -173,6 +217,7 @@ static void test_bad(void) {
 int main(void) {
     tu_init();
     test_swap();
+    test_copy_self();
     test_copy();
     test_threads();
     test_bad();

@@ -10,7 +10,9 @@
  * after dim 0 between src and dst (copy: within each cache trivially); block_mapping
  * [N, 2] i32/i64 with every source index in [0, NBs) and destination in [0, NBd); no
  * destination block twice; copy: no destination block that is also a source (the
- * result would depend on the order of the copies); destinations do not overlap
+ * result would depend on the order of the copies), where a row mapping a block onto
+ * itself is a no-op that is dropped before these checks (its indices are checked
+ * against the range, it is never run); destinations do not overlap
  * themselves, each other, the sources or the mapping. The mapping is read once into a
  * contiguous int64 copy (scratch 16 bytes per row; LK_ERR_NOMEM without it).
  */
@@ -149,7 +151,9 @@ lk_status lk_copy_blocks(int n, const lk_tensor *caches, const lk_tensor *block_
     }
     int64_t *map;
     if ((s = read_map(block_mapping, nb, nb, &map))) return s;
-    int64_t N = block_mapping->shape[0];
+    int64_t N = 0; /* the rows that copy: a block onto itself is left as it is */
+    for (int64_t i = 0; i < block_mapping->shape[0]; i++)
+        if (map[2 * i] != map[2 * i + 1]) map[2 * N] = map[2 * i], map[2 * N + 1] = map[2 * i + 1], N++;
     if ((s = check_pairs(map, N, 1))) {
         free(map);
         return s;
