@@ -199,8 +199,11 @@ static lk_status check_rope(lk_mla_cache_rope_args *a, const lk_tensor *position
     r->cos_sin = *cos_sin_cache;
     if ((s = lk_rotary_check(r, "q_pe", "k_pe"))) return s;
     /* written: q_pe, k_pe, the caches; the rotary check covered q_pe / k_pe against each
-     * other, cos_sin_cache and positions, the concat check the caches against kv_c,
-     * k_pe, slot_mapping, scale */
+     * other, cos_sin_cache and the first T positions, the concat check the caches against
+     * kv_c, k_pe, slot_mapping, scale */
+    /* positions as passed (its tail past T too, as the caches below) */
+    if ((s = lk_check_disjoint(q_pe, "q_pe", positions, "positions"))) return s;
+    if ((s = lk_check_disjoint(k_pe, "k_pe", positions, "positions"))) return s;
     if ((s = lk_check_disjoint(q_pe, "q_pe", kv_c, "kv_c"))) return s;
     if ((s = lk_check_disjoint(q_pe, "q_pe", sm, "slot_mapping"))) return s;
     if ((s = lk_check_disjoint(k_pe, "k_pe", kv_c, "kv_c"))) return s;
