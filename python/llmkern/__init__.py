@@ -10,6 +10,7 @@ from .ops import (
     best_isa,
     causal_softmax,
     concat_and_cache_mla,
+    concat_and_cache_mla_rope_fused,
     flash_attn_varlen_func,
     flash_mla_with_kvcache,
     fused_add_rms_norm,
@@ -71,7 +72,8 @@ __version__ = "0.3.0"
 __all__ = [
     "LlmkernError", "lib_path", "rms_norm", "fused_add_rms_norm", "gemma_rms_norm",
     "gemma_fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary_embedding",
-    "reshape_and_cache_flash", "concat_and_cache_mla", "gather_cache", "merge_attn_states",
+    "reshape_and_cache_flash", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+    "gather_cache", "merge_attn_states",
     "flash_attn_varlen_func", "mla_prefix_prefill", "mla_last_trace", "causal_softmax", "set_num_threads",
     "get_num_threads", "isa", "best_isa", "set_isa", "version",
     "gelu_and_mul", "mul_and_silu", "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_fast",

@@ -165,6 +165,9 @@ copy_blocks = cfunc("lk_copy_blocks", [_i, ctypes.c_char_p, _T])
 # fp8 caches (since 0.3)
 reshape_and_cache_flash_fp8 = cfunc("lk_reshape_and_cache_flash_fp8", [_T, _T, _T, _T, _T, _T, _T, _i])
 concat_and_cache_mla_fp8 = cfunc("lk_concat_and_cache_mla_fp8", [_T, _T, _T, _T, _T, _i, _T])
+# rotary on q_pe / k_pe, then the MLA latent cache write (vLLM's concat_and_cache_mla_rope_fused):
+# positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, kv_c_cache, k_pe_cache, slot_mapping, layout, scale
+concat_and_cache_mla_rope = cfunc("lk_concat_and_cache_mla_rope", [_T, _T, _T, _T, _T, _i, _T, _T, _T, _i, _T])
 gather_cache_fp8 = cfunc("lk_gather_cache_fp8", [_T, _T, _T, _T, _i, _T])
 gather_cache_starts = cfunc("lk_gather_cache_starts", [_T, _T, _T, _T, _T, _i, _T])
 convert_fp8 = cfunc("lk_convert_fp8", [_T, _T, _f])

@@ -980,8 +980,8 @@ def scaled_int8_quant(input, scale=None, azp=None, symmetric=True):
 
 def _check_auto(kv_cache_dtype):
     if kv_cache_dtype != "auto":
-        raise NotImplementedError("kv_cache_dtype=%r: only 'auto' (cache in its own dtype) is "
-                                  "supported; fp8 caches are not" % (kv_cache_dtype,))
+        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
+                                  % (kv_cache_dtype,))
 
 
 def _check_scale(scale, name, heads=None):
@@ -1109,6 +1109,50 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                                _layout(layout))
     if s:
         _raise_as(s, {"kv_c_cache": "kv_cache"})
+
+
+# C -> vLLM's Python names (vllm._custom_ops.concat_and_cache_mla_rope_fused)
+_MLA_ROPE_NAMES = {"kv_c_cache": "kv_cache", "cos_sin_cache": "rope_cos_sin_cache",
+                   "slot_mapping": "kv_cache_slot_mapping", "scale": "kv_cache_quant_scale"}
+
+
+def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, rope_cos_sin_cache, rope_is_neox,
+                                    kv_cache_slot_mapping, kv_cache, kv_cache_dtype, kv_cache_quant_scale=None,
+                                    layout="ND", k_pe_cache=None):
+    """vLLM's fused rotary + MLA latent cache write, in place: q_pe [T, Hq, Dr] and k_pe
+    [T, Dr] are rotated at positions [P >= T] (int32/int64, the first T used) with
+    rope_cos_sin_cache [max_pos, rot] = [cos | sin] (rope_is_neox: NeoX or GPT-J pairs;
+    every token's q_pe and k_pe, a padding token's too), then kv_c [T, Dl] and the rotated
+    k_pe are written to kv_cache at kv_cache_slot_mapping [N <= T] (slot < 0 skipped) as
+    concat_and_cache_mla writes them: ND [num_blocks, block_size, Dl + Dr] or NZ physical
+    [num_blocks, (Dl + Dr)/16, block_size, 16]; with k_pe_cache given, kv_cache holds only
+    the latent part. kv_cache_dtype 'auto': the cache in its own dtype (f32/f16/bf16),
+    kv_cache_quant_scale ignored (None, a number or a one-element tensor); 'fp8' /
+    'fp8_e4m3' / 'fp8_e5m2': uint8 or float8 caches (NZ tile 32 wide), each element
+    fp8(x / scale), kv_cache_quant_scale a number or an f32 [] / [1] tensor. Every check is
+    made before anything is written: an error leaves q_pe, k_pe and the caches untouched."""
+    if kv_cache_dtype in _FP8_KV:
+        dt = _FP8_KV[kv_cache_dtype]
+        keep, sv = _scale_arg(kv_cache_quant_scale, "kv_cache_quant_scale")
+        kvc = L.fp8_out_view(kv_cache, "kv_cache", dt)
+        kpc = None if k_pe_cache is None else L.fp8_out_view(k_pe_cache, "k_pe_cache", dt)
+    else:
+        _check_auto(kv_cache_dtype)
+        _check_scale(kv_cache_quant_scale, "kv_cache_quant_scale")
+        for c, name in ((kv_cache, "kv_cache"), (k_pe_cache, "k_pe_cache")):
+            if _fp8_code(c) is not None:  # as concat_and_cache_mla's C check: 'auto' caches are f32/f16/bf16
+                raise LlmkernError(4, "LK_ERR_DTYPE", "lk_concat_and_cache_mla_rope: %s: dtype %s with "
+                                   "kv_cache_dtype 'auto' not supported (f32, f16, bf16; an fp8 cache needs "
+                                   "kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2')" % (name, c.dtype))
+        keep = sv = None
+        kvc, kpc = _out(kv_cache, "kv_cache"), _out(k_pe_cache, "k_pe_cache")
+    s = L.concat_and_cache_mla_rope(_view(positions, "positions"), _out(q_pe, "q_pe"), _out(k_pe, "k_pe"),
+                                    _view(kv_c, "kv_c"), _view(rope_cos_sin_cache, "rope_cos_sin_cache"),
+                                    1 if rope_is_neox else 0, kvc, kpc,
+                                    _view(kv_cache_slot_mapping, "kv_cache_slot_mapping"), _layout(layout), sv)
+    del keep  # the scale's buffer lived through the call
+    if s:
+        _raise_as(s, _MLA_ROPE_NAMES)
 
 
 def _to_numpy(x, name="cu_seq_lens"):

@@ -73,6 +73,13 @@ _register("concat_and_cache_mla",
           "(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, str kv_cache_dtype, Tensor scale) -> ()",
           lambda kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale:
           _ops.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale))
+_register("concat_and_cache_mla_rope_fused",
+          "(Tensor positions, Tensor! q_pe, Tensor! k_pe, Tensor kv_c, Tensor cos_sin_cache, bool is_neox, "
+          "Tensor slot_mapping, Tensor! kv_cache, str kv_cache_dtype, Tensor kv_cache_scale) -> ()",
+          lambda positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
+          kv_cache_scale:
+          _ops.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping,
+                                               kv_cache, kv_cache_dtype, kv_cache_scale))
 _register("gather_cache",
           "(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor cu_seq_lens, int batch_size, "
           "Tensor? seq_starts=None) -> ()",

@@ -62,6 +62,14 @@ def cases():
                                           "fp8", torch.tensor([0.5, 2.0]), torch.tensor(1.0)), {}))
     c.append(("concat_and_cache_mla", (rn(T, 32), rn(T, 16), torch.zeros(NB, bs, 48, dtype=torch.uint8),
                                        torch.tensor([3, 0, 9, -1, 15]), "fp8_e5m2", torch.tensor([0.25])), {}))
+    # rotary on q_pe / k_pe + the latent cache write (positions longer than T, a padding slot)
+    c.append(("concat_and_cache_mla_rope_fused", (torch.randint(0, 32, (T + 2,)), rn(T, H, 16), rn(T, 16), rn(T, 32),
+                                                  cos_sin(32, 16), True, torch.tensor([3, 0, 9, -1, 15]),
+                                                  torch.zeros(NB, bs, 48), "auto", torch.tensor([1.0])), {}))
+    c.append(("concat_and_cache_mla_rope_fused", (torch.randint(0, 32, (T,)), rn(T, H, 16), rn(T, 16), rn(T, 32),
+                                                  cos_sin(32, 16), False, torch.tensor([3, 0, 9, -1, 15]),
+                                                  torch.zeros(NB, bs, 48, dtype=torch.uint8), "fp8",
+                                                  torch.tensor([0.5])), {}))
     c.append(("gather_and_maybe_dequant_cache", (u8, torch.zeros(9, 48, dtype=torch.bfloat16),
                                                  torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
                                                  torch.tensor([0, 6, 9], dtype=torch.int32), 2, "fp8",
@@ -187,6 +195,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
                                "Tensor v_scale) -> ()",
     "concat_and_cache_mla": "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
                             "str kv_cache_dtype, Tensor scale) -> ()",
+    "concat_and_cache_mla_rope_fused": "concat_and_cache_mla_rope_fused(Tensor positions, Tensor! q_pe, Tensor! k_pe, "
+                                       "Tensor kv_c, Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, "
+                                       "Tensor! kv_cache, str kv_cache_dtype, Tensor kv_cache_scale) -> ()",
     "swap_blocks": "swap_blocks(Tensor src, Tensor! dst, Tensor block_mapping) -> ()",
     "copy_blocks": "copy_blocks(Tensor(a!)[] key_caches, Tensor[](b!) value_caches, Tensor block_mapping) -> ()",
     "copy_blocks_mla": "copy_blocks_mla(Tensor(a!)[] kv_caches, Tensor block_mapping) -> ()",
