@@ -15,6 +15,7 @@
 set -eo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+case $build in /*) ;; *) build="$PWD/$build" ;; esac # absolute from here on (a relative one is the checkout's)
 PY=${PYTHON:-python3}
 
 pip_install() {
@@ -48,7 +49,7 @@ if [ "${LLMKERN_NO_TORCH:-0}" != 1 ] && ! "$PY" -c 'import torch' 2>/dev/null &&
 fi
 
 if [ "${LLMKERN_PY_INSTALL:-0}" = 1 ]; then
-  target="$PWD/$build/py-install"
+  target="$build/py-install"
   rm -rf "$target"
   echo "pip install ./python -> $target"
   pip_install --no-deps --target "$target" ./python
@@ -64,5 +65,5 @@ if [ ! -f "$build/libllmkern.so" ]; then
   exit 1
 fi
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-export LLMKERN_LIB="$PWD/$build/libllmkern.so"
+export LLMKERN_LIB="$build/libllmkern.so"
 exec "$PY" -m pytest -q -p no:cacheprovider tests/python
