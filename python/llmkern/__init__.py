@@ -50,7 +50,9 @@ from .ops import (  # fp8 activations (vLLM's names)
     dynamic_scaled_fp8_quant,
     fused_add_rms_norm_static_fp8_quant,
     per_token_group_fp8_quant,
+    per_token_group_fp8_quant_packed,
     per_token_group_quant_fp8,
+    per_token_group_quant_fp8_packed_for_deepgemm,
     rms_norm_dynamic_per_token_quant,
     rms_norm_per_block_quant,
     rms_norm_static_fp8_quant,
@@ -85,6 +87,7 @@ __all__ = [
     "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",
     "fused_add_rms_norm_static_fp8_quant", "rms_norm_dynamic_per_token_quant",
     "per_token_group_fp8_quant", "per_token_group_quant_fp8", "rms_norm_per_block_quant",
+    "per_token_group_fp8_quant_packed", "per_token_group_quant_fp8_packed_for_deepgemm",
     "silu_and_mul_quant", "silu_and_mul_per_block_quant",
     # int8 activations
     "scaled_int8_quant", "static_scaled_int8_quant", "dynamic_scaled_int8_quant",

@@ -625,6 +625,161 @@ def per_token_group_quant_fp8(x, group_size, eps=1e-10, dtype=None, column_major
     return out_q, x_s
 
 
+# ---- DeepGEMM's UE8M0-packed scales (vLLM's per_token_group_fp8_quant_packed custom op, its
+# C++ per_token_group_quant_8bit_packed, and the Python per_token_group_quant_fp8_packed_for_deepgemm):
+# the per-token-group op with scale_ue8m0, the scales' 8-bit exponents packed four to an int32
+
+
+def _packed_scales_out(x, mn, kp, name):
+    """Checks output_s_packed as vLLM's op does, before anything is written: an int32 2-D
+    NumPy array or CPU tensor of shape [mn, kp] (kp None: group_size does not divide the
+    last dim, C refuses it; the shape is then not checked), writable; else TypeError (not
+    an array / tensor, dtype) or ValueError (device, dims, shape, read-only)."""
+    if L.is_torch(x):
+        import torch
+        if not x.is_cpu:
+            raise ValueError("%s: tensor is on device %s; llmkern runs on the CPU" % (name, x.device))
+        ok = x.dtype == torch.int32
+    elif isinstance(x, np.ndarray):
+        ok = x.dtype == np.dtype(np.int32)  # native byte order
+    else:
+        raise TypeError("%s: expected a NumPy array or a torch tensor, got %s" % (name, type(x).__name__))
+    if not ok:
+        raise TypeError("%s: dtype %s, expected int32 (four UE8M0 scale exponents per word)" % (name, x.dtype))
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) != 2:
+        raise ValueError("%s: %d dims (shape %s), expected 2: [%d, %s]"
+                         % (name, len(shape), shape, mn, "ceil(groups / 4)" if kp is None else kp))
+    if kp is not None and shape != (mn, kp):
+        raise ValueError("%s: shape %s, expected [%d, %d] (rows, ceil(groups per row / 4))" % (name, shape, mn, kp))
+    L._writable(x, name)
+
+
+def _ue8m0_words(s, kp):
+    """int32 [mn, kp] of f32 scales s [mn, G]: word [r, j] holds the biased exponents
+    (bits 23..30) of s[r, 4 j .. 4 j + 3] in bytes 0..3 (group 4 j in the low byte), the
+    bytes past the last group 0."""
+    mn, G = s.shape
+    e = np.zeros((mn, 4 * kp), np.uint32)
+    e[:, :G] = (s.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)
+    b = e.reshape(mn, kp, 4)
+    w = b[..., 0] | (b[..., 1] << np.uint32(8)) | (b[..., 2] << np.uint32(16)) | (b[..., 3] << np.uint32(24))
+    return w.view(np.int32)
+
+
+def _group_quant_packed(input, ov, packed, g, eps, names):
+    """The packed op's body: input's [mn, K] rows, UE8M0 scales into a temporary f32
+    [mn, K / g] (C validates input, the out view and group_size and writes nothing on
+    error), then their exponents into packed (checked beforehand). names: C's argument
+    names -> the caller's, for C's messages; names["scales"] is packed's name."""
+    shape = tuple(L.info(input, names.get("input", "input"))[2])
+    if not shape:
+        raise ValueError("%s: a 0-d input, expected [..., K]" % names.get("input", "input"))
+    K, mn = int(shape[-1]), int(np.prod(shape[:-1], dtype=np.int64))
+    ng = K // g if g >= 1 and K % g == 0 else None  # None: C refuses group_size
+    kp = None if ng is None else (ng + 3) // 4
+    _packed_scales_out(packed, mn, kp, names["scales"])
+    tmp = np.empty((mn, ng or 0), np.float32)
+    s = L.per_token_group_fp8_quant(ov, _view(input, "input"), _out(tmp, "scales"), g, eps, 1)
+    if s:  # (the temporary scales are never the cause: names["scales"] is not C's "scales")
+        _raise_as(s, {k: v for k, v in names.items() if k != "scales"})
+    words = _ue8m0_words(tmp, kp)
+    if L.is_torch(packed):
+        import torch
+        packed.copy_(torch.from_numpy(words))
+    else:
+        packed[...] = words
+
+
+def per_token_group_fp8_quant_packed(input, output_q, output_s_packed, group_size, eps, fp8_min, fp8_max):
+    """vLLM's custom op torch.ops._C.per_token_group_fp8_quant_packed (its C++
+    per_token_group_quant_8bit_packed; DeepGEMM's UE8M0 activation scales), written in
+    place. input [..., K] (f32 / f16 / bf16, any strides), K a multiple of group_size,
+    mn = numel / K rows of G = K / group_size groups: the codes of
+    per_token_group_fp8_quant(..., scale_ue8m0=True) (s = the smallest power of two >=
+    max(max(absmax, eps) / fp8_max, 1e-10), output_q = fp8(input / s)) into output_q
+    (float8_e4m3fn or a uint8 buffer taken as e4m3; or int8, as vLLM's kernel takes it:
+    fp8_max 127, truncated toward zero), and for each row r the scales' 8-bit biased
+    exponents (f32 bits 23..30) packed into output_s_packed, an int32 [mn, ceil(G / 4)]:
+    word [r, j] holds groups 4 j .. 4 j + 3 in bytes 0..3 (group 4 j in the low byte), the
+    bytes past the last group 0. output_s_packed may have any strides (vLLM allocates
+    torch.empty_strided((mn, ceil(G / 4)), (1, ceil(mn / 4) * 4)): TMA-aligned columns);
+    only the view's elements are written (the padding rows of such a buffer are left as
+    they are). fp8_min / fp8_max must be output_q's own range (-448 / 448; int8 -128 /
+    127), else ValueError; eps finite and >= fp8_max * FLT_MIN. Errors name the argument
+    (output_s_packed not int32: TypeError; not 2-D or not [mn, ceil(G / 4)]: ValueError;
+    group_size not dividing K: LlmkernError naming group_size); everything is checked
+    before anything is written."""
+    g = _group_size_arg(group_size)
+    dt = _fp8_lk_dtype(output_q, "output_q")
+    if dt not in (L.F8E4M3, L.I8):
+        raise TypeError("output_q: dtype %s, expected float8_e4m3fn (or a uint8 buffer taken as e4m3) or int8, "
+                        "the packed kernel's outputs" % (output_q.dtype,))
+    ov = _fp8_out(output_q, "output_q")
+    _q8_range(output_q, dt, fp8_min, fp8_max, "fp8_min, fp8_max")
+    _group_quant_packed(input, ov, output_s_packed, g, _eps_arg(eps),
+                        {"out": "output_q", "scales": "output_s_packed"})
+
+
+def _reshaped(a, shape, name):
+    """a viewed with `shape` (same elements, no copy) as torch's view_as; ValueError naming
+    the argument where that needs a copy or the sizes differ."""
+    if tuple(a.shape) == shape:
+        return a
+    try:
+        if L.is_torch(a):
+            return a.view(shape)
+        try:
+            return np.reshape(a, shape, copy=False)
+        except TypeError:  # NumPy < 2.1: no copy argument
+            v = a.view()
+            v.shape = shape
+            return v
+    except (RuntimeError, ValueError, AttributeError):
+        raise ValueError("%s: shape %s cannot be viewed as x's shape %s without a copy"
+                         % (name, tuple(a.shape), shape)) from None
+
+
+def per_token_group_quant_fp8_packed_for_deepgemm(x, group_size, eps=1e-10, use_ue8m0=None, out_q=None):
+    """vLLM's per_token_group_quant_fp8_packed_for_deepgemm (fp8_utils): returns (x_q,
+    x_s_packed), the results of per_token_group_fp8_quant_packed: x_q float8_e4m3fn of x's
+    shape (out_q given: out_q, float8_e4m3fn or a uint8 buffer taken as e4m3, viewed as x's
+    shape when it has x's elements in another shape, as vLLM's view_as), x_s_packed int32
+    with shape [mn, ceil(G / 4)] (mn = x.numel() / K rows, G = K / group_size groups) and
+    strides (1, tma_aligned_mn), tma_aligned_mn = mn rounded up to a multiple of 4, as vLLM
+    allocates it (torch.empty_strided; NumPy: the transposed view of a [ceil(G / 4),
+    tma_aligned_mn] buffer); the padding rows are zeros, never written. use_ue8m0: None ->
+    True (vLLM asks DeepGEMM; this layout needs UE8M0 scales), False raises ValueError as
+    vLLM's assert does. x: any strides. NumPy arrays or torch tensors, results of the same
+    kind."""
+    if use_ue8m0 is None:
+        use_ue8m0 = True
+    if not use_ue8m0:
+        raise ValueError("use_ue8m0: %r; the DeepGEMM packed layout requires UE8M0 scales "
+                         "(per_token_group_quant_fp8_packed_for_deepgemm)" % (use_ue8m0,))
+    g = _group_size_arg(group_size)
+    shape = tuple(int(d) for d in x.shape)
+    if not shape:
+        raise ValueError("x: a 0-d input, expected [..., K]")
+    K, mn = shape[-1], int(np.prod(shape[:-1], dtype=np.int64))
+    kp = (K // g + 3) // 4 if g >= 1 and K % g == 0 else 0  # else C refuses group_size
+    tma = (mn + 3) // 4 * 4
+    if out_q is None:
+        out_q = _fp8_empty(x, shape, "float8_e4m3fn")
+    elif not L._is_uint8(out_q) and L.info(out_q, "out_q")[1] != L.F8E4M3:
+        raise TypeError("out_q: dtype %s, expected float8_e4m3fn (or a uint8 buffer taken as e4m3)" % (out_q.dtype,))
+    x_q = _reshaped(out_q, shape, "out_q")
+    if L.is_torch(x):
+        import torch
+        x_s = torch.empty_strided((mn, kp), (1, tma), dtype=torch.int32)
+        x_s.untyped_storage().fill_(0)
+    else:
+        x_s = np.zeros((kp, tma), np.int32)[:, :mn].T
+    _group_quant_packed(x, _fp8_out(x_q, "out_q"), x_s, g, _eps_arg(eps),
+                        {"out": "out_q", "input": "x", "scales": "x_s_packed"})
+    return x_q, x_s
+
+
 # ---- per-token-group int8 quantization (vLLM's per_token_group_quant_int8: the custom op
 # torch.ops._C.per_token_group_quant_int8 and the Python function of the same name in
 # int8_utils; block-int8 activations): the per-token-group op with an int8 output

@@ -122,6 +122,12 @@ _register("per_token_group_fp8_quant",
           "float fp8_max, bool scale_ue8m0, bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()",
           lambda input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, transposed, tma:
           _ops.per_token_group_fp8_quant(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0))
+# DeepGEMM's UE8M0-packed scales: int32 [mn, ceil(G / 4)], vLLM's TMA-aligned strides (1, padded mn)
+_register("per_token_group_fp8_quant_packed",
+          "(Tensor input, Tensor! output_q, Tensor! output_s_packed, int group_size, float eps, float fp8_min, "
+          "float fp8_max) -> ()",
+          lambda input, output_q, output_s_packed, group_size, eps, fp8_min, fp8_max:
+          _ops.per_token_group_fp8_quant_packed(input, output_q, output_s_packed, group_size, eps, fp8_min, fp8_max))
 _register("rms_norm_static_fp8_quant", "(Tensor! result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()",
           lambda result, input, weight, scale, epsilon: _ops.rms_norm_static_fp8_quant(result, input, weight, scale,
                                                                                        epsilon))

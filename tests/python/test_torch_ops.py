@@ -100,6 +100,14 @@ def cases():
     # column-major scales, as vLLM allocates them for DeepGEMM
     c.append(("per_token_group_fp8_quant", (rn(T, D), torch.empty(T, D, dtype=f8), torch.empty(D // 16, T).t(), 16,
                                             1e-10, -448.0, 448.0, True, True, False), {}))
+    # DeepGEMM's UE8M0-packed scales: int32 [T, ceil(G / 4)] with vLLM's TMA-aligned strides
+    # (1, T padded to 4); an int8 output with a row-major one (its mutations schema-checked)
+    c.append(("per_token_group_fp8_quant_packed", (rn(T, 96), torch.empty(T, 96, dtype=f8),
+                                                   torch.empty_strided((T, 2), (1, 8), dtype=torch.int32), 16,
+                                                   1e-10, -448.0, 448.0), {}))
+    c.append(("per_token_group_fp8_quant_packed", (rn(2, 3, 80, dt=torch.bfloat16),
+                                                   torch.empty(2, 3, 80, dtype=torch.int8),
+                                                   torch.empty(6, 2, dtype=torch.int32), 16, 1e-10, -128.0, 127.0), {}))
     c.append(("rms_norm_static_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(D), torch.tensor([0.02]), 1e-6), {}))
     c.append(("fused_add_rms_norm_static_fp8_quant", (torch.empty(T, D, dtype=f8), rn(T, D), rn(T, D), rn(D),
                                                       torch.tensor([0.02]), 1e-6), {}))
@@ -213,6 +221,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "per_token_group_fp8_quant": "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, "
                                  "int group_size, float eps, float fp8_min, float fp8_max, bool scale_ue8m0, "
                                  "bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()",
+    "per_token_group_fp8_quant_packed": "per_token_group_fp8_quant_packed(Tensor input, Tensor! output_q, "
+                                        "Tensor! output_s_packed, int group_size, float eps, float fp8_min, "
+                                        "float fp8_max) -> ()",
     "rms_norm_static_fp8_quant": "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, "
                                  "Tensor scale, float epsilon) -> ()",
     "fused_add_rms_norm_static_fp8_quant": "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, "
