@@ -1025,6 +1025,47 @@ static void test_regress_empty_cache_huge_stride(void) {
     lk_set_isa(lk_isa_best());
 }
 
+/* fuzz regression (fuzz_mla_rope): one buffer with an empty rope part (Dr = 0) and a
+ * latent part of 64 or more (copied token by token): the copy added token offsets to the
+ * empty part's NULL cache / row pointers (UBSan: zero offset to a null pointer). Also the
+ * reverse (Dl = 0, Dr = 64) and an NZ cache with block_size 1. Every ISA: the rows land
+ * in their slots, nothing else written (the UB itself shows under clang's UBSan, as in
+ * the fuzz build; gcc's does not flag a null pointer plus an offset). */
+static void test_regress_empty_part_token_major(void) {
+    enum { T = 3, D = 80 };
+    static float src[T * D], cache[4 * 4 * D];
+    for (int i = 0; i < T * D; i++) src[i] = (float)(i + 1);
+    int32_t slots[T] = {5, 6, 14}; /* 5 and 6: one group of two tokens (ND pages of 4) */
+    lk_tensor tsm = lk_tensor_make(slots, LK_I32, 1, (int64_t[]){T});
+    lk_isa isas[TU_MAX_ISAS];
+    int ni = tu_isas(isas);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        for (int which = 0; which < 3; which++) { /* 0: Dr = 0; 1: Dl = 0; 2: NZ, block_size 1, Dr = 0 */
+            int64_t Dl = which == 1 ? 0 : (which == 2 ? 64 : D), Dr = which == 1 ? 64 : 0, C = Dl + Dr;
+            lk_tensor tkv = lk_tensor_make(which == 1 ? NULL : src, LK_F32, 2, (int64_t[]){T, Dl});
+            lk_tensor tpe = lk_tensor_make(which == 1 ? src : NULL, LK_F32, 2, (int64_t[]){T, Dr});
+            tkv.stride[0] = tpe.stride[0] = C;
+            lk_tensor tc = which == 2 ? lk_tensor_make(cache, LK_F32, 4, (int64_t[]){16, C / 16, 1, 16})
+                                      : lk_tensor_make(cache, LK_F32, 3, (int64_t[]){4, 4, C});
+            memset(cache, 0, sizeof cache);
+            lk_status st = lk_concat_and_cache_mla(&tkv, &tpe, &tc, NULL, &tsm, which == 2 ? LK_KV_NZ : LK_KV_ND);
+            int ok = st == LK_OK;
+            for (int64_t sl = 0; sl < 16; sl++)
+                for (int64_t c = 0; c < C; c++) {
+                    int64_t t = sl == 5 ? 0 : sl == 6 ? 1 : sl == 14 ? 2 : -1;
+                    /* ND slot sl at sl * C + c; NZ (block_size 1) page sl, tile c / 16, at sl * C + c too */
+                    float want = t < 0 ? 0.0f : src[t * C + c];
+                    ok &= cache[sl * C + c] == want;
+                }
+            tu_check(ok, "regress %s: one empty part (%s) beside a token-by-token copy (%s)", lk_isa_name(isas[ii]),
+                     which == 0 ? "Dr = 0, ND" : which == 1 ? "Dl = 0, ND" : "Dr = 0, NZ block_size 1",
+                     lk_status_str(st));
+        }
+    }
+    lk_set_isa(lk_isa_best());
+}
+
 int main(void) {
     tu_init();
     test_concat_cases();
@@ -1040,5 +1081,6 @@ int main(void) {
     test_regress_single_token_huge_stride();
     test_regress_gather_empty_huge_stride();
     test_regress_empty_cache_huge_stride();
+    test_regress_empty_part_token_major();
     return tu_finish("test_mla_cache");
 }

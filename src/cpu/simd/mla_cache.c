@@ -113,6 +113,7 @@ static void copy_runs(const lk_copy_group *g) {
         for (int64_t i = 0; i < g->ntok; i++)
             for (int p = 0; p < g->nparts; p++) {
                 const lk_copy_part *q = &g->part[p];
+                if (!q->nruns) continue; /* an empty part: cache and row may be NULL */
                 int64_t ces = lk_esize(q->ct), res = lk_esize(q->rt);
                 char *cp = q->cache + i * q->cstep * ces, *rp = q->row + i * q->rstep * res;
                 for (int64_t r = 0; r < q->nruns; r++)
