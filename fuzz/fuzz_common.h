@@ -461,7 +461,8 @@ static int fz_view_narrow(fz_world *w, int p, const char *name, int d, int64_t s
     v->role = role;
     v->inplace_of = -1;
     v->t.shape[d] = len;
-    v->t.data = (char *)v->t.data + start * v->t.stride[d] * fz_es(v->t.dtype);
+    if (v->t.data) /* a rare NULL-data parent stays NULL (no offset on a null pointer) */
+        v->t.data = (char *)v->t.data + start * v->t.stride[d] * fz_es(v->t.dtype);
     return vi;
 }
 
