@@ -691,6 +691,34 @@ def _group_quant_packed(input, ov, packed, g, eps, names):
         packed[...] = words
 
 
+def _byte_extent(x):
+    """[lo, hi) of the bytes a NumPy array's or a torch tensor's elements span (lo == hi:
+    empty)."""
+    if L.is_torch(x):
+        p, es, st = x.data_ptr(), x.element_size(), [d * x.element_size() for d in x.stride()]
+    else:
+        p, es, st = x.__array_interface__["data"][0], x.itemsize, list(x.strides)
+    shape = tuple(int(d) for d in x.shape)
+    if 0 in shape:
+        return p, p
+    lo = hi = p
+    for n, sb in zip(shape, st):
+        (lo, hi) = (lo + (n - 1) * sb, hi) if sb < 0 else (lo, hi + (n - 1) * sb)
+    return lo, hi + es
+
+
+def _check_apart(out, oname, others):
+    """LlmkernError LK_ERR_ALIAS naming out and the first of others (name, array) whose
+    bytes out's span meets (spans: a conservative test, as no sane caller interleaves an
+    int32 scale buffer with its codes)."""
+    lo, hi = _byte_extent(out)
+    for name, x in others:
+        xl, xh = _byte_extent(x)
+        if lo < hi and xl < xh and lo < xh and xl < hi:
+            raise L.LlmkernError(7, "LK_ERR_ALIAS", "per_token_group_fp8_quant_packed: %s and %s overlap in memory"
+                                 % (oname, name))
+
+
 def per_token_group_fp8_quant_packed(input, output_q, output_s_packed, group_size, eps, fp8_min, fp8_max):
     """vLLM's custom op torch.ops._C.per_token_group_fp8_quant_packed (its C++
     per_token_group_quant_8bit_packed; DeepGEMM's UE8M0 activation scales), written in
@@ -708,7 +736,8 @@ def per_token_group_fp8_quant_packed(input, output_q, output_s_packed, group_siz
     they are). fp8_min / fp8_max must be output_q's own range (-448 / 448; int8 -128 /
     127), else ValueError; eps finite and >= fp8_max * FLT_MIN. Errors name the argument
     (output_s_packed not int32: TypeError; not 2-D or not [mn, ceil(G / 4)]: ValueError;
-    group_size not dividing K: LlmkernError naming group_size); everything is checked
+    group_size not dividing K: LlmkernError naming group_size; output_s_packed's bytes
+    meeting input's or output_q's: LlmkernError LK_ERR_ALIAS); everything is checked
     before anything is written."""
     g = _group_size_arg(group_size)
     dt = _fp8_lk_dtype(output_q, "output_q")
@@ -717,6 +746,8 @@ def per_token_group_fp8_quant_packed(input, output_q, output_s_packed, group_siz
                         "the packed kernel's outputs" % (output_q.dtype,))
     ov = _fp8_out(output_q, "output_q")
     _q8_range(output_q, dt, fp8_min, fp8_max, "fp8_min, fp8_max")
+    if isinstance(output_s_packed, np.ndarray) or L.is_torch(output_s_packed):  # (else a TypeError below)
+        _check_apart(output_s_packed, "output_s_packed", (("input", input), ("output_q", output_q)))
     _group_quant_packed(input, ov, output_s_packed, g, _eps_arg(eps),
                         {"out": "output_q", "scales": "output_s_packed"})
 

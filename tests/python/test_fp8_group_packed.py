@@ -317,6 +317,32 @@ def test_packed_errors(rng):
     _untouched(q)
 
 
+def test_overlap_errors(rng):
+    """output_s_packed sharing bytes with output_q or input: LK_ERR_ALIAS naming both,
+    nothing written (the packing runs after the C call, so it would overwrite codes)."""
+    x, q = _args(rng)
+    qb = q.view(np.uint8)
+    inq = qb.reshape(-1)[:40].view(np.int32).reshape(5, 2)  # the first 40 bytes of output_q
+    with pytest.raises(lk.LlmkernError, match="output_s_packed and output_q overlap") as e:
+        lk.per_token_group_fp8_quant_packed(x, q, inq, 16, 1e-10, -448.0, 448.0)
+    assert e.value.status == "LK_ERR_ALIAS"
+    _untouched(q)
+    xb = x.copy()
+    inx = x.reshape(-1)[:10].view(np.int32).reshape(5, 2)
+    with pytest.raises(lk.LlmkernError, match="output_s_packed and input overlap"):
+        lk.per_token_group_fp8_quant_packed(x, q, inx, 16, 1e-10, -448.0, 448.0)
+    _untouched(q)
+    np.testing.assert_array_equal(x, xb)
+    # a separate buffer right after output_q's bytes is fine
+    buf = np.full(q.size + 40, QSENT, np.uint8)
+    q2 = buf[:q.size].view(E4).reshape(q.shape)
+    after = buf[q.size:].view(np.int32).reshape(5, 2)
+    lk.per_token_group_fp8_quant_packed(x, q2, after, 16, 1e-10, -448.0, 448.0)
+    want = np.full((5, 2), SENT, np.int32)
+    lk.per_token_group_fp8_quant_packed(x, q, want, 16, 1e-10, -448.0, 448.0)
+    np.testing.assert_array_equal(after, want)
+
+
 def test_other_errors(rng):
     x, q = _args(rng)
     out = np.full((5, 2), SENT, np.int32)
