@@ -18,24 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/half.h"
 #include "testutil.h"
 
 static const int64_t PAGES[4] = {1, 7, 16, 128};
-
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
-
-/* q (an fp8 value) vs float64 x / scale: within half an fp8 step, or +-max beyond it */
-static int fp8_close(lk_dtype dt, double x, double scale, double q) {
-    double y = x / scale, mx = dt == LK_F8E4M3 ? 448.0 : 57344.0;
-    if (isnan(y)) return isnan(q);
-    int M = dt == LK_F8E4M3 ? 3 : 2, emin = dt == LK_F8E4M3 ? -6 : -14;
-    int e = y == 0 ? emin : (int)floor(log2(fabs(y)));
-    if (e < emin) e = emin;
-    double half = ldexp(1.0, e - M - 1) * (1 + 1e-6);
-    if (fabs(y) >= mx) return fabs(q) == mx && (q < 0) == (y < 0);
-    return fabs(q - y) <= half;
-}
 
 /* element offset of logical (page p, slot s, head h, dim d) of a paged cache view:
  * ND [NB, bs, H, D] (or [NB, bs, D]), NZ [NB, C / tile, bs, tile] */
@@ -132,9 +119,9 @@ static unsigned char *rc_expect(const tu_buf *c, int nz, const tu_buf *src, cons
             for (int64_t d = 0; d < D; d++) {
                 float x = (float)tu_get(src, (t * H + h) * D + d), s = sc ? sc[per_head ? h : 0] : 1.0f;
                 size_t at = bidx(c, poff(&c->t, nz, D, slots[t] / bs, slots[t] % bs, h, d));
-                if (is_fp8(dt)) {
+                if (lk_is_fp8(dt)) {
                     lk_store_f(w + at, dt, 0, x / s);
-                    if (!fp8_close(dt, x, s, lk_load_f(w + at, dt, 0))) *close_ok = 0;
+                    if (!tu_fp8_close(dt, x, s, lk_load_f(w + at, dt, 0))) *close_ok = 0;
                 } else if (dt == src->t.dtype) memcpy(w + at, (const unsigned char *)src->t.data +
                                                                   tu_offset(&src->t, (t * H + h) * D + d) * (int64_t)es,
                                                           es);
@@ -334,7 +321,7 @@ static void mla_run(lk_dtype ct, int two, int64_t bs, int scale_kind, int pad) {
                 unsigned char *w = in1 ? w1 : w0;
                 size_t at = bidx(c, poff(&c->t, nz, D, slots[t] / bs, slots[t] % bs, 0, d));
                 lk_store_f(w + at, ct, 0, x / s);
-                close &= fp8_close(ct, x, s, lk_load_f(w + at, ct, 0));
+                close &= tu_fp8_close(ct, x, s, lk_load_f(w + at, ct, 0));
             }
         }
         tu_check(close, "fp8 concat %s: expectation within half an fp8 step of float64", lk_dtype_name(ct));
@@ -648,7 +635,7 @@ static void convert_run(lk_dtype ft, lk_dtype qt, int64_t bs, int pad, float s) 
                     close = 0;
             } else {
                 lk_store_f(w + at, qt, 0, x / s);
-                close &= fp8_close(qt, x, s, lk_load_f(w + at, qt, 0));
+                close &= tu_fp8_close(qt, x, s, lk_load_f(w + at, qt, 0));
             }
         }
         tu_check(close, "convert_fp8 %s %s: expectation vs float64", lk_dtype_name(src.t.dtype), lk_dtype_name(dst.t.dtype));

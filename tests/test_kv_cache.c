@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/half.h"
 #include "testutil.h"
 
@@ -110,7 +111,6 @@ static int64_t off4(const lk_tensor *t, int64_t a, int64_t b, int64_t c, int64_t
 
 /* expectation, element by element: dst[b, o, h, d] = src[t, h, d], the same bits for
  * equal dtypes, else the value (as double, exact for every source dtype) rounded once */
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
 
 static void expect_token(lk_tensor *dst, const tu_buf *src, int64_t t, int64_t b, int64_t o, float scale) {
     int64_t H = src->t.shape[1], D = src->t.shape[2];
@@ -121,7 +121,7 @@ static void expect_token(lk_tensor *dst, const tu_buf *src, int64_t t, int64_t b
             if (src->t.dtype == dst->dtype)
                 memcpy((char *)dst->data + doff * (int64_t)es,
                        (const char *)src->t.data + tu_offset(&src->t, si) * (int64_t)es, es);
-            else if (is_fp8(dst->dtype)) /* one f32 division, the tested converter */
+            else if (lk_is_fp8(dst->dtype)) /* one f32 division, the tested converter */
                 lk_store_f(dst->data, dst->dtype, doff, (float)tu_get(src, si) / scale);
             else
                 lk_store_f(dst->data, dst->dtype, doff, (float)tu_get(src, si));
@@ -192,30 +192,16 @@ typedef struct {
     float ks, vs; /* > 0: lk_reshape_and_cache_flash_scaled with these scales */
 } kv_case;
 
-/* fp8 cache element vs float64: q * scale within half an fp8 step of x (the step of
- * |x / scale|: 2^(e - 3) e4m3, 2^(e - 2) e5m2, subnormal 2^-9 / 2^-16), or +-max where
- * |x / scale| rounds beyond it, NaN for NaN */
-static int fp8_close(lk_dtype dt, double x, float scale, float q) {
-    double y = x / (double)scale, mx = dt == LK_F8E4M3 ? 448.0 : 57344.0;
-    if (isnan(y)) return isnan(q);
-    int M = dt == LK_F8E4M3 ? 3 : 2, emin = dt == LK_F8E4M3 ? -6 : -14;
-    int e = y == 0 ? emin : (int)floor(log2(fabs(y)));
-    if (e < emin) e = emin;
-    double half = ldexp(1.0, e - M - 1) * (1 + 1e-6); /* the f32 division's rounding */
-    if (fabs(y) >= mx) return fabs(q) == mx && (q < 0) == (y < 0);
-    return fabs((double)q - y) <= half && (y == 0 || q == 0 || (q < 0) == (y < 0));
-}
-
 /* every written fp8 element of one cache against float64 */
 static int fp8_bound_check(const lk_tensor *cache, const tu_buf *src, const int64_t *slots, int64_t N, float scale) {
-    if (!is_fp8(cache->dtype)) return 1;
+    if (!lk_is_fp8(cache->dtype)) return 1;
     int64_t H = src->t.shape[1], D = src->t.shape[2], bs = cache->shape[1];
     for (int64_t t = 0; t < N; t++) {
         if (slots[t] < 0) continue;
         for (int64_t h = 0; h < H; h++)
             for (int64_t d = 0; d < D; d++) {
                 float q = lk_load_f(cache->data, cache->dtype, off4(cache, slots[t] / bs, slots[t] % bs, h, d));
-                if (!fp8_close(cache->dtype, tu_get(src, (t * H + h) * D + d), scale, q)) return 0;
+                if (!tu_fp8_close(cache->dtype, tu_get(src, (t * H + h) * D + d), scale, q)) return 0;
             }
     }
     return 1;
@@ -246,7 +232,7 @@ static void run_case(const kv_case *cs) {
         lk_status st = cs->ks > 0 ? lk_reshape_and_cache_flash_scaled(&k.t, &v.t, &c.kc, &c.vc, &sm.t, cs->ks, cs->vs)
                                   : lk_reshape_and_cache_flash(&k.t, &v.t, &c.kc, &c.vc, &sm.t);
         int ok = caches_equal(&c, want);
-        if (ii == 0 && (is_fp8(cs->kct) || is_fp8(cs->vct)))
+        if (ii == 0 && (lk_is_fp8(cs->kct) || lk_is_fp8(cs->vct)))
             tu_check(fp8_bound_check(&c.kc, &k, slots, cs->N, cs->ks) && fp8_bound_check(&c.vc, &v, slots, cs->N, cs->vs),
                      "fp8 cache kc=%s vc=%s k_scale=%g v_scale=%g: every element within half an fp8 step of "
                      "x / scale (float64), saturated beyond the max",

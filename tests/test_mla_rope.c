@@ -42,26 +42,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "core/half.h"
 #include "testutil.h"
 
 #define MAXPOS 61 /* rows of cos_sin_cache in the grid */
 #define NBUF 9
-
-static int is_fp8(lk_dtype dt) { return dt == LK_F8E4M3 || dt == LK_F8E5M2; }
-
-/* q (an fp8 value) vs float64 x / scale: within half an fp8 step, or +-max beyond it
- * (docs/numerics.md "fp8") */
-static int fp8_close(lk_dtype dt, double x, double scale, double q) {
-    double y = x / scale, mx = dt == LK_F8E4M3 ? 448.0 : 57344.0;
-    if (isnan(y)) return isnan(q);
-    int M = dt == LK_F8E4M3 ? 3 : 2, emin = dt == LK_F8E4M3 ? -6 : -14;
-    int e = y == 0 ? emin : (int)floor(log2(fabs(y)));
-    if (e < emin) e = emin;
-    double half = ldexp(1.0, e - M - 1) * (1 + 1e-6);
-    if (fabs(y) >= mx) return fabs(q) == mx && (q < 0) == (y < 0);
-    return fabs(q - y) <= half;
-}
 
 /* ---------------------------------------------------------------- one case */
 
@@ -113,24 +99,11 @@ static int64_t get_index(const lk_tensor *v, int64_t i) { return lk_load_index(v
 
 static char *el(const lk_tensor *t, int64_t off) { return (char *)t->data + off * (int64_t)lk_dtype_size(t->dtype); }
 
-/* cache[p, i] = cos(p theta_i), cache[p, rot/2 + i] = sin(p theta_i) */
-static tu_buf make_cos_sin(lk_dtype dt, int64_t max_pos, int64_t rot, int pad, int transposed) {
-    tu_buf b = tu_alloc_perm(dt, 2, (int64_t[]){max_pos, rot}, transposed ? (int[]){1, 0} : NULL, pad);
-    int64_t half = rot / 2;
-    for (int64_t p = 0; p < max_pos; p++)
-        for (int64_t i = 0; i < half; i++) {
-            double a = (double)p * pow(10000.0, -2.0 * (double)i / (double)rot);
-            tu_set(&b, p * rot + i, cos(a));
-            tu_set(&b, p * rot + half + i, sin(a));
-        }
-    return b;
-}
-
 /* ND [nb, bs, C] / [nb, bs, 1, C] or NZ [nb, C / tile, bs, tile] (tile 32 for fp8);
  * perm: stored as [nb, C, bs] / NZ [nb, C / tile, tile, bs] */
 static tu_buf make_cache(lk_kv_layout L, lk_dtype dt, int64_t nb, int64_t bs, int64_t C, int nd4, int pad,
                          int perm) {
-    int64_t tile = is_fp8(dt) ? 32 : 16;
+    int64_t tile = lk_is_fp8(dt) ? 32 : 16;
     tu_buf b;
     if (L == LK_KV_NZ)
         b = tu_alloc_perm(dt, 4, (int64_t[]){nb, C / tile, bs, tile}, perm ? (int[]){0, 1, 3, 2} : NULL, pad);
@@ -154,7 +127,7 @@ static char *cache_at(const lk_tensor *c, lk_kv_layout L, int64_t p, int64_t s, 
 }
 
 static int nz_fits(const mcase *m) {
-    int64_t t1 = is_fp8(m->ct) ? 32 : 16, t2 = is_fp8(m->ct2) ? 32 : 16;
+    int64_t t1 = lk_is_fp8(m->ct) ? 32 : 16, t2 = lk_is_fp8(m->ct2) ? 32 : 16;
     if (m->two) return m->Dl % t1 == 0 && m->Dr % t2 == 0;
     return (m->Dl + m->Dr) % t1 == 0;
 }
@@ -198,7 +171,7 @@ static void build(world *w, const mcase *m) {
         set_index(&w->pos, t, t < T ? tu_randint(0, MAXPOS - 1) : t == T ? MAXPOS : t == T + 1 ? -1 : 1000000);
     w->posT = w->pos;
     w->posT.shape[0] = T;
-    w->b[4] = make_cos_sin(m->cst, MAXPOS, m->rot, (int)pad, m->in == IN_TR);
+    w->b[4] = tu_cos_sin(m->cst, MAXPOS, m->rot, (int)pad, m->in == IN_TR);
     w->cs = w->b[4].t;
     /* slot_mapping [N]: distinct slots, every 5th (from a random phase) padding */
     int64_t ns = w->nb * m->bs, *all = malloc(sizeof(int64_t) * (size_t)ns);
@@ -333,7 +306,7 @@ static double rope_err(const lk_tensor *x, const double *want, int64_t rot) {
  * fp8(x / scale), else one rounding */
 static void put(char *dst, lk_dtype dt, const char *src, lk_dtype st, float scale) {
     if (dt == st) memcpy(dst, src, lk_dtype_size(dt));
-    else if (is_fp8(dt)) lk_store_f(dst, dt, 0, lk_load_f(src, st, 0) / scale);
+    else if (lk_is_fp8(dt)) lk_store_f(dst, dt, 0, lk_load_f(src, st, 0) / scale);
     else lk_store_f(dst, dt, 0, lk_load_f(src, st, 0));
 }
 
@@ -368,7 +341,7 @@ static int cache_close(const world *w, const mcase *m, float scale) {
             const char *at = m->two && !lat ? cache_at(&w->c2, m->L, p, s, d) : cache_at(&w->c1, m->L, p, s, e);
             double q = lk_load_f(at, dt, 0);
             int ok;
-            if (is_fp8(dt)) ok = fp8_close(dt, x, scale, q);
+            if (lk_is_fp8(dt)) ok = tu_fp8_close(dt, x, scale, q);
             else if (isnan(x)) ok = isnan(q);
             else {
                 tu_tolerance tol = tu_tol(dt);
@@ -678,7 +651,7 @@ static void test_bad(void) {
     tu_buf pos = tu_alloc(LK_I64, 1, (int64_t[]){T + 2}, 0);
     tu_buf q = tu_alloc(LK_F32, 3, (int64_t[]){T, Hq, Dr}, 0), pe = tu_alloc(LK_BF16, 2, (int64_t[]){T, Dr}, 0);
     tu_buf kv = tu_alloc(LK_F32, 2, (int64_t[]){T, Dl}, 0);
-    tu_buf cs = make_cos_sin(LK_F32, MP, rot, 0, 0);
+    tu_buf cs = tu_cos_sin(LK_F32, MP, rot, 0, 0);
     tu_buf c = tu_alloc(LK_BF16, 3, (int64_t[]){nb, bs, Dl + Dr}, 0), nz = tu_alloc(LK_BF16, 4, (int64_t[]){nb, 2, bs, 16}, 0);
     tu_buf c8 = tu_alloc(LK_F8E4M3, 3, (int64_t[]){nb, bs, Dl + Dr}, 0);
     tu_buf ckv = tu_alloc(LK_F16, 3, (int64_t[]){nb, bs, Dl}, 0), cpe = tu_alloc(LK_F32, 3, (int64_t[]){nb, bs, Dr}, 0);

@@ -123,19 +123,10 @@ static tu_buf make_positions(lk_dtype pt, int64_t T, int64_t max_pos, int stride
     return b;
 }
 
-/* cache[p, i] = cos(p theta_i), cache[p, half + i] = sin(p theta_i), theta_i = 10000^(-2i/rot);
- * layout 0 contiguous, 1 padded rows, 2 transposed (stride 1 along max_pos) */
+/* the cos / sin cache; layout 0 contiguous, 1 padded rows, 2 transposed (stride 1 along
+ * max_pos) */
 static tu_buf make_cache(lk_dtype ct, int64_t max_pos, int64_t rot, int layout) {
-    tu_buf b = tu_alloc_perm(ct, 2, (int64_t[]){max_pos, rot}, layout == 2 ? (int[]){1, 0} : NULL,
-                             layout != 0);
-    int64_t half = rot / 2;
-    for (int64_t p = 0; p < max_pos; p++)
-        for (int64_t i = 0; i < half; i++) {
-            double a = (double)p * pow(10000.0, -2.0 * (double)i / (double)rot);
-            tu_set(&b, p * rot + i, cos(a));
-            tu_set(&b, p * rot + half + i, sin(a));
-        }
-    return b;
+    return tu_cos_sin(ct, max_pos, rot, layout != 0, layout == 2);
 }
 
 /* float64 rotation of x[T, H, D] (row-major values) in place, rot dims only */

@@ -253,3 +253,26 @@ void tu_other_fma_form(void (*fn)(void)) {
     fn();
     lk_cpu_set_prefer_fma(-1), bf16_rows_only = 0;
 }
+
+int tu_fp8_close(lk_dtype dt, double x, double scale, double q) {
+    double y = x / scale, mx = dt == LK_F8E4M3 ? 448.0 : 57344.0;
+    if (isnan(y)) return isnan(q);
+    int M = dt == LK_F8E4M3 ? 3 : 2, emin = dt == LK_F8E4M3 ? -6 : -14;
+    int e = y == 0 ? emin : (int)floor(log2(fabs(y)));
+    if (e < emin) e = emin;
+    double half = ldexp(1.0, e - M - 1) * (1 + 1e-6); /* the f32 division's rounding */
+    if (fabs(y) >= mx) return fabs(q) == mx && (q < 0) == (y < 0);
+    return fabs(q - y) <= half && (y == 0 || q == 0 || (q < 0) == (y < 0));
+}
+
+tu_buf tu_cos_sin(lk_dtype dt, int64_t max_pos, int64_t rot, int pad, int transposed) {
+    tu_buf b = tu_alloc_perm(dt, 2, (int64_t[]){max_pos, rot}, transposed ? (int[]){1, 0} : NULL, pad);
+    int64_t half = rot / 2;
+    for (int64_t p = 0; p < max_pos; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double a = (double)p * pow(10000.0, -2.0 * (double)i / (double)rot);
+            tu_set(&b, p * rot + i, cos(a));
+            tu_set(&b, p * rot + half + i, sin(a));
+        }
+    return b;
+}

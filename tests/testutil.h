@@ -87,6 +87,18 @@ tu_tolerance tu_tol(lk_dtype dt); /* f32 1e-5, f16 2e-3, bf16 2e-2 (atol = rtol)
 double tu_err(const double *got, const double *want, int64_t n, tu_tolerance tol);
 /* bitwise equality of two views' logical contents */
 int tu_same_bits(const tu_buf *a, const tu_buf *b);
+/* an fp8 cache element q (its f32 value, LK_F8E4M3 / LK_F8E5M2) against float64 x stored
+ * with `scale`: q within half an fp8 step of x / scale (the step of |x / scale|: 2^(e - 3)
+ * e4m3, 2^(e - 2) e5m2, subnormal 2^-9 / 2^-16; widened by the f32 division's rounding),
+ * or +-max where x / scale is beyond it, NaN for NaN, the sign of x unless either is 0
+ * (docs/numerics.md "fp8") */
+int tu_fp8_close(lk_dtype dt, double x, double scale, double q);
+
+/* ---- inputs ---- */
+/* rotary cos / sin cache [max_pos, rot]: [p, i] = cos(p theta_i), [p, rot/2 + i] =
+ * sin(p theta_i), theta_i = 10000^(-2i/rot); pad as tu_alloc, transposed: stored with
+ * stride 1 along max_pos */
+tu_buf tu_cos_sin(lk_dtype dt, int64_t max_pos, int64_t rot, int pad, int transposed);
 
 /* ---- emulation ----
  * LLMKERN_TEST_EMULATED=1 (make test-arm: the binaries run under qemu, tens of times
