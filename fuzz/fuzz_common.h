@@ -548,6 +548,18 @@ static int64_t fz_idx_get(const fz_world *w, int vi, int64_t i) {
     return lk_load_index(v->t.data, v->t.dtype, fz_off(&v->t, i));
 }
 
+/* slot_mapping's first n stored values re-validated as the cache writes require: each
+ * < nslots, no slot >= 0 twice (fz_fail_expected otherwise) */
+static void fz_check_slots(fz_world *w, int sm, int64_t n, int64_t nslots) {
+    if (!fz_usable(w, sm)) return;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = fz_idx_get(w, sm, i);
+        if (s >= nslots) fz_fail_expected(w, "slot beyond the cache");
+        for (int64_t j = 0; j < i && s >= 0; j++)
+            if (fz_idx_get(w, sm, j) == s) fz_fail_expected(w, "slot used twice");
+    }
+}
+
 /* store n values (a valid pattern), then maybe corrupt one entry from the input
  * (fz_bad_index around [0, hi)); callers re-validate from the stored values */
 static void fz_idx_fill(fz_world *w, fz_in *in, int vi, const int64_t *vals, int64_t n, int64_t hi) {

@@ -153,13 +153,7 @@ static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
     for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w->rng) % 4 ? perm[i] : -1;
     if (N >= 2 && fz_chance(in, 16)) sv[fz_range(in, 0, N - 1)] = sv[fz_range(in, 0, N - 1)];
     fz_idx_fill(w, in, a->sm, sv, N, nslots);
-    if (fz_usable(w, a->sm))
-        for (int64_t i = 0; i < N; i++) {
-            int64_t s = fz_idx_get(w, a->sm, i);
-            if (s >= nslots) fz_fail_expected(w, "slot beyond the cache");
-            for (int64_t j = 0; j < i && s >= 0; j++)
-                if (fz_idx_get(w, a->sm, j) == s) fz_fail_expected(w, "slot used twice");
-        }
+    fz_check_slots(w, a->sm, N, nslots);
     fz_fill(w, a->kv_c, -4, 4);
     fz_fill(w, a->k_pe, -4, 4);
     if (fz_chance(in, 4)) {

@@ -350,13 +350,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int64_t v = fz_idx_get(&w, a.pos, t);
             if (v < 0 || v >= max_pos) fz_fail_expected(&w, "position out of range");
         }
-    if (fz_usable(&w, a.sm))
-        for (int64_t i = 0; i < N; i++) {
-            int64_t s = fz_idx_get(&w, a.sm, i);
-            if (s >= nslots) fz_fail_expected(&w, "slot beyond the cache");
-            for (int64_t j = 0; j < i && s >= 0; j++)
-                if (fz_idx_get(&w, a.sm, j) == s) fz_fail_expected(&w, "slot used twice");
-        }
+    fz_check_slots(&w, a.sm, N, nslots);
     if (a.scale >= 0 && fz_usable(&w, a.scale)) {
         const lk_tensor *t = &w.v[a.scale].t;
         for (int64_t i = 0, n = fz_numel(t); i < n; i++) {
