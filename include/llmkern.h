@@ -282,7 +282,13 @@ LK_API lk_status lk_causal_softmax(const lk_tensor *out, const lk_tensor *x);
  * Reads and writes through NZ equal ND bit for bit. */
 typedef enum lk_kv_layout {
     LK_KV_ND = 0,
-    LK_KV_NZ = 1
+    LK_KV_NZ = 1,
+    /* since 0.3: an MLA latent cache of tile-scaled fp8 records (vLLM's kv_cache_dtype
+     * "fp8_ds_mla", FlashMLA's "FP8 with scale"; see "fp8_ds_mla caches" below). Taken by
+     * lk_concat_and_cache_mla_fp8, lk_gather_cache_fp8, lk_gather_cache_starts and
+     * lk_mla_decode only; every other function rejects it (LK_ERR_VALUE naming the
+     * layout). */
+    LK_KV_DS_MLA = 2
 } lk_kv_layout;
 
 /* MLA latent cache write: kv_c [T, Dl] and k_pe [T, Dr] go to token slots of
@@ -387,6 +393,38 @@ LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *c
                                         const lk_tensor *block_table, const lk_tensor *seq_lens,
                                         const lk_tensor *seq_starts, lk_kv_layout layout,
                                         const lk_tensor *scale);
+
+/* ---------------------------------------------------------------- fp8_ds_mla caches
+ *
+ * Layout LK_KV_DS_MLA (since 0.3; vLLM's kv_cache_dtype "fp8_ds_mla", FlashMLA's "FP8
+ * with scale" cache of DeepSeek-V3.2): one MLA latent cache whose entry (Dl latent +
+ * Dr rope dims, Dl a multiple of 128) is a record of E = Dl + Dl / 32 + 2 Dr bytes
+ * (DeepSeek's 512 + 64: 656):
+ *   bytes [0, Dl)                 the latent dims as e4m3 codes
+ *   bytes [Dl, Dl + Dl / 32)      Dl / 128 f32 scales (host byte order), scale g for
+ *                                 latent dims [128 g, 128 g + 128)
+ *   bytes [Dl + Dl / 32, E)       the rope dims as bf16, not quantized
+ * The cache tensor has 1-byte elements (LK_F8E4M3 or LK_I8: vLLM's uint8 buffer):
+ * [num_blocks, block_size, E] or [num_blocks, block_size, 1, E], last-dim stride 1,
+ * the other strides even and data 2-byte aligned (the bf16 part), else LK_ERR_SHAPE
+ * naming the cache. Writing token t (lk_concat_and_cache_mla_fp8, kv_c [T, Dl] and k_pe
+ * [T, Dr] f32/f16/bf16, k_pe_cache NULL, scale not read: vLLM passes k_scale and ignores
+ * it), tile g:
+ *   s_g = max(absmax(kv_c[t, 128 g .. 128 g + 127]) / 448, FLT_MIN)   (f32, NaN ignored)
+ *   code[d] = e4m3(kv_c[t, d] / s_g)          (one f32 division, the fp8 converter)
+ *   rope[r] = bf16(k_pe[t, r])                (bit copy from bf16; rounded once from
+ *                                              f16 / f32, where vLLM stores f16 bits
+ *                                              that its readers take as bf16)
+ * Readers see entry dims as the values
+ *   e[d] = f32(code[d]) * s_g   (d < Dl; one f32 multiplication)     e[Dl + r] = rope[r]
+ * (a tile holding inf gets s_g = inf and reads back NaN). lk_gather_cache_fp8 /
+ * lk_gather_cache_starts with this layout: out [S, Dl + Dr] f32/f16/bf16 = e rounded
+ * once to out's dtype (vLLM's cp_gather_and_upconvert_fp8_kv_cache, bf16 out), Dl =
+ * 32 (2 C - E) / 31 for out's C = Dl + Dr (LK_ERR_SHAPE if that is not a multiple of
+ * 128 with Dr >= 0), scale not read; indices as lk_gather_cache. lk_mla_decode with
+ * params.cache_layout LK_KV_DS_MLA: kv_c_cache the record cache, k_pe_cache NULL,
+ * Dl from out and Dr from q (E must match), params.k_scale not read; out and lse are bit
+ * for bit those of an f32 cache holding the values e on the same ISA. */
 
 /* vLLM's convert_fp8: dst and src of one shape (any rank 0..LK_MAX_DIMS, any strides),
  * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;
@@ -560,7 +598,7 @@ LK_API const char *lk_mla_strategy_name(lk_mla_strategy s);
 typedef struct lk_mla_decode_params {
     float scale;               /* softmax scale, explicit                                  */
     int causal;                /* s_q > 1: query i sees keys < cache_seqlens - s_q + i + 1  */
-    lk_kv_layout cache_layout; /* latent cache layout, ND or NZ (see "paged caches")       */
+    lk_kv_layout cache_layout; /* latent cache layout: ND, NZ ("paged caches") or DS_MLA  */
     int64_t split_keys;        /* keys per split-KV chunk; 0: lk_mla_decode_plan's choice   */
     /* since 0.3: the dequantization scale of an fp8 latent cache (FlashMLA's descale_k,
      * vLLM's k_scale; per tensor): an fp8 element c stands for f32(c) * k_scale. Read only

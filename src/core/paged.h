@@ -14,6 +14,8 @@
 #ifndef LK_PAGED_H
 #define LK_PAGED_H
 
+#include <string.h>
+
 #include "core.h"
 
 typedef struct {
@@ -35,6 +37,33 @@ lk_status lk_paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, i
  * block_size, 32] with H*D % 32 == 0 (tile 32). */
 lk_status lk_paged_init8(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, int64_t H,
                          int64_t D, const char *name);
+
+/* An LK_KV_DS_MLA cache (include/llmkern.h, "fp8_ds_mla caches"): t [num_blocks,
+ * block_size, E] or [num_blocks, block_size, 1, E] of 1-byte elements (LK_F8E4M3 /
+ * LK_I8), E = lk_ds_entry_bytes(Dl, Dr), Dl a positive multiple of 128, last-dim stride 1,
+ * the other strides even and data 2-byte aligned. Filled as two ND views of H = 1:
+ * lat = the e4m3 codes (D = Dl, byte strides), rope = the bf16 part (D = Dr, data at
+ * byte Dl + Dl / 32 of an entry, strides halved). The f32 scale g of an entry lies at
+ * byte Dl + 4 g of the entry (lk_ds_scale). Messages name `name`. */
+lk_status lk_ds_init(lk_paged *lat, lk_paged *rope, const lk_tensor *t, int64_t Dl, int64_t Dr,
+                     const char *name);
+
+#define LK_DS_TILE 128 /* latent dims per scale */
+
+/* bytes of an entry of Dl latent and Dr rope dims, or -1 where it overflows */
+static inline int64_t lk_ds_entry_bytes(int64_t Dl, int64_t Dr) {
+    int64_t r;
+    if (Dl < 0 || Dr < 0 || Dr > (INT64_MAX - Dl - Dl / 32) / 2) return -1;
+    r = Dl + Dl / 32 + 2 * Dr;
+    return r;
+}
+
+/* scale g of the entry whose codes start at p (lat part's entry address); unaligned */
+static inline float lk_ds_scale(const void *p, int64_t Dl, int64_t g) {
+    float s;
+    memcpy(&s, (const char *)p + Dl + 4 * g, sizeof s);
+    return s;
+}
 
 /* Zero the strides of physical dims of size <= 1, and every stride of an empty cache.
  * Such a dim is never stepped, and lk_check_view does not bound its stride (a size-1 dim

@@ -94,6 +94,8 @@ static void fill_ref(lk_kernel_table *r) {
     r->int8_quant = lk_ref_int8_quant; /* int8 activations */
     r->act_quant = lk_ref_act_quant;
     r->concat_and_cache_mla_rope = lk_mla_cache_rope_drive;
+    r->concat_and_cache_mla_ds = lk_ref_concat_and_cache_mla_ds; /* fp8_ds_mla caches */
+    r->gather_cache_ds = lk_ref_gather_cache_ds;
 }
 
 static void fill_tables(void) {

@@ -232,6 +232,9 @@ typedef struct {
     int64_t pe_c0;          /* first entry dim of k_pe: Dl (one buffer) or 0 */
     lk_tensor slot_mapping; /* [N <= T] i32/i64, validated: < num_blocks * block_size, no duplicates */
     float scale;            /* fp8 caches: stored = fp8(x / scale); else unused (1) */
+    int ds;                 /* LK_KV_DS_MLA (lk_ds_init): kv_c_cache = the codes part (scales at
+                             * byte Dl of an entry), k_pe_cache = the bf16 part, pe_c0 = 0;
+                             * concat_and_cache_mla_ds only */
 } lk_mla_cache_args;
 
 /* concat_and_cache_mla_rope: rope (q = q_pe, k = k_pe as [T, 1, Dr]) first, then cache
@@ -253,6 +256,10 @@ typedef struct {
     float scale;           /* fp8 cache, float out: out = f32(q) * scale; else unused (1) */
     const int32_t *starts; /* [B] (element stride starts_stride) start_b >= 0; NULL: all 0 */
     int64_t starts_stride;
+    int ds;                /* LK_KV_DS_MLA: cache = the codes part (D = Dl, scales at byte Dl of
+                            * an entry), rope = the bf16 part (D = Dr); out [S, 1, Dl + Dr];
+                            * gather_cache_ds only */
+    lk_paged rope;
 } lk_gather_cache_args;
 
 /* start_b of request b */
@@ -352,6 +359,9 @@ typedef struct {
     int causal;
     int64_t split;           /* keys per split-KV chunk, >= 1 */
     float kscale;            /* fp8 caches: params.k_scale (scores * scale * kscale, out * kscale); else 1 */
+    int ds;                  /* LK_KV_DS_MLA: lat = the e4m3 codes, rope = the bf16 part (two buffers);
+                              * latent dim d of an entry = f32(code) * lk_ds_scale(entry, Dl, d / 128),
+                              * kscale 1 */
 } lk_mla_decode_args;
 
 /* element offset, in lat (e < Dl or one buffer) or rope, of entry dim e of key j of b */
@@ -398,6 +408,8 @@ typedef struct {
     lk_status (*int8_quant)(const lk_int8_quant_args *a); /* int8 activations */
     lk_status (*act_quant)(const lk_act_quant_args *a);   /* silu_and_mul + quant */
     lk_status (*concat_and_cache_mla_rope)(const lk_mla_cache_rope_args *a);
+    lk_status (*concat_and_cache_mla_ds)(const lk_mla_cache_args *a); /* LK_KV_DS_MLA caches */
+    lk_status (*gather_cache_ds)(const lk_gather_cache_args *a);
 } lk_kernel_table;
 
 /* Table of the ISA in use. */
@@ -415,6 +427,8 @@ lk_status lk_ref_causal_softmax(const lk_softmax_args *a);
 lk_status lk_ref_flash_attn(const lk_attn_args *a);
 lk_status lk_ref_concat_and_cache_mla(const lk_mla_cache_args *a);
 lk_status lk_ref_gather_cache(const lk_gather_cache_args *a);
+lk_status lk_ref_concat_and_cache_mla_ds(const lk_mla_cache_args *a);
+lk_status lk_ref_gather_cache_ds(const lk_gather_cache_args *a);
 lk_status lk_ref_mla_softmax_block(const lk_mla_softmax_args *a);
 lk_status lk_ref_act_ext(const lk_act_ext_args *a);
 lk_status lk_ref_block_copy(const lk_block_copy_args *a);

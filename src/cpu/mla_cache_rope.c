@@ -25,6 +25,6 @@ lk_status lk_mla_cache_rope_drive(const lk_mla_cache_rope_args *a) {
     const lk_kernel_table *k = lk_kernels();
     lk_status s = LK_OK;
     if (a->do_rope && (s = k->rotary_embedding(&a->rope))) return s;
-    if (a->do_cache) s = k->concat_and_cache_mla(&a->cache);
+    if (a->do_cache) s = a->cache.ds ? k->concat_and_cache_mla_ds(&a->cache) : k->concat_and_cache_mla(&a->cache);
     return s;
 }

@@ -92,7 +92,16 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
         return lk_fail(LK_ERR_SHAPE, "slot_mapping: %lld slots for %lld tokens (need N <= T)",
                        (long long)a->slot_mapping.shape[0], (long long)a->kv_c.shape[0]);
     int64_t Dl = a->kv_c.shape[1], Dr = a->k_pe.shape[1];
-    if (k_pe_cache) {
+    a->ds = layout == LK_KV_DS_MLA;
+    if (a->ds) { /* one record buffer: the codes part and the bf16 part (lk_ds_init) */
+        if (!fp8)
+            return lk_fail(LK_ERR_VALUE, "layout: LK_KV_DS_MLA (fp8_ds_mla) caches are written by "
+                           "lk_concat_and_cache_mla_fp8");
+        if (k_pe_cache)
+            return lk_fail(LK_ERR_VALUE, "k_pe_cache: an fp8_ds_mla cache is one buffer of records (pass NULL)");
+        if ((s = lk_ds_init(&a->kv_c_cache, &a->k_pe_cache, kv_c_cache, Dl, Dr, "kv_c_cache"))) return s;
+        a->pe_c0 = 0;
+    } else if (k_pe_cache) {
         if ((s = paged_init(fp8, &a->kv_c_cache, kv_c_cache, layout, 1, Dl, "kv_c_cache"))) return s;
         if ((s = paged_init(fp8, &a->k_pe_cache, k_pe_cache, layout, 1, Dr, "k_pe_cache"))) return s;
         if (a->k_pe_cache.num_blocks != a->kv_c_cache.num_blocks ||
@@ -124,6 +133,8 @@ static lk_status check_concat(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
                               lk_kv_layout layout, int fp8, const lk_tensor *scale) {
     lk_status s = check_mla(a, kv_c_cache, k_pe_cache, layout, fp8);
     if (s) return s;
+    a->scale = 1.0f;
+    if (a->ds) return LK_OK; /* the records carry their own scales; `scale` is not read */
     lk_scale sc = {0};
     if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
     if (scale) {
@@ -151,7 +162,7 @@ static lk_status concat(const char *op, const lk_tensor *kv_c, const lk_tensor *
     lk_status s = check_concat(&a, kv_c_cache, k_pe_cache, layout, fp8, scale);
     if (s) return s;
     if (a.slot_mapping.shape[0] == 0 || a.kv_c.shape[1] + a.k_pe.shape[1] == 0) return LK_OK;
-    return lk_kernels()->concat_and_cache_mla(&a);
+    return a.ds ? lk_kernels()->concat_and_cache_mla_ds(&a) : lk_kernels()->concat_and_cache_mla(&a);
 }
 
 lk_status lk_concat_and_cache_mla(const lk_tensor *kv_c, const lk_tensor *k_pe, const lk_tensor *kv_c_cache,
@@ -295,13 +306,41 @@ static lk_status entry_views(lk_tensor *out, lk_tensor *cache, lk_kv_layout layo
     return LK_OK;
 }
 
+/* an LK_KV_DS_MLA cache and out [S, Dl + Dr] (as [S, 1, Dl + Dr]); Dl from out's last dim C
+ * and the cache's entry bytes E = Dl + Dl / 32 + 2 Dr: Dl = 32 (2 C - E) / 31 */
+static lk_status ds_views(lk_gather_cache_args *a, lk_tensor *out, const lk_tensor *cache, int fp8) {
+    lk_status s;
+    if (!fp8)
+        return lk_fail(LK_ERR_VALUE, "layout: LK_KV_DS_MLA (fp8_ds_mla) caches are read by lk_gather_cache_fp8 / "
+                       "lk_gather_cache_starts");
+    if ((s = lk_check_float(out, "out", 2, 2))) return s;
+    if ((s = lk_check_view(cache, "cache", 3, 4))) return s;
+    int64_t C = out->shape[1], E = cache->shape[cache->ndim - 1], Dl = -1;
+    if (C <= INT64_MAX / 64 && 2 * C >= E && (2 * C - E) * 32 % 31 == 0) Dl = (2 * C - E) * 32 / 31;
+    if (Dl < LK_DS_TILE || Dl % LK_DS_TILE || Dl > C)
+        return lk_fail(LK_ERR_SHAPE, "out: shape %s: %lld dims do not fit the fp8_ds_mla cache %s (entries of "
+                       "Dl + Dl / 32 + 2 Dr bytes for Dl + Dr dims, Dl a positive multiple of %d)", lk_shape_str(out),
+                       (long long)C, lk_shape_str(cache), LK_DS_TILE);
+    if ((s = lk_ds_init(&a->cache, &a->rope, cache, Dl, C - Dl, "cache"))) return s;
+    out->ndim = 3; /* [S, C] as [S, 1, C] */
+    out->shape[2] = C, out->shape[1] = 1;
+    out->stride[2] = out->stride[1], out->stride[1] = 0;
+    a->ds = 1;
+    return LK_OK;
+}
+
 static lk_status check_gather(lk_gather_cache_args *a, lk_tensor cache, lk_kv_layout layout, int fp8,
                               const lk_tensor *starts) {
     lk_status s;
     int64_t H = 0, D = 0;
     lk_tensor out_user = a->out;
-    if ((s = entry_views(&a->out, &cache, layout, &H, &D, fp8))) return s;
-    if ((s = paged_init(fp8, &a->cache, &cache, layout, H, D, "cache"))) return s;
+    a->ds = 0;
+    if (layout == LK_KV_DS_MLA) {
+        if ((s = ds_views(a, &a->out, &cache, fp8))) return s;
+    } else {
+        if ((s = entry_views(&a->out, &cache, layout, &H, &D, fp8))) return s;
+        if ((s = paged_init(fp8, &a->cache, &cache, layout, H, D, "cache"))) return s;
+    }
     const lk_tensor *bt = &a->block_table, *sl = &a->seq_lens;
     if ((s = lk_check_view(bt, "block_table", 2, 2))) return s;
     if (bt->dtype != LK_I32)
@@ -376,12 +415,15 @@ static lk_status gather(const char *op, const lk_tensor *out, const lk_tensor *c
     a.seq_lens = *seq_lens;
     lk_status s = check_gather(&a, *cache, layout, fp8, seq_starts);
     if (s) return s;
-    lk_scale sc = {0};
-    if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
-    if (scale && (s = lk_check_disjoint(out, "out", scale, "scale"))) return s;
-    a.scale = lk_scale_at(&sc, 0, 0);
+    a.scale = 1.0f;
+    if (!a.ds) { /* fp8_ds_mla records carry their own scales: `scale` is not read */
+        lk_scale sc = {0};
+        if ((s = lk_scale_init(&sc, scale, -1, 1, "scale"))) return s;
+        if (scale && (s = lk_check_disjoint(out, "out", scale, "scale"))) return s;
+        a.scale = lk_scale_at(&sc, 0, 0);
+    }
     if (lk_numel(&a.out) == 0) return LK_OK;
-    return lk_kernels()->gather_cache(&a);
+    return a.ds ? lk_kernels()->gather_cache_ds(&a) : lk_kernels()->gather_cache(&a);
 }
 
 lk_status lk_gather_cache(const lk_tensor *out, const lk_tensor *cache, const lk_tensor *block_table,

@@ -8,7 +8,9 @@
  *   keys j < cache_seqlens[b] (causal: j < cache_seqlens[b] - s_q + i + 1)
  *
  * fp8 caches (both buffers one fp8 dtype): entries dequantized as f32(c) * k_scale inside
- * the kernels (scores scaled by scale * k_scale, outputs by k_scale).
+ * the kernels (scores scaled by scale * k_scale, outputs by k_scale). fp8_ds_mla caches
+ * (LK_KV_DS_MLA): the record buffer as two parts (lk_ds_init), latent dims f32(c) * the
+ * tile's scale, rope dims bf16.
  *
  * Split-KV plan (mla_split_keys): about MLA_SPLIT_UNITS chunks over the whole batch,
  * each a multiple of 64 keys and at least MLA_SPLIT_MIN; it depends only on B and the
@@ -78,7 +80,7 @@ static lk_status check_shapes(lk_mla_decode_args *a, const lk_tensor *out, const
     lk_status s;
     if (!p) return lk_fail(LK_ERR_NULL, "params: NULL");
     if (!isfinite(p->scale)) return lk_fail(LK_ERR_VALUE, "params.scale: must be finite, got %g", (double)p->scale);
-    if (p->cache_layout != LK_KV_ND && p->cache_layout != LK_KV_NZ)
+    if (p->cache_layout != LK_KV_ND && p->cache_layout != LK_KV_NZ && p->cache_layout != LK_KV_DS_MLA)
         return lk_fail(LK_ERR_VALUE, "params.cache_layout: unknown value %d", (int)p->cache_layout);
     if (p->split_keys < 0)
         return lk_fail(LK_ERR_VALUE, "params.split_keys: must be >= 0 (0: planned), got %lld", (long long)p->split_keys);
@@ -116,7 +118,12 @@ static lk_status check_cache(lk_mla_decode_args *a, const lk_tensor *kvc, const 
     lk_status s;
     a->one_buffer = kpe == NULL;
     a->kscale = 1.0f;
-    if (a->one_buffer) {
+    a->ds = lay == LK_KV_DS_MLA;
+    if (a->ds) { /* one buffer of records, seen as two parts: codes (scaled per tile) and bf16 */
+        if (kpe) return lk_fail(LK_ERR_VALUE, "k_pe_cache: an fp8_ds_mla cache is one buffer of records (pass NULL)");
+        if ((s = lk_ds_init(&a->lat, &a->rope, kvc, a->Dl, a->Dr, "kv_c_cache"))) return s;
+        a->one_buffer = 0; /* params.k_scale is not read */
+    } else if (a->one_buffer) {
         if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
         a->rope = a->lat;
     } else {
@@ -133,7 +140,7 @@ static lk_status check_cache(lk_mla_decode_args *a, const lk_tensor *kvc, const 
                            (long long)a->rope.num_blocks, (long long)a->rope.block_size,
                            (long long)a->lat.num_blocks, (long long)a->lat.block_size);
     }
-    if (lk_is_fp8(a->lat.dtype)) { /* one dequantization scale for both buffers */
+    if (lk_is_fp8(a->lat.dtype) && !a->ds) { /* one dequantization scale for both buffers */
         if ((s = lk_scale_check_value(k_scale, "params.k_scale"))) return s;
         a->kscale = k_scale;
     }

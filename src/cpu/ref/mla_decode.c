@@ -6,7 +6,8 @@
  *                                         n - s_q + i + 1 when causal)
  *   out[b, i, h, :] = sum_j softmax(s)_j e_j[:Dl],  lse[b, h, i] = log(sum_j exp(s_j))
  * e_j = the cache entry of token j (Dl + Dr dims, one buffer or two; fp8 caches:
- * f32(code) * kscale, the scale applied to the dot products and to out). A row that sees
+ * f32(code) * kscale, the scale applied to the dot products and to out; fp8_ds_mla:
+ * latent dim d is f32(f32(code) * the scale of its tile of 128), kscale 1). A row that sees
  * no key gets out = 0 and lse = -inf. Two passes over the scores (max, then exp-sum and
  * P.V); dot products and sums in double. No split, no threads.
  */
@@ -15,6 +16,16 @@
 
 #include "../../core/half.h"
 #include "../kernels.h"
+
+/* entry dim e of key j of request b as a float (fp8: the code's value; fp8_ds_mla latent
+ * dims times their tile's scale) */
+static float dec_load(const lk_mla_decode_args *a, int64_t b, int64_t j, int64_t e) {
+    const lk_paged *c = a->one_buffer || e < a->Dl ? &a->lat : &a->rope;
+    int64_t off = lk_mla_dec_off(a, b, j, e);
+    float v = lk_load_f(c->data, c->dtype, off);
+    if (a->ds && e < a->Dl) v *= lk_ds_scale((const char *)c->data + (off - e), a->Dl, e / LK_DS_TILE);
+    return v;
+}
 
 lk_status lk_ref_mla_decode(const lk_mla_decode_args *a) {
     int64_t maxk = 1, E = a->Dl + a->Dr;
@@ -37,10 +48,7 @@ lk_status lk_ref_mla_decode(const lk_mla_decode_args *a) {
                 double m = -INFINITY, l = 0.0;
                 for (int64_t j = 0; j < lim; j++) {
                     double dot = 0.0;
-                    for (int64_t e = 0; e < E; e++) {
-                        const lk_paged *c = a->one_buffer || e < a->Dl ? &a->lat : &a->rope;
-                        dot += qr[e] * (double)lk_load_f(c->data, c->dtype, lk_mla_dec_off(a, b, j, e));
-                    }
+                    for (int64_t e = 0; e < E; e++) dot += qr[e] * (double)dec_load(a, b, j, e);
                     s[j] = dot * (double)a->scale * (double)a->kscale;
                     if (s[j] > m || isnan(s[j])) m = s[j]; /* NaN sticks and propagates */
                 }
@@ -50,7 +58,7 @@ lk_status lk_ref_mla_decode(const lk_mla_decode_args *a) {
                         double p = exp(s[j] - m);
                         l += p;
                         for (int64_t d = 0; d < a->Dl; d++)
-                            acc[d] += p * (double)lk_load_f(a->lat.data, a->lat.dtype, lk_mla_dec_off(a, b, j, d));
+                            acc[d] += p * (double)dec_load(a, b, j, d);
                     }
                 int64_t ooff = b * o->stride[0] + i * o->stride[1] + h * o->stride[2];
                 for (int64_t d = 0; d < a->Dl; d++) {

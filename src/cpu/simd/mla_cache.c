@@ -16,6 +16,9 @@
  * fp8 load (one IEEE operation, as the reference; fp8 stores bit-identical to fp8.h);
  * they take the per-run path (not copy_4x16) and ordinary stores.
  */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fp8_store.h"
@@ -153,7 +156,102 @@ static lk_status gather_cache(const lk_gather_cache_args *a) {
     return lk_gather_cache_drive(a, copy_runs);
 }
 
+/* ---------------------------------------------------------------- fp8_ds_mla records */
+
+/* dst[0, n) = src[0, n) as bf16 / out's dtype: a bit copy for the same dtype (the
+ * reference's memcpy), else one rounding */
+static inline void ds_rope(char *dst, lk_dtype dt, const char *src, lk_dtype st, int64_t n) {
+    if (dt == st) memcpy(dst, src, (size_t)(n * lk_esize(dt)));
+    else convert(dst, dt, src, st, n, 0, 1.0f);
+}
+
+/* tokens [t0, t1) of the write: per 128-dim tile s = max(absmax / 448, FLT_MIN) (NaN
+ * ignored: lkq_row_absmax), codes fp8(x / s) (lkq_fp8_row), then the rope part */
+static void ds_write_range(void *ctx, int64_t t0, int64_t t1) {
+    const lk_mla_cache_args *a = ctx;
+    const lk_tensor *sm = &a->slot_mapping, *x = &a->kv_c, *pe = &a->k_pe; // [N], [T, Dl], [T, Dr]
+    const lk_paged *lat = &a->kv_c_cache, *rope = &a->k_pe_cache;
+    int64_t bs = lat->block_size, Dl = x->shape[1], Dr = pe->shape[1];
+    int64_t xes = lk_esize(x->dtype), pes = lk_esize(pe->dtype);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t slot = lk_load_index(sm->data, sm->dtype, t * sm->stride[0]);
+        if (slot < 0) continue; /* padding token */
+        char *e = (char *)lat->data + lk_paged_off(lat, slot / bs, slot % bs, 0, 0);
+        const char *xr = (const char *)x->data + t * x->stride[0] * xes;
+        for (int64_t g = 0; g < Dl / LK_DS_TILE; g++) {
+            const char *xt = xr + g * LK_DS_TILE * xes;
+            float sc = fmaxf(lkq_row_absmax(xt, x->dtype, LK_DS_TILE) / 448.0f, FLT_MIN);
+            memcpy(e + Dl + 4 * g, &sc, sizeof sc);
+            lkq_fp8_row(e + g * LK_DS_TILE, LK_F8E4M3, xt, x->dtype, LK_DS_TILE, sc);
+        }
+        if (Dr)
+            ds_rope((char *)rope->data + lk_paged_off(rope, slot / bs, slot % bs, 0, 0) * 2, LK_BF16,
+                    (const char *)pe->data + t * pe->stride[0] * pes, pe->dtype, Dr);
+    }
+}
+
+static lk_status concat_and_cache_mla_ds(const lk_mla_cache_args *a) {
+    if ((a->kv_c.stride[1] != 1 && a->kv_c.shape[1] > 1) || (a->k_pe.stride[1] != 1 && a->k_pe.shape[1] > 1))
+        return lk_ref_concat_and_cache_mla_ds(a);
+    int64_t Dl = a->kv_c.shape[1], Dr = a->k_pe.shape[1];
+    int64_t bytes = Dl * lk_esize(a->kv_c.dtype) + Dr * lk_esize(a->k_pe.dtype) + lk_ds_entry_bytes(Dl, Dr);
+    lk_parallel_for(a->slot_mapping.shape[0], bytes, ds_write_range, (void *)a);
+    return LK_OK;
+}
+
+typedef struct {
+    const lk_gather_cache_args *a;
+    const int64_t *cum; /* [B + 1] first out row of each request */
+} ds_gather_ctx;
+
+/* out rows [r0, r1) of the gather: each tile's codes times its scale (lkq_fp8_row), then
+ * the rope part */
+static void ds_gather_range(void *vctx, int64_t r0, int64_t r1) {
+    const ds_gather_ctx *c = vctx;
+    const lk_gather_cache_args *a = c->a;
+    const lk_paged *lat = &a->cache, *rope = &a->rope; // codes [.., Dl], bf16 [.., Dr]
+    const lk_tensor *out = &a->out, *bt = &a->block_table; // [S, 1, Dl + Dr], [B, max_pages] i32
+    const int32_t *btd = bt->data;
+    int64_t B = bt->shape[0], bs = lat->block_size, Dl = lat->D, Dr = rope->D, oes = lk_esize(out->dtype);
+    int64_t lo = 0, hi = B; /* request of row r0: the last b with cum[b] <= r0 */
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        if (c->cum[mid] <= r0) lo = mid;
+        else hi = mid;
+    }
+    for (int64_t b = lo, r = r0; r < r1; b++) {
+        int64_t st = lk_gather_start(a, b);
+        for (int64_t j = r - c->cum[b]; r < r1 && r < c->cum[b + 1]; j++, r++) {
+            int64_t p = st + j, page = btd[b * bt->stride[0] + (p / bs) * bt->stride[1]], s = p % bs;
+            const char *e = (const char *)lat->data + lk_paged_off(lat, page, s, 0, 0);
+            char *o = (char *)out->data + r * out->stride[0] * oes;
+            for (int64_t g = 0; g < Dl / LK_DS_TILE; g++)
+                lkq_fp8_row(o + g * LK_DS_TILE * oes, out->dtype, e + g * LK_DS_TILE, LK_F8E4M3, LK_DS_TILE,
+                            lk_ds_scale(e, Dl, g));
+            if (Dr)
+                ds_rope(o + Dl * oes, out->dtype, (const char *)rope->data + lk_paged_off(rope, page, s, 0, 0) * 2,
+                        LK_BF16, Dr);
+        }
+    }
+}
+
+static lk_status gather_cache_ds(const lk_gather_cache_args *a) {
+    if (a->out.stride[2] != 1 && a->out.shape[2] > 1) return lk_ref_gather_cache_ds(a);
+    int64_t B = a->block_table.shape[0];
+    int64_t *cum = malloc(sizeof(int64_t) * (size_t)(B + 1));
+    if (!cum) return LK_ERR_NOMEM;
+    cum[0] = 0;
+    for (int64_t b = 0; b < B; b++) cum[b + 1] = cum[b] + ((const int32_t *)a->seq_lens.data)[b * a->seq_lens.stride[0]];
+    ds_gather_ctx c = {a, cum};
+    int64_t Dl = a->cache.D, Dr = a->rope.D;
+    lk_parallel_for(cum[B], (Dl + Dr) * lk_esize(a->out.dtype) + lk_ds_entry_bytes(Dl, Dr), ds_gather_range, &c);
+    free(cum);
+    return LK_OK;
+}
+
 void LKV_FN(register_mla_cache)(lk_kernel_table *t) {
     t->concat_and_cache_mla = concat_and_cache_mla;
     t->gather_cache = gather_cache;
+    t->concat_and_cache_mla_ds = concat_and_cache_mla_ds;
+    t->gather_cache_ds = gather_cache_ds;
 }

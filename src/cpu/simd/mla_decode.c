@@ -32,6 +32,9 @@
  * the AMX path with Dl a multiple of 64, 64 codes at a time in lkv_f8_to_bf16_x2's
  * order, q's rows and O's dims taken in the same order: x2_dim), scores scaled by
  * scale * kscale and the output by kscale (a->kscale, 1 for other caches).
+ * fp8_ds_mla records (a->ds): the f32 path only, each key's tiles of 128 codes loaded
+ * exactly and multiplied by their scale in the block copy, the rope part from bf16
+ * (kmul 1): the block holds the values an f32 cache of them would give.
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
@@ -202,6 +205,13 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
         float *dst = Kf + jj * Ep;
         const char *lp = (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les;
         const char *rp = a->one_buffer ? NULL : (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res;
+        if (a->ds) { /* fp8_ds_mla: each tile's codes times its scale (one product), then the bf16 part */
+            for (int64_t g = 0; g < a->Dl / LK_DS_TILE; g++)
+                load_part_row(dst + g * LK_DS_TILE, lp + g * LK_DS_TILE, 16, 16, 0, LK_DS_TILE, Ep - g * LK_DS_TILE,
+                              LK_F8E4M3, lk_ds_scale(lp, a->Dl, g));
+            load_part_row(dst + a->Dl, rp, 16, 16, 0, a->Dr, Ep - a->Dl, LK_BF16, 1.0f);
+            continue;
+        }
 #if defined(F8_RAW)
         if (lk_is_fp8(lt)) { /* rt == lt */
             load_part_row_f8(dst, lp, chunk_tile(&a->lat), lcs, nl, Ep, lt);
@@ -979,6 +989,7 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
     else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
     else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
     else if (lt == LK_F32 && rt == LK_F32) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F32, LK_F32);
+    else if (a->ds) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E4M3, LK_BF16); /* fp8_ds_mla records */
     else if (lt == LK_F8E4M3) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E4M3, LK_F8E4M3); /* rt == lt */
     else if (lt == LK_F8E5M2) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F8E5M2, LK_F8E5M2);
     else run_chunk(c, b, k0, k1, scr, m, l, O, lt, rt);
@@ -1046,7 +1057,7 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
      * 1-chunk units */
     c.scratch_floats = c.E * c.Rp + KB * c.Ep + KB * c.Rp + 2 * c.Rp;
 #if defined(LKV_BF16DOT)
-    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 &&
+    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 && !a->ds &&
              ((a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16) || lk_is_fp8(a->lat.dtype));
 #if !defined(LKV_AMX)
     /* f32 FMAs where the dot products run at half their rate (lk_cpu_prefer_fma: Emerald
@@ -1083,7 +1094,7 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
     c.scratch_floats += 2 * c.Rp + c.slot_floats;
     c.kmul = a->kscale;
 #if defined(F8_RAW)
-    if (!c.bf16 && a->lat.dtype == LK_F8E4M3) c.kmul *= 256.0f; /* run_chunk's Kf: e4m3 / 256 */
+    if (!c.bf16 && a->lat.dtype == LK_F8E4M3 && !a->ds) c.kmul *= 256.0f; /* run_chunk's Kf: e4m3 / 256 */
 #endif
     /* the buffers 64-byte aligned: every part above is a multiple of W floats (Rp, Ep,
      * L16 / 2, V2, V2s, E2a are), so on AVX-512 every buffer starts on a cache line (tile
