@@ -14,8 +14,10 @@
  * time over ours. Max error: the reference kernel on request 0, head 0 (all its s_q
  * rows, all keys), against those rows of the timed output.
  * fp8 rows: every s_q = 1 row again over an fp8 e4m3 cache (k_scale 1/16; GB/s and the
- * bytes bound count one byte per element), right after its bf16 row in the same run; no
- * composition column (flash_attn_varlen has no fp8 cache path here).
+ * bytes bound count one byte per element), right after its bf16 row in the same run, then
+ * over an fp8_ds_mla cache (LK_KV_DS_MLA: 656-byte records written from bf16 values by
+ * lk_concat_and_cache_mla_fp8; the bytes count 656 per entry); no composition column
+ * (flash_attn_varlen has no fp8 cache path here).
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 #define DR 64
 #define E (DL + DR)
 #define PAGE 64
+#define EDS (DL + DL / 32 + 2 * DR) /* fp8_ds_mla record bytes: 656 */
 
 typedef struct {
     lk_tensor out, lse, q, cache, table, lens;
@@ -83,13 +86,31 @@ static double dec_peak(bench_kind kind, int i) {
     return bench_peak(kind, i);
 }
 
-static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt) {
+/* an fp8_ds_mla cache [nb, PAGE, 1, EDS] holding records of random bf16 entries in [-1, 1] */
+static void *ds_cache(int64_t nb) {
+    int64_t n = nb * PAGE;
+    void *rec = bench_alloc(LK_F8E4M3, n * EDS, 0, 0), *kv = bench_alloc(LK_BF16, n * DL, -1, 1);
+    void *pe = bench_alloc(LK_BF16, n * DR, -1, 1);
+    int64_t *slots = bench_alloc(LK_I64, n, 0, 0);
+    for (int64_t i = 0; i < n; i++) slots[i] = i;
+    lk_tensor tkv = lk_tensor_make(kv, LK_BF16, 2, (int64_t[]){n, DL}), tpe = lk_tensor_make(pe, LK_BF16, 2, (int64_t[]){n, DR});
+    lk_tensor tc = lk_tensor_make(rec, LK_F8E4M3, 4, (int64_t[]){nb, PAGE, 1, EDS});
+    lk_tensor ts = lk_tensor_make(slots, LK_I64, 1, (int64_t[]){n});
+    if (lk_concat_and_cache_mla_fp8(&tkv, &tpe, &tc, NULL, &ts, LK_KV_DS_MLA, NULL))
+        fprintf(stderr, "fp8_ds_mla cache write failed: %s\n", lk_last_error());
+    bench_free(kv), bench_free(pe), bench_free(slots);
+    return rec;
+}
+
+/* kdt: the cache's dtype; ds: an fp8_ds_mla cache (kdt LK_F8E4M3 as its byte type) */
+static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt, int ds) {
     int fp8 = kdt == LK_F8E4M3 || kdt == LK_F8E5M2;
     dec_ctx c;
     memset(&c, 0, sizeof c);
     int64_t pages = (K + PAGE - 1) / PAGE, nb = B * pages, R = B * s_q;
     void *q = bench_alloc(LK_BF16, R * H * E, -1, 1), *out = bench_alloc(LK_BF16, R * H * DL, 0, 0);
-    void *cache = bench_alloc(kdt, nb * PAGE * E, fp8 ? -16 : -1, fp8 ? 16 : 1), *fout = bench_alloc(LK_BF16, R * H * DL, 0, 0);
+    void *cache = ds ? ds_cache(nb) : bench_alloc(kdt, nb * PAGE * E, fp8 ? -16 : -1, fp8 ? 16 : 1);
+    void *fout = bench_alloc(LK_BF16, R * H * DL, 0, 0);
     float *lse = bench_alloc(LK_F32, R * H, 0, 0), *flse = bench_alloc(LK_F32, R * H, 0, 0);
     int32_t *lens = bench_alloc(LK_I32, B, 0, 0), *table = bench_alloc(LK_I32, B * pages, 0, 0);
     int32_t *cuq = bench_alloc(LK_I32, B + 1, 0, 0);
@@ -101,13 +122,14 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     c.q = lk_tensor_make(q, LK_BF16, 4, (int64_t[]){B, s_q, H, E});
     c.out = lk_tensor_make(out, LK_BF16, 4, (int64_t[]){B, s_q, H, DL});
     c.lse = lk_tensor_make(lse, LK_F32, 3, (int64_t[]){B, H, s_q});
-    c.cache = lk_tensor_make(cache, kdt, 4, (int64_t[]){nb, PAGE, 1, E});
+    c.cache = lk_tensor_make(cache, kdt, 4, (int64_t[]){nb, PAGE, 1, ds ? EDS : E});
     c.table = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, pages});
     c.lens = lk_tensor_make(lens, LK_I32, 1, (int64_t[]){B});
     float scale = (float)(1.0 / sqrt((double)E));
     c.p = lk_mla_decode_params_default(scale);
     c.p.causal = s_q > 1;
     if (fp8) c.p.k_scale = 1.0f / 16; /* codes in [-16, 16]: values in [-1, 1] */
+    if (ds) c.p.cache_layout = LK_KV_DS_MLA;
     /* composition: the same bytes as [R, H, E] queries, K = cache, V = its first 512 dims */
     c.fq = lk_tensor_make(q, LK_BF16, 3, (int64_t[]){R, H, E});
     c.fout = lk_tensor_make(fout, LK_BF16, 3, (int64_t[]){R, H, DL});
@@ -131,11 +153,11 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
     double vis = 0;
     for (int64_t i = 0; i < s_q; i++) vis += (double)(s_q > 1 ? K - s_q + i + 1 : K);
     double flops = 2.0 * (double)B * vis * (double)H * (E + DL);
-    double bytes = (double)B * K * E * (fp8 ? 1 : 2) + (double)R * H * (E + DL) * 2 + (double)R * H * 4;
+    double bytes = (double)B * K * (ds ? EDS : E * (fp8 ? 1 : 2)) + (double)R * H * (E + DL) * 2 + (double)R * H * 4;
     bench_kind kind = bench_flops_kind(LK_BF16);
     char shape[64];
     snprintf(shape, sizeof shape, "B=%lld %lldx%lld %lldh p%d%s", (long long)B, (long long)s_q, (long long)K, (long long)H,
-             PAGE, fp8 ? " fp8" : "");
+             PAGE, ds ? " fp8_ds" : fp8 ? " fp8" : "");
     for (int i = 0; i < BENCH.nvar; i++) {
         double peak = dec_peak(kind, i);
         double tf = peak > 0 ? flops / (peak * 1e9) : 0, tb = bytes / (BENCH.read_gbs * 1e9);
@@ -144,7 +166,7 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
         double p32 = bench_peak(BENCH_FLOPS, i), tf32 = p32 > 0 ? flops / (p32 * 1e9) : 0;
         double bound32 = tf32 > tb ? tf32 : tb;
         printf("%-18s %-26s %-10s %9.2f %8.1f %7.1f | %-5s %9.2f %5.2f %5.2f | %9.2f %5.2f\n", "mla_decode", shape,
-               BENCH.nvar > 1 ? BENCH.var[i].name : fp8 ? "e4m3" : "bf16", t[i], flops / (t[i] * 1e-3) / 1e9,
+               BENCH.nvar > 1 ? BENCH.var[i].name : ds ? "ds_mla" : fp8 ? "e4m3" : "bf16", t[i], flops / (t[i] * 1e-3) / 1e9,
                bytes / (t[i] * 1e-3) / 1e9, tf > tb ? "flops" : "bytes", bound * 1e3, t[i] * 1e-3 / bound,
                t[i] * 1e-3 / bound32, ft[i], ft[i] / t[i]);
     }
@@ -162,7 +184,8 @@ static void dec_case(int64_t B, int64_t K, int64_t H, int64_t s_q, lk_dtype kdt)
         n += isnan(ft[i]) ? snprintf(extra + n, sizeof extra - (size_t)n, "%snull", i ? ", " : "")
                           : snprintf(extra + n, sizeof extra - (size_t)n, "%s%.4f", i ? ", " : "", ft[i]);
     snprintf(extra + n, sizeof extra - (size_t)n, "]");
-    bench_json_row("mla_decode", shape, fp8 ? "f8e4m3" : "bf16", "GFLOP/s", t, flops, ceil, err, extra);
+    bench_json_row("mla_decode", shape, ds ? "fp8_ds_mla" : fp8 ? "f8e4m3" : "bf16", "GFLOP/s", t, flops, ceil, err,
+                   extra);
     bench_free(q), bench_free(out), bench_free(cache), bench_free(fout), bench_free(lse), bench_free(flse);
     bench_free(lens), bench_free(table), bench_free(cuq);
 }
@@ -182,9 +205,11 @@ void bench_mla_decode(void) {
             if (!BENCH.full && Bs[bi] * Ks[ki] > 32768) continue;
             for (int hi = 0; hi < 2; hi++)
                 for (int64_t s_q = 1; s_q <= 2; s_q++) {
-                    dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_BF16);
-                    /* the same row over an fp8 e4m3 cache (s_q = 1 rows), in the same run */
-                    if (s_q == 1) dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_F8E4M3);
+                    dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_BF16, 0);
+                    /* the same row over an fp8 e4m3 cache and an fp8_ds_mla one (s_q = 1 rows), in the
+                     * same run */
+                    if (s_q == 1) dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_F8E4M3, 0);
+                    if (s_q == 1) dec_case(Bs[bi], Ks[ki], Hs[hi], s_q, LK_F8E4M3, 1);
                 }
         }
 }
