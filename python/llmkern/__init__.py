@@ -35,6 +35,7 @@ from .ops import (
 from .ops import copy_blocks, copy_blocks_mla, swap_blocks  # noqa: E402  (cache management)
 from .ops import flash_attn_with_kvcache  # noqa: E402
 from .ops import convert_fp8, cp_gather_cache, gather_and_maybe_dequant_cache  # noqa: E402  (fp8 caches)
+from .ops import cp_gather_and_upconvert_fp8_kv_cache  # noqa: E402  (fp8_ds_mla caches)
 from .ops import (  # vLLM's other activations
     fatrelu_and_mul,
     gelu_and_mul,
@@ -82,6 +83,7 @@ __all__ = [
     "gelu_quick", "swap_blocks", "copy_blocks", "copy_blocks_mla", "flash_attn_with_kvcache",
     "flash_mla_with_kvcache", "get_mla_metadata",
     "convert_fp8", "cp_gather_cache", "gather_and_maybe_dequant_cache",  # fp8 caches
+    "cp_gather_and_upconvert_fp8_kv_cache",  # fp8_ds_mla caches
     # fp8 activations
     "scaled_fp8_quant", "static_scaled_fp8_quant", "dynamic_scaled_fp8_quant",
     "dynamic_per_token_scaled_fp8_quant", "rms_norm_static_fp8_quant",

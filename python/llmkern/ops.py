@@ -1193,6 +1193,53 @@ def _layout(layout):
 
 _FP8_KV = {"fp8": L.F8E4M3, "fp8_e4m3": L.F8E4M3, "fp8_e5m2": L.F8E5M2}
 
+# ---- fp8_ds_mla: FlashMLA's "FP8 with scale" MLA latent cache (DeepSeek-V3.2; vLLM's
+# kv_cache_dtype "fp8_ds_mla"). One record of E = Dl + Dl / 32 + 2 Dr bytes per token
+# (656 for DeepSeek's 512 + 64): Dl e4m3 codes, Dl / 128 f32 tile scales (host byte
+# order), Dr bf16 rope values; entry value f32(code) * scale of its 128-dim tile, rope as
+# it is. The cache is a 1-byte buffer [num_blocks, block_size, E] (or [.., 1, E]): vLLM's
+# uint8, or a float8_e4m3fn / int8 array or tensor. C layout LK_KV_DS_MLA.
+
+_DS_MLA = 2  # lk_kv_layout LK_KV_DS_MLA
+_DS_NAME = "fp8_ds_mla"
+
+
+def _ds_record_bytes(dl, dr):
+    """E = Dl + Dl / 32 + 2 Dr: the bytes of one fp8_ds_mla record."""
+    return dl + dl // 32 + 2 * dr
+
+
+def _is_ds_bytes(x):
+    """A 1-byte buffer an fp8_ds_mla cache may be: uint8, int8 or float8_e4m3fn."""
+    if x is None:
+        return False
+    if L._is_uint8(x):
+        return True
+    name = str(getattr(x, "dtype", ""))
+    return "float8_e4m3fn" in name or name in ("int8", "torch.int8")
+
+
+def _ds_view(x, name, write=False):
+    """The packed view of an fp8_ds_mla record cache: a uint8 buffer (as vLLM allocates
+    it) viewed as e4m3 bytes, a float8_e4m3fn or int8 array / tensor as it is; any other
+    dtype is a TypeError naming it. C checks the shape, strides and alignment."""
+    if x is None:
+        raise ValueError("%s: required with kv_cache_dtype 'fp8_ds_mla'" % name)
+    if write:
+        L._writable(x, name)
+    if L._is_uint8(x):
+        return L.fp8_view(x, name, L.F8E4M3)
+    if not _is_ds_bytes(x):
+        raise TypeError("%s: dtype %s with kv_cache_dtype 'fp8_ds_mla': expected a 1-byte record buffer "
+                        "(uint8, float8_e4m3fn or int8)" % (name, getattr(x, "dtype", type(x).__name__)))
+    return _view(x, name)
+
+
+def _ds_nd_only(layout, name="layout"):
+    if layout != "ND":
+        raise ValueError("%s: %r with kv_cache_dtype 'fp8_ds_mla': the record cache has one layout, 'ND' "
+                         "([num_blocks, block_size, E] or [num_blocks, block_size, 1, E])" % (name, layout))
+
 
 def _scale_arg(scale, name, required=True, scalar=False):
     """A scale argument, for both kinds of operators:
@@ -1277,7 +1324,25 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     ND [num_blocks, block_size, Dl + Dr] or NZ physical [num_blocks, (Dl + Dr)/16,
     block_size, 16]. With k_pe_cache given, kv_cache holds only the latent part.
     kv_cache_dtype 'fp8' / 'fp8_e4m3' / 'fp8_e5m2': uint8 or float8 caches (NZ tile 32
-    wide), each element fp8(x / scale), scale a number or an f32 [] / [1] tensor."""
+    wide), each element fp8(x / scale), scale a number or an f32 [] / [1] tensor.
+    kv_cache_dtype 'fp8_ds_mla' (DeepSeek-V3.2, FlashMLA's "FP8 with scale"): kv_cache is
+    a 1-byte buffer (uint8 as vLLM allocates it, or float8_e4m3fn / int8) [num_blocks,
+    block_size, E] or [.., 1, E], E = Dl + Dl / 32 + 2 Dr bytes (656 for 512 + 64, Dl a
+    multiple of 128), each token one record: per 128-dim tile g of kv_c the f32 scale
+    s_g = max(absmax / 448, FLT_MIN) and the codes e4m3(kv_c / s_g), then the Dl / 128
+    scales, then k_pe as bf16. layout must be 'ND', k_pe_cache None; scale is not used
+    (vLLM passes k_scale and ignores it: None, a number or a one-element tensor)."""
+    if kv_cache_dtype == _DS_NAME:
+        _ds_nd_only(layout)
+        if k_pe_cache is not None:
+            raise ValueError("k_pe_cache: must be None with kv_cache_dtype 'fp8_ds_mla' (k_pe is part of each "
+                             "record of kv_cache)")
+        _check_scale(scale, "scale")
+        s = L.concat_and_cache_mla_fp8(_view(kv_c, "kv_c"), _view(k_pe, "k_pe"), _ds_view(kv_cache, "kv_cache", True),
+                                       None, _view(slot_mapping, "slot_mapping"), _DS_MLA, None)
+        if s:
+            _raise_as(s, {"kv_c_cache": "kv_cache"})
+        return
     if kv_cache_dtype in _FP8_KV:
         dt = _FP8_KV[kv_cache_dtype]
         keep, sv = _scale_arg(scale, "scale")
@@ -1374,7 +1439,12 @@ def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, la
     out = dst[first:last]
     # seq_starts [B] int32 (vLLM's dtype; others are rejected by C naming it)
     ssv = None if seq_starts is None else _view(seq_starts[:batch_size], "seq_starts")
-    if kv_cache_dtype in _FP8_KV:
+    lay = _DS_MLA if kv_cache_dtype == _DS_NAME else None
+    if lay is not None:  # fp8_ds_mla records: the scales are in the records
+        _ds_nd_only(layout)
+        _check_scale(scale, "scale")
+        sv, ov, cv = None, _out(out, "dst"), _ds_view(src_cache, "src_cache")
+    elif kv_cache_dtype in _FP8_KV:
         dt = _FP8_KV[kv_cache_dtype]
         keep, sv = _scale_arg(scale, "scale", required=False)
         ov = L.fp8_out_view(out, "dst", dt) if L.is_fp8_buffer(out) else _out(out, "dst")
@@ -1383,15 +1453,17 @@ def _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, la
         _check_scale(scale, "scale")
         sv, ov, cv = None, _out(out, "dst"), _view(src_cache, "src_cache")
     else:
-        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"
-                                  % (kv_cache_dtype,))
+        raise NotImplementedError("kv_cache_dtype=%r: expected 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2' or "
+                                  "'fp8_ds_mla'" % (kv_cache_dtype,))
+    if lay is None:
+        lay = _layout(layout)
     bt, sl = _view(block_table[:batch_size], "block_table"), _view(seq_lens, "seq_lens")
     if ssv is not None:
-        s = L.gather_cache_starts(ov, cv, bt, sl, ssv, _layout(layout), sv)
-    elif kv_cache_dtype in _FP8_KV:
-        s = L.gather_cache_fp8(ov, cv, bt, sl, _layout(layout), sv)
+        s = L.gather_cache_starts(ov, cv, bt, sl, ssv, lay, sv)
+    elif kv_cache_dtype in _FP8_KV or kv_cache_dtype == _DS_NAME:
+        s = L.gather_cache_fp8(ov, cv, bt, sl, lay, sv)
     else:
-        s = L.gather_cache(ov, cv, bt, sl, _layout(layout))
+        s = L.gather_cache(ov, cv, bt, sl, lay)
     if s:
         _raise_as(s, {"out": "dst", "cache": "src_cache"})
 
@@ -1403,7 +1475,12 @@ def gather_and_maybe_dequant_cache(src_cache, dst, block_table, cu_seq_lens, bat
     cu_seq_lens[b + 1]], dequantized as f32(q) * scale with an fp8 kv_cache_dtype (src_cache
     uint8 or float8, scale [] / [1] f32 or a number). Both of vLLM's signatures:
     (..., cu_seq_lens, batch_size, kv_cache_dtype, scale, seq_starts) and
-    (..., cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts)."""
+    (..., cu_seq_lens, token_to_seq, num_tokens, kv_cache_dtype, scale, seq_starts).
+    kv_cache_dtype 'fp8_ds_mla' (an llmkern extension; vLLM gathers these caches with
+    cp_gather_and_upconvert_fp8_kv_cache): src_cache holds fp8_ds_mla records (see
+    concat_and_cache_mla), dst [tokens, Dl + Dr] f32/f16/bf16 gets each entry's values
+    (f32(code) * its tile's scale, the rope dims as stored) rounded once to dst's dtype;
+    scale is not used; seq_starts as for the other dtypes; layout 'ND' only."""
     if not isinstance(batch_size, (int, np.integer)):  # token_to_seq, num_tokens, ...
         batch_size, kv_cache_dtype, scale, seq_starts = (len(_to_numpy(cu_seq_lens)) - 1, scale, seq_starts,
                                                          rest[0] if rest else None)
@@ -1417,6 +1494,111 @@ def cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_st
         _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, kv, None)
     else:
         _gather(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts, layout, "auto", None)
+
+
+def _i32_values(x, name, ndim):
+    """The values of an int32 index tensor (vLLM's kernels take int32 only) as a NumPy
+    array (no copy); TypeError / ValueError naming it for another dtype or rank."""
+    a = _to_numpy(x, name)
+    if a.dtype != np.int32:
+        raise TypeError("%s: dtype %s, expected int32" % (name, getattr(x, "dtype", a.dtype)))
+    if a.ndim != ndim:
+        raise ValueError("%s: shape %s, expected %d dims" % (name, tuple(a.shape), ndim))
+    return a
+
+
+_UPCONVERT = "cp_gather_and_upconvert_fp8_kv_cache"
+
+
+def cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens, workspace_starts, batch_size):
+    """vLLM's cp_gather_and_upconvert_fp8_kv_cache (DeepSeek-V3.2's fp8_ds_mla caches): for
+    each request b < batch_size, its seq_lens[b] tokens (token j at page
+    block_table[b, j // block_size], slot j % block_size of src_cache) are dequantized into
+    dst rows workspace_starts[b] + j. src_cache: fp8_ds_mla records (see
+    concat_and_cache_mla; uint8 [num_blocks, block_size, 656] in vLLM, float8_e4m3fn /
+    int8 and [.., 1, E] also taken); dst [tot_tokens, Dl + Dr] (vLLM: bf16 [.., 576]; also
+    f32 / f16, and any Dl, Dr the records allow) = f32(code) * its tile's scale, the rope
+    dims as stored, rounded once to dst's dtype. block_table [B, max_pages], seq_lens [B],
+    workspace_starts [B]: int32 (TypeError otherwise), batch_size <= B. Rows of dst no
+    request covers are left as they are. Checked before anything is written (an error
+    leaves dst untouched): each request's rows inside dst and no two requests' rows
+    overlapping (IndexError / ValueError naming workspace_starts), seq_lens >= 0 and within
+    the block table, the block ids of the pages read (LlmkernError). workspace_starts that
+    are the running sum of seq_lens from workspace_starts[0] (vLLM's) take one C call,
+    other starts one call per request."""
+    bt = _i32_values(block_table, "block_table", 2)
+    sl = _i32_values(seq_lens, "seq_lens", 1)
+    ws = _i32_values(workspace_starts, "workspace_starts", 1)
+    nreq = min(len(sl), len(ws), len(bt))
+    if not _is_int(batch_size) or not 0 <= batch_size <= nreq:
+        raise ValueError("batch_size: %r, expected an int in [0, %d] (seq_lens has %d entries, workspace_starts %d, "
+                         "block_table %d rows)" % (batch_size, nreq, len(sl), len(ws), len(bt)))
+    B = int(batch_size)
+    L._writable(dst, "dst")
+    dshape = tuple(int(d) for d in getattr(dst, "shape", ()))
+    if len(dshape) != 2:
+        raise ValueError("dst: shape %s, expected [tot_tokens, Dl + Dr] (vLLM: [tot_tokens, 576])" % (dshape,))
+    cv = _ds_view(src_cache, "src_cache")
+    lens, starts = sl[:B].astype(np.int64), ws[:B].astype(np.int64)
+    ends = starts + lens
+    if (lens < 0).any():
+        b = int(np.argmax(lens < 0))
+        raise L.LlmkernError(6, "LK_ERR_INDEX", "%s: seq_lens[%d] = %d < 0" % (_UPCONVERT, b, lens[b]))
+    out_of = (starts < 0) | (ends > dshape[0])
+    if out_of.any():
+        b = int(np.argmax(out_of))
+        raise IndexError("workspace_starts: workspace_starts[%d] = %d: request %d's rows [%d, %d) are outside dst's "
+                         "%d rows" % (b, starts[b], b, starts[b], ends[b], dshape[0]))
+    full = np.nonzero(lens > 0)[0]
+    order = full[np.argsort(starts[full], kind="stable")]
+    meet = starts[order[1:]] < ends[order[:-1]]
+    if meet.any():
+        i = int(np.argmax(meet))
+        a, b = sorted((int(order[i]), int(order[i + 1])))
+        raise ValueError("workspace_starts: the rows of requests %d [%d, %d) and %d [%d, %d) overlap (workspace_starts"
+                         "[%d] = %d, workspace_starts[%d] = %d)" % (a, starts[a], ends[a], b, starts[b], ends[b],
+                                                                    a, starts[a], b, starts[b]))
+    # what C checks per request, checked for all of them first (the per-request calls
+    # below must not fail after an earlier one has written)
+    cshape = tuple(int(d) for d in getattr(src_cache, "shape", ()))
+    if len(cshape) >= 2 and cshape[1] > 0:
+        nb, bsz, maxp = cshape[0], cshape[1], bt.shape[1]
+        over = lens > maxp * bsz
+        if over.any():
+            b = int(np.argmax(over))
+            raise L.LlmkernError(3, "LK_ERR_SHAPE", "%s: seq_lens[%d] = %d exceeds the block table's %d pages of %d "
+                                 "slots" % (_UPCONVERT, b, lens[b], maxp, bsz))
+        used = np.arange(maxp)[None, :] < ((lens + bsz - 1) // bsz)[:, None]
+        bad = used & ((bt[:B] < 0) | (bt[:B] >= nb))
+        if bad.any():
+            b, p = (int(i) for i in np.argwhere(bad)[0])
+            raise L.LlmkernError(6, "LK_ERR_INDEX", "%s: block_table[%d, %d] = %d is outside [0, %d) (src_cache's "
+                                 "blocks)" % (_UPCONVERT, b, p, bt[b, p], nb))
+    names = {"out": "dst", "cache": "src_cache"}
+    if B == 0:
+        return
+    first = int(starts[0])
+    if np.array_equal(starts, first + np.concatenate([[0], np.cumsum(lens[:-1])])):
+        # vLLM's workspace: the requests' rows one after another, one call
+        s = L.gather_cache_fp8(_out(dst[first:first + int(lens.sum())], "dst"), cv, _view(bt[:B], "block_table"),
+                               _view(np.ascontiguousarray(sl[:B]), "seq_lens"), _DS_MLA, None)
+        if s:
+            _raise_as(s, names)
+        return
+    # any other starts: one call per request on its rows (requests with rows first: the
+    # first call makes every check that does not depend on the request)
+    lo, hi = _byte_extent(dst)
+    for name, x in (("src_cache", src_cache), ("block_table", block_table), ("seq_lens", seq_lens),
+                    ("workspace_starts", workspace_starts)):
+        xl, xh = _byte_extent(x)
+        if lo < hi and xl < xh and lo < xh and xl < hi:
+            raise L.LlmkernError(7, "LK_ERR_ALIAS", "%s: dst and %s overlap in memory" % (_UPCONVERT, name))
+    for b in list(full) + [i for i in range(B) if lens[i] == 0]:
+        b = int(b)
+        s = L.gather_cache_fp8(_out(dst[int(starts[b]):int(ends[b])], "dst"), cv, _view(bt[b:b + 1], "block_table"),
+                               _view(np.array([lens[b]], np.int32), "seq_lens"), _DS_MLA, None)
+        if s:
+            _raise_as(s, names)
 
 
 def convert_fp8(output, input, scale=1.0, kv_dtype="fp8"):
@@ -2170,18 +2352,50 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     is_fp8_kvcache=True (TypeError otherwise). descale_k (a number or a one-element
     tensor; default 1): an element c stands for c * descale_k, dequantized in the
     kernel's registers; descale_q multiplies the scores (q's dequantization scale; q
-    itself is f32/f16/bf16); both finite and > 0 (ValueError naming them)."""
-    lay = _layout(kv_layout)
+    itself is f32/f16/bf16); both finite and > 0 (ValueError naming them).
+    FlashMLA's "FP8 with scale" cache (DeepSeek-V3.2, vLLM's kv_cache_dtype 'fp8_ds_mla'):
+    one record of E = Dl + Dl / 32 + 2 Dr bytes per token (Dl = head_dim_v, Dr =
+    q.shape[-1] - Dl; 656 for 512 + 64): Dl e4m3 codes, Dl / 128 f32 scales (one per
+    128-dim tile), Dr bf16 rope values (see concat_and_cache_mla); entry = f32(code) *
+    its tile's scale, the rope dims as stored. k_cache is read so when
+    kv_cache_dtype='fp8_ds_mla', or when is_fp8_kvcache=True (kv_cache_dtype 'auto') and
+    k_cache is a 1-byte buffer (uint8, float8_e4m3fn, int8) whose last dim is E and not
+    q's head dim (a last dim equal to q.shape[-1] keeps the per-tensor e4m3 meaning
+    above). The record cache is [blocks, page, 1, E] or [blocks, page, E], kv_layout 'ND';
+    k_pe_cache and descale_k must be None (ValueError naming them: the scales are in the
+    records); descale_q still scales the scores. out and softmax_lse are bit for bit those
+    of an f32 cache holding the entries' values."""
+    if kv_cache_dtype != _DS_NAME:
+        lay = _layout(kv_layout)
     fp8_dt = _FP8_KV.get(kv_cache_dtype)
-    if fp8_dt is None and kv_cache_dtype != "auto":
-        raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3' or 'fp8_e5m2'" % (kv_cache_dtype,))
+    if fp8_dt is None and kv_cache_dtype not in ("auto", _DS_NAME):
+        raise ValueError("kv_cache_dtype: %r, expected 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2' or 'fp8_ds_mla'"
+                         % (kv_cache_dtype,))
+    if len(q.shape) != 4:
+        raise ValueError("q: shape %s, expected [batch, seq_len_q, num_heads, head_dim]" % (tuple(q.shape),))
+    dl = int(head_dim_v)
+    ds_e = _ds_record_bytes(dl, int(q.shape[-1]) - dl)
+    ds = kv_cache_dtype == _DS_NAME or (
+        is_fp8_kvcache and kv_cache_dtype == "auto" and _is_ds_bytes(k_cache) and len(k_cache.shape) >= 1
+        and int(k_cache.shape[-1]) == ds_e != int(q.shape[-1]) and 0 < dl <= int(q.shape[-1]))
+    if ds:
+        _ds_nd_only(kv_layout, "kv_layout")
+        for arg, name in ((k_pe_cache, "k_pe_cache"), (descale_k, "descale_k")):
+            if arg is not None:
+                raise ValueError("%s: must be None with an fp8_ds_mla cache (each record of k_cache holds its "
+                                 "rope values and tile scales)" % name)
+        kc, pc = _ds_view(k_cache, "k_cache"), None  # dtype first (TypeError naming k_cache)
+        last = int(k_cache.shape[-1]) if len(k_cache.shape) else None
+        if last != ds_e:
+            raise ValueError("k_cache: last dim %s, expected E = Dl + Dl / 32 + 2 Dr = %d bytes for fp8_ds_mla records "
+                             "(Dl = head_dim_v = %d, Dr = q.shape[-1] - Dl = %d)"
+                             % (last, ds_e, dl, int(q.shape[-1]) - dl))
+        lay = _DS_MLA
     # FlashMLA's descale_q / descale_k: None (1), a number or a one-element array / tensor
     k_scale = _scale_arg(descale_k, "descale_k", required=False, scalar=True)
     q_scale = _scale_arg(descale_q, "descale_q", required=False, scalar=True)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    if len(q.shape) != 4:
-        raise ValueError("q: shape %s, expected [batch, seq_len_q, num_heads, head_dim]" % (tuple(q.shape),))
     b, sq, h = q.shape[0], q.shape[1], q.shape[2]
     if out is None:
         out = _empty(q, (b, sq, h, head_dim_v))
@@ -2194,9 +2408,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if tile_scheduler_metadata is not None:
         split = int(tile_scheduler_metadata[0][0])
     params = L.mla_decode_params(softmax_scale * q_scale, 1 if causal else 0, lay, split, k_scale)
-    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "softmax_lse"), _view(q, "q"),
-                     _mla_cache_view(k_cache, "k_cache", fp8_dt, is_fp8_kvcache),
-                     _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt, is_fp8_kvcache),
+    if not ds:
+        kc = _mla_cache_view(k_cache, "k_cache", fp8_dt, is_fp8_kvcache)
+        pc = _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt, is_fp8_kvcache)
+    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "softmax_lse"), _view(q, "q"), kc, pc,
                      _view(block_table, "block_table"), _view(cache_seqlens, "cache_seqlens"), params)
     if s:
         _raise_as(s, {"kv_c_cache": "k_cache", "lse": "softmax_lse", "params.scale": "softmax_scale * descale_q",

@@ -97,6 +97,13 @@ _register("cp_gather_cache",
           "Tensor? seq_starts=None) -> ()",
           lambda src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts=None:
           _ops.cp_gather_cache(src_cache, dst, block_table, cu_seq_lens, batch_size, seq_starts))
+# fp8_ds_mla records (DeepSeek-V3.2) dequantized into a workspace (vLLM's _C_cache_ops schema)
+_register("cp_gather_and_upconvert_fp8_kv_cache",
+          "(Tensor src_cache, Tensor! dst, Tensor block_table, Tensor seq_lens, Tensor workspace_starts, "
+          "int batch_size) -> ()",
+          lambda src_cache, dst, block_table, seq_lens, workspace_starts, batch_size:
+          _ops.cp_gather_and_upconvert_fp8_kv_cache(src_cache, dst, block_table, seq_lens, workspace_starts,
+                                                    batch_size))
 _register("convert_fp8", "(Tensor! dst_cache, Tensor src_cache, float scale, str kv_cache_dtype) -> ()",
           lambda dst_cache, src_cache, scale, kv_cache_dtype: _ops.convert_fp8(dst_cache, src_cache, scale,
                                                                               kv_cache_dtype))

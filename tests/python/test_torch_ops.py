@@ -76,6 +76,13 @@ def cases():
                                                  torch.tensor([0.5])), {}))
     c.append(("cp_gather_cache", (u8, torch.zeros(9, 48, dtype=torch.uint8), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
                                   torch.tensor([0, 6, 9], dtype=torch.int32), 2), {}))
+    # fp8_ds_mla records (DeepSeek-V3.2): uint8 [NB, bs, E = 128 + 128 / 32 + 2 * 16], dst [tokens, 144] bf16
+    ds = torch.zeros(NB, bs, 164, dtype=torch.uint8)
+    lk.concat_and_cache_mla(rn(T, 128), rn(T, 16), ds, torch.tensor([3, 0, 9, -1, 15]), "fp8_ds_mla", None)
+    c.append(("cp_gather_and_upconvert_fp8_kv_cache", (ds, torch.zeros(9, 144, dtype=torch.bfloat16),
+                                                       torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                                                       torch.tensor([6, 3], dtype=torch.int32),
+                                                       torch.tensor([0, 6], dtype=torch.int32), 2), {}))
     c.append(("convert_fp8", (torch.zeros(NB, bs, 48), u8, 2.0, "fp8"), {}))
     c.append(("convert_fp8", (torch.zeros(NB, bs, 48, dtype=torch.uint8), rn(NB, bs, 48), 0.5, "fp8_e5m2"), {}))
     c.append(("copy_blocks", ([rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)], [rn(NB, bs, Hk, D), rn(NB, bs, Hk, D)],
@@ -213,6 +220,9 @@ VLLM_SCHEMAS = {  # as vLLM's csrc/torch_bindings.cpp / cache ops define them
     "gather_and_maybe_dequant_cache": "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor! dst, "
                                       "Tensor block_table, Tensor cu_seq_lens, int batch_size, "
                                       "str kv_cache_dtype, Tensor scale, Tensor? seq_starts=None) -> ()",
+    "cp_gather_and_upconvert_fp8_kv_cache": "cp_gather_and_upconvert_fp8_kv_cache(Tensor src_cache, Tensor! dst, "
+                                            "Tensor block_table, Tensor seq_lens, Tensor workspace_starts, "
+                                            "int batch_size) -> ()",
     "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
                                "int[]? group_shape=None) -> ()",
     "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
