@@ -285,9 +285,9 @@ typedef enum lk_kv_layout {
     LK_KV_NZ = 1,
     /* since 0.3: an MLA latent cache of tile-scaled fp8 records (vLLM's kv_cache_dtype
      * "fp8_ds_mla", FlashMLA's "FP8 with scale"; see "fp8_ds_mla caches" below). Taken by
-     * lk_concat_and_cache_mla_fp8, lk_gather_cache_fp8, lk_gather_cache_starts and
-     * lk_mla_decode only; every other function rejects it (LK_ERR_VALUE naming the
-     * layout). */
+     * lk_concat_and_cache_mla_fp8, lk_concat_and_cache_mla_rope, lk_gather_cache_fp8,
+     * lk_gather_cache_starts and lk_mla_decode only; every other function rejects it
+     * (LK_ERR_VALUE naming the layout). */
     LK_KV_DS_MLA = 2
 } lk_kv_layout;
 
@@ -407,9 +407,10 @@ LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *c
  * The cache tensor has 1-byte elements (LK_F8E4M3 or LK_I8: vLLM's uint8 buffer):
  * [num_blocks, block_size, E] or [num_blocks, block_size, 1, E], last-dim stride 1,
  * the other strides even and data 2-byte aligned (the bf16 part), else LK_ERR_SHAPE
- * naming the cache. Writing token t (lk_concat_and_cache_mla_fp8, kv_c [T, Dl] and k_pe
- * [T, Dr] f32/f16/bf16, k_pe_cache NULL, scale not read: vLLM passes k_scale and ignores
- * it), tile g:
+ * naming the cache. Writing token t (lk_concat_and_cache_mla_fp8, or
+ * lk_concat_and_cache_mla_rope after its rotation; kv_c [T, Dl] and k_pe [T, Dr]
+ * f32/f16/bf16, k_pe_cache NULL, scale not read: vLLM passes k_scale and ignores it),
+ * tile g:
  *   s_g = max(absmax(kv_c[t, 128 g .. 128 g + 127]) / 448, FLT_MIN)   (f32, NaN ignored)
  *   code[d] = e4m3(kv_c[t, d] / s_g)          (one f32 division, the fp8 converter)
  *   rope[r] = bf16(k_pe[t, r])                (bit copy from bf16; rounded once from
