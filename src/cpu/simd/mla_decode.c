@@ -206,9 +206,20 @@ LK_ALWAYS_INLINE void load_block(const dec_ctx *c, int64_t b, int64_t j0, int64_
         const char *lp = (const char *)a->lat.data + lk_paged_off(&a->lat, page, slot, 0, 0) * les;
         const char *rp = a->one_buffer ? NULL : (const char *)a->rope.data + lk_paged_off(&a->rope, page, slot, 0, 0) * res;
         if (a->ds) { /* fp8_ds_mla: each tile's codes times its scale (one product), then the bf16 part */
-            for (int64_t g = 0; g < a->Dl / LK_DS_TILE; g++)
-                load_part_row(dst + g * LK_DS_TILE, lp + g * LK_DS_TILE, 16, 16, 0, LK_DS_TILE, Ep - g * LK_DS_TILE,
-                              LK_F8E4M3, lk_ds_scale(lp, a->Dl, g));
+            for (int64_t g = 0; g < a->Dl / LK_DS_TILE; g++) {
+                float sc = lk_ds_scale(lp, a->Dl, g), *dg = dst + g * LK_DS_TILE;
+#if defined(F8_RAW)
+                /* codes / 256 by the raw widening, times 256 s: (c / 256)(256 s) = c s exactly
+                 * (both factors exact: c / 256 >= 2^-17, 256 s finite), so the same product */
+                if (sc * 256.0f <= FLT_MAX) {
+                    load_part_row_f8(dg, lp + g * LK_DS_TILE, 16, 16, LK_DS_TILE, Ep - g * LK_DS_TILE, LK_F8E4M3);
+                    lkv_f32 k = lkv_set1(sc * 256.0f);
+                    for (int64_t d = 0; d < LK_DS_TILE; d += LKV_W) lkv_storeu(dg + d, lkv_mul(lkv_loadu(dg + d), k));
+                    continue;
+                }
+#endif
+                load_part_row(dg, lp + g * LK_DS_TILE, 16, 16, 0, LK_DS_TILE, Ep - g * LK_DS_TILE, LK_F8E4M3, sc);
+            }
             load_part_row(dst + a->Dl, rp, 16, 16, 0, a->Dr, Ep - a->Dl, LK_BF16, 1.0f);
             continue;
         }
