@@ -7,12 +7,15 @@
  *    page 128 and 16, ND and NZ, bf16 and f32;
  *  - one case of each far beyond the L3 (32768 written tokens, a 49152-token prefix) for
  *    the bandwidth ceiling;
+ *  - fp8_ds_mla records (LK_KV_DS_MLA, 656 bytes a token): the write from bf16 (4096
+ *    tokens, decode's 16) and the gather to bf16 (2 x 4096), page 64 (vLLM's);
  *  - concat_and_cache_mla_rope (rotary on q_pe [T, 16 or 128 heads, 64] and k_pe, then
  *    the cache write; NeoX, bf16 in, a bf16 or e4m3 cache, page 64 ND), decode (16
  *    tokens) and prefill (4096), next to the same work as two calls (rotary_embedding,
  *    then concat_and_cache_mla_fp8) in the same run.
- * Bytes = read + written: tokens x 576 x (source + destination element size); the rope
- * rows add q_pe and k_pe read and written once.
+ * Bytes = read + written: tokens x 576 x (source + destination element size) (fp8_ds_mla:
+ * 656 bytes a record on the cache side); the rope rows add q_pe and k_pe read and written
+ * once.
  * Max error: the whole cache (concat) or out (gather) against the ref kernel (the rope
  * rows: after one call from the starting q_pe / k_pe).
  */
@@ -25,6 +28,7 @@
 #define DL 512
 #define DR 64
 #define DC (DL + DR)
+#define EDS (DL + DL / 32 + 2 * DR) /* fp8_ds_mla record bytes */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static int64_t rnd(int64_t n) {
@@ -43,10 +47,17 @@ static int64_t *shuffled(int64_t n) {
     return p;
 }
 
+/* L LK_KV_DS_MLA: [nb, bs, EDS] bytes whatever dt */
 static lk_tensor cache_view(void *data, lk_dtype dt, lk_kv_layout L, int64_t nb, int64_t bs) {
+    if (L == LK_KV_DS_MLA) return lk_tensor_make(data, LK_F8E4M3, 3, (int64_t[]){nb, bs, EDS});
     return L == LK_KV_NZ ? lk_tensor_make(data, dt, 4, (int64_t[]){nb, DC / 16, bs, 16})
                          : lk_tensor_make(data, dt, 3, (int64_t[]){nb, bs, DC});
 }
+
+/* elements of a cache of nb pages of bs entries and the dtype they are compared as */
+static int64_t cache_elems(lk_kv_layout L, int64_t nb, int64_t bs) { return nb * bs * (L == LK_KV_DS_MLA ? EDS : DC); }
+static lk_dtype cache_dt(lk_dtype dt, lk_kv_layout L) { return L == LK_KV_DS_MLA ? LK_F8E4M3 : dt; }
+static const char *layout_name(lk_kv_layout L) { return L == LK_KV_DS_MLA ? "fp8_ds" : L == LK_KV_NZ ? "NZ" : "ND"; }
 
 /* ---------------------------------------------------------------- concat */
 
@@ -57,7 +68,8 @@ typedef struct {
 
 static void run_concat(void *p) {
     concat_ctx *c = p;
-    lk_concat_and_cache_mla(&c->kv, &c->pe, &c->cache, NULL, &c->sm, c->L);
+    if (c->L == LK_KV_DS_MLA) lk_concat_and_cache_mla_fp8(&c->kv, &c->pe, &c->cache, NULL, &c->sm, c->L, NULL);
+    else lk_concat_and_cache_mla(&c->kv, &c->pe, &c->cache, NULL, &c->sm, c->L);
 }
 
 static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
@@ -69,7 +81,9 @@ static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
     for (int64_t t = 0; t < T; t++)
         slots[t] = decode ? pages[t] * bs + rnd(bs) : pages[t / bs] * bs + t % bs;
     void *kv = bench_alloc(dt, T * DL, -2, 2), *pe = bench_alloc(dt, T * DR, -2, 2);
-    void *cache = bench_alloc(dt, nb * bs * DC, 0, 0), *ref = bench_alloc(dt, nb * bs * DC, 0, 0);
+    lk_dtype ct = cache_dt(dt, L);
+    int64_t ce = cache_elems(L, nb, bs);
+    void *cache = bench_alloc(ct, ce, 0, 0), *ref = bench_alloc(ct, ce, 0, 0);
     concat_ctx c = {lk_tensor_make(kv, dt, 2, (int64_t[]){T, DL}), lk_tensor_make(pe, dt, 2, (int64_t[]){T, DR}),
                     cache_view(cache, dt, L, nb, bs), lk_tensor_make(slots, LK_I64, 1, &T), L};
     double ms = bench_time_bw(run_concat, &c);
@@ -79,12 +93,12 @@ static void concat_case(int64_t T, int64_t bs, lk_dtype dt, lk_kv_layout L) {
     lk_set_isa(LK_ISA_REF);
     run_concat(&r);
     lk_set_isa(isa);
-    double err = bench_err_variants(run_concat, &c, cache, ref, dt, nb * bs * DC);
+    double err = bench_err_variants(run_concat, &c, cache, ref, ct, ce);
     char shape[64];
-    snprintf(shape, sizeof shape, "T=%lld %d+%d p%lld %s", (long long)T, DL, DR, (long long)bs,
-             L == LK_KV_NZ ? "NZ" : "ND");
-    bench_row("concat_and_cache_mla", shape, lk_dtype_name(dt), ms,
-              (double)T * DC * 2 * (double)lk_dtype_size(dt), BENCH_BW, err);
+    snprintf(shape, sizeof shape, "T=%lld %d+%d p%lld %s", (long long)T, DL, DR, (long long)bs, layout_name(L));
+    double bytes = L == LK_KV_DS_MLA ? (double)T * (DC * (double)lk_dtype_size(dt) + EDS)
+                                     : (double)T * DC * 2 * (double)lk_dtype_size(dt);
+    bench_row("concat_and_cache_mla", shape, lk_dtype_name(dt), ms, bytes, BENCH_BW, err);
     bench_free(kv), bench_free(pe), bench_free(cache), bench_free(ref);
     free(pages), free(slots);
 }
@@ -98,7 +112,21 @@ typedef struct {
 
 static void run_gather(void *p) {
     gather_ctx *c = p;
-    lk_gather_cache(&c->out, &c->cache, &c->bt, &c->sl, c->L);
+    if (c->L == LK_KV_DS_MLA) lk_gather_cache_fp8(&c->out, &c->cache, &c->bt, &c->sl, c->L, NULL);
+    else lk_gather_cache(&c->out, &c->cache, &c->bt, &c->sl, c->L);
+}
+
+/* every record of a fp8_ds_mla cache written from random bf16 entries */
+static void ds_fill(void *cache, int64_t nb, int64_t bs) {
+    int64_t n = nb * bs;
+    void *kv = bench_alloc(LK_BF16, n * DL, -2, 2), *pe = bench_alloc(LK_BF16, n * DR, -2, 2);
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) slots[i] = i;
+    concat_ctx c = {lk_tensor_make(kv, LK_BF16, 2, (int64_t[]){n, DL}), lk_tensor_make(pe, LK_BF16, 2, (int64_t[]){n, DR}),
+                    cache_view(cache, LK_F8E4M3, LK_KV_DS_MLA, nb, bs), lk_tensor_make(slots, LK_I64, 1, &n),
+                    LK_KV_DS_MLA};
+    run_concat(&c);
+    bench_free(kv), bench_free(pe), free(slots);
 }
 
 static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_layout L) {
@@ -107,7 +135,8 @@ static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_l
     int32_t *bt = malloc(sizeof(int32_t) * (size_t)(B * mp)), *sl = malloc(sizeof(int32_t) * (size_t)B);
     for (int64_t i = 0; i < B * mp; i++) bt[i] = (int32_t)pages[i];
     for (int b = 0; b < B; b++) sl[b] = (int32_t)per_req;
-    void *cache = bench_alloc(dt, nb * bs * DC, -2, 2);
+    void *cache = bench_alloc(cache_dt(dt, L), cache_elems(L, nb, bs), -2, 2);
+    if (L == LK_KV_DS_MLA) ds_fill(cache, nb, bs);
     void *out = bench_alloc(dt, S * DC, 0, 0), *ref = bench_alloc(dt, S * DC, 0, 0);
     gather_ctx c = {lk_tensor_make(out, dt, 2, (int64_t[]){S, DC}), cache_view(cache, dt, L, nb, bs),
                     lk_tensor_make(bt, LK_I32, 2, (int64_t[]){B, mp}), lk_tensor_make(sl, LK_I32, 1, (int64_t[]){B}), L};
@@ -120,10 +149,10 @@ static void gather_case(int64_t per_req, int B, int64_t bs, lk_dtype dt, lk_kv_l
     lk_set_isa(isa);
     double err = bench_err_variants(run_gather, &c, out, ref, dt, S * DC);
     char shape[64];
-    snprintf(shape, sizeof shape, "%dx%lld %d+%d p%lld %s", B, (long long)per_req, DL, DR, (long long)bs,
-             L == LK_KV_NZ ? "NZ" : "ND");
-    bench_row("gather_cache", shape, lk_dtype_name(dt), ms, (double)S * DC * 2 * (double)lk_dtype_size(dt),
-              BENCH_BW, err);
+    snprintf(shape, sizeof shape, "%dx%lld %d+%d p%lld %s", B, (long long)per_req, DL, DR, (long long)bs, layout_name(L));
+    double bytes = L == LK_KV_DS_MLA ? (double)S * (DC * (double)lk_dtype_size(dt) + EDS)
+                                     : (double)S * DC * 2 * (double)lk_dtype_size(dt);
+    bench_row("gather_cache", shape, lk_dtype_name(dt), ms, bytes, BENCH_BW, err);
     bench_free(cache), bench_free(out), bench_free(ref);
     free(pages), free(bt), free(sl);
 }
@@ -213,6 +242,10 @@ void bench_mla_cache(void) {
         concat_case(32768, 128, LK_BF16, (lk_kv_layout)L);
         gather_case(24576, 2, 128, LK_BF16, (lk_kv_layout)L);
     }
+    /* fp8_ds_mla records from / to bf16, vLLM's page 64 */
+    concat_case(16, 64, LK_BF16, LK_KV_DS_MLA);
+    concat_case(4096, 64, LK_BF16, LK_KV_DS_MLA);
+    gather_case(4096, 2, 64, LK_BF16, LK_KV_DS_MLA);
     if (!bench_libs_have("lk_concat_and_cache_mla_rope", "the concat_and_cache_mla_rope rows")) return;
     const int64_t rope_T[] = {16, 4096}, rope_H[] = {16, 128};
     for (int t = 0; t < 2; t++)
