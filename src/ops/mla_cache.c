@@ -219,7 +219,7 @@ static lk_status check_rope(lk_mla_cache_rope_args *a, const lk_tensor *position
     if ((s = lk_check_disjoint(q_pe, "q_pe", sm, "slot_mapping"))) return s;
     if ((s = lk_check_disjoint(k_pe, "k_pe", kv_c, "kv_c"))) return s;
     if ((s = lk_check_disjoint(k_pe, "k_pe", sm, "slot_mapping"))) return s;
-    if (scale) {
+    if (scale && !a->cache.ds) { /* fp8_ds_mla: scale is not read (nor validated) */
         if ((s = lk_check_disjoint(q_pe, "q_pe", scale, "scale"))) return s;
         if ((s = lk_check_disjoint(k_pe, "k_pe", scale, "scale"))) return s;
     }
