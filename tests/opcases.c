@@ -655,6 +655,164 @@ static lk_status call_gather_starts(const oc_inst *in) {
     return lk_gather_cache_starts(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 5), (lk_kv_layout)in->flag, T(in, 4));
 }
 
+/* ---------------------------------------------------------------- fp8_ds_mla caches (since 0.3)
+ * LK_KV_DS_MLA records (include/llmkern.h, "fp8_ds_mla caches"): per token Dl e4m3 codes,
+ * Dl / 128 f32 tile scales, Dr bf16 rope values, E = Dl + Dl / 32 + 2 Dr bytes. The
+ * cache views are padded with pad 2 (strides stay even, as the records' bf16 part
+ * needs). `scale` is passed as NULL: these layouts do not read it (nor validate it), so
+ * it is not a registry argument. */
+
+static int64_t ds_entry(int64_t Dl, int64_t Dr) { return Dl + Dl / 32 + 2 * Dr; }
+
+static uint16_t ds_bf16(float f) { /* finite f: round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* every record of a cache view [nb, bs, E] or [nb, bs, 1, E]: finite codes (no NaN
+ * code), tile scales in [2^-9, 2^-5), bf16 rope values in [-1, 1) */
+static void fill_ds(tu_buf *b, int64_t Dl, int64_t Dr) {
+    const lk_tensor *t = &b->t;
+    for (int64_t p = 0; p < t->shape[0]; p++)
+        for (int64_t s = 0; s < t->shape[1]; s++) {
+            unsigned char *e = (unsigned char *)t->data + p * t->stride[0] + s * t->stride[1];
+            for (int64_t d = 0; d < Dl; d++) e[d] = (unsigned char)(tu_randint(0, 0x7e) | (int64_t)(tu_rand() & 0x80));
+            for (int64_t g = 0; g < Dl / 128; g++) {
+                float sc = (float)tu_uniform(1.0 / 512, 1.0 / 32);
+                memcpy(e + Dl + 4 * g, &sc, sizeof sc);
+            }
+            for (int64_t r = 0; r < Dr; r++) {
+                uint16_t h = ds_bf16((float)tu_uniform(-1, 1));
+                memcpy(e + Dl + Dl / 32 + 2 * r, &h, sizeof h);
+            }
+        }
+}
+
+/* kv_c [T, Dl]: tile g of 128 dims uniform in +-2 * 8^g (each tile its own scale) */
+static void fill_kv_tiles(tu_buf *b, int64_t Tn, int64_t Dl) {
+    for (int64_t i = 0; i < Tn * Dl; i++) tu_set(b, i, tu_uniform(-2, 2) * (double)(1 << (3 * ((i % Dl) / 128 % 4))));
+}
+
+/* concat into an fp8_ds_mla cache (lk_concat_and_cache_mla_fp8): kv_c bf16 [T, Dl],
+ * k_pe f32 [T, Dr], kv_c_cache e4m3 [NB, bs, E] (padded), slot_mapping i64; k_pe_cache
+ * and scale NULL */
+static void make_concat_ds(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 512 : sz == OC_MEDIUM ? 24 : 3, Dl = sz == OC_LARGE ? 512 : 256;
+    int64_t Dr = sz == OC_LARGE ? 64 : 32, NB = sz == OC_LARGE ? 48 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    fill_kv_tiles(add(in, "kv_c", LK_BF16, 2, (int64_t[]){Tn, Dl}, 0, 1), Tn, Dl);
+    tu_fill_uniform(add(in, "k_pe", LK_F32, 2, (int64_t[]){Tn, Dr}, 0, 0), -2, 2);
+    add(in, "kv_c_cache", LK_F8E4M3, 3, (int64_t[]){NB, bs, ds_entry(Dl, Dr)}, 1, 2);
+    in->arg[2].fp8 = in->arg[2].i8 = 1; /* record bytes: f8e4m3 or i8 elements */
+    fill_slots(add(in, "slot_mapping", LK_I64, 1, &Tn, 0, 0), Tn, NB * bs);
+}
+static lk_status call_concat_ds(const oc_inst *in) {
+    return lk_concat_and_cache_mla_fp8(T(in, 0), T(in, 1), T(in, 2), NULL, T(in, 3), LK_KV_DS_MLA, NULL);
+}
+
+/* rotary + concat into an fp8_ds_mla cache (lk_concat_and_cache_mla_rope, NeoX): args
+ * positions (two more values than tokens), q_pe, k_pe, kv_c, cos_sin_cache, kv_c_cache
+ * (i8 elements, vLLM's uint8 buffer, [NB, bs, 1, E] padded), slot_mapping */
+static void make_mla_rope_ds(oc_inst *in, oc_size sz) {
+    int64_t Tn = sz == OC_LARGE ? 256 : sz == OC_MEDIUM ? 24 : 3, Hq = sz == OC_LARGE ? 16 : 2;
+    int64_t Dl = sz == OC_LARGE ? 512 : 256, Dr = sz == OC_LARGE ? 64 : 32, P = Tn + 2, MP = 96;
+    int64_t NB = sz == OC_LARGE ? 24 : 8, bs = sz == OC_LARGE ? 16 : 4;
+    tu_buf *p = add(in, "positions", LK_I64, 1, &P, 0, 0);
+    for (int64_t t = 0; t < P; t++) tu_set(p, t, (double)tu_randint(0, MP - 1));
+    tu_fill_uniform(add(in, "q_pe", LK_BF16, 3, (int64_t[]){Tn, Hq, Dr}, 1, 1), -2, 2);
+    tu_fill_uniform(add(in, "k_pe", LK_BF16, 2, (int64_t[]){Tn, Dr}, 1, 1), -2, 2);
+    fill_kv_tiles(add(in, "kv_c", LK_BF16, 2, (int64_t[]){Tn, Dl}, 0, 0), Tn, Dl);
+    tu_fill_uniform(add(in, "cos_sin_cache", LK_F32, 2, (int64_t[]){MP, Dr}, 0, 0), -1, 1);
+    add(in, "kv_c_cache", LK_I8, 4, (int64_t[]){NB, bs, 1, ds_entry(Dl, Dr)}, 1, 2);
+    in->arg[5].fp8 = in->arg[5].i8 = 1;
+    fill_slots(add(in, "slot_mapping", LK_I32, 1, &Tn, 0, 0), Tn, NB * bs);
+}
+static lk_status call_mla_rope_ds(const oc_inst *in) {
+    return lk_concat_and_cache_mla_rope(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), 1, T(in, 5), NULL,
+                                        T(in, 6), LK_KV_DS_MLA, NULL);
+}
+
+/* gather out of an fp8_ds_mla cache into bf16 (vLLM's cp_gather_and_upconvert_fp8_kv_cache):
+ * args out [S, Dl + Dr] (padded), cache e4m3 [NB, bs, E] (padded), block_table, seq_lens,
+ * and for lk_gather_cache_starts seq_starts (optional; the lens and starts of
+ * make_gather / make_gather_starts) */
+static void make_gather_ds(oc_inst *in, oc_size sz, int starts) {
+    int64_t B = sz == OC_LARGE ? 4 : 2, bs = sz == OC_LARGE ? 16 : 4, NB = sz == OC_LARGE ? 80 : 6;
+    int64_t Dl = sz == OC_LARGE ? 512 : 256, Dr = sz == OC_LARGE ? 64 : 32, maxp = sz == OC_LARGE ? 22 : 3;
+    int64_t lens_l[4] = {300, 250, 100, 340}, lens_s[2] = {5, 3}, st_l[4] = {52, 101, 7, 12}, st_s[2] = {6, 9}, S = 0;
+    const int64_t *lens = sz == OC_LARGE ? lens_l : lens_s, *st = sz == OC_LARGE ? st_l : st_s;
+    for (int64_t b = 0; b < B; b++) S += lens[b];
+    add(in, "out", LK_BF16, 2, (int64_t[]){S, Dl + Dr}, 1, 1);
+    fill_ds(add(in, "cache", LK_F8E4M3, 3, (int64_t[]){NB, bs, ds_entry(Dl, Dr)}, 0, 2), Dl, Dr);
+    in->arg[1].fp8 = in->arg[1].i8 = 1;
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    for (int64_t i = 0; i < B * maxp; i++) tu_set(bt, i, (double)tu_randint(0, NB - 1));
+    tu_buf *sl = add(in, "seq_lens", LK_I32, 1, &B, 0, 0);
+    for (int64_t b = 0; b < B; b++) tu_set(sl, b, (double)lens[b]);
+    if (starts) {
+        tu_buf *ss = add(in, "seq_starts", LK_I32, 1, &B, 0, 1);
+        for (int64_t b = 0; b < B; b++) tu_set(ss, b, (double)st[b]);
+        in->arg[4].optional = 1; /* NULL: no offsets */
+    }
+}
+static void make_gather_ds_plain(oc_inst *in, oc_size sz) { make_gather_ds(in, sz, 0); }
+static void make_gather_ds_starts(oc_inst *in, oc_size sz) { make_gather_ds(in, sz, 1); }
+static lk_status call_gather_ds(const oc_inst *in) {
+    return lk_gather_cache_fp8(T(in, 0), T(in, 1), T(in, 2), T(in, 3), LK_KV_DS_MLA, NULL);
+}
+static lk_status call_gather_starts_ds(const oc_inst *in) {
+    return lk_gather_cache_starts(T(in, 0), T(in, 1), T(in, 2), T(in, 3), T(in, 4), LK_KV_DS_MLA, NULL);
+}
+
+/* mla_decode over an fp8_ds_mla cache: out, lse (optional), q, kv_c_cache (e4m3, padded
+ * records; [nb, bs, 1, E] in the f32 variant), block_table, cache_seqlens; s_q = 2
+ * causal, the request lengths and page permutation of make_mla_dec. bf16: q / out bf16,
+ * split_keys 2 (small) / 128 (several chunks per request); f32: q / out f32, planned split */
+static void make_mla_dec_ds(oc_inst *in, oc_size sz, int f32) {
+    int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 3, s_q = 2;
+    int64_t Dl = sz == OC_LARGE ? 512 : 256, Dr = sz == OC_LARGE ? 64 : 32, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
+    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0, pages = 0;
+    lk_dtype dt = f32 ? LK_F32 : LK_BF16;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t np = (lens[b] + bs - 1) / bs;
+        pages += np;
+        if (np + 1 > maxp) maxp = np + 1;
+    }
+    int64_t nb = pages + 2;
+    add(in, "out", dt, 4, (int64_t[]){B, s_q, H, Dl}, 1, 1);
+    add(in, "lse", LK_F32, 3, (int64_t[]){B, H, s_q}, 1, 0);
+    in->arg[1].optional = 1;
+    tu_fill_uniform(add(in, "q", dt, 4, (int64_t[]){B, s_q, H, E}, 0, 1), -1, 1);
+    if (f32) fill_ds(add(in, "kv_c_cache", LK_F8E4M3, 4, (int64_t[]){nb, bs, 1, ds_entry(Dl, Dr)}, 0, 2), Dl, Dr);
+    else fill_ds(add(in, "kv_c_cache", LK_F8E4M3, 3, (int64_t[]){nb, bs, ds_entry(Dl, Dr)}, 0, 2), Dl, Dr);
+    in->arg[3].fp8 = in->arg[3].i8 = 1;
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        tu_set(sl, b, (double)lens[b]);
+        for (int64_t i = 0; i < maxp; i++)
+            tu_set(bt, b * maxp + i, i < (lens[b] + bs - 1) / bs ? (double)perm[next++] : -1.0);
+    }
+    free(perm);
+    in->mla_dec = lk_mla_decode_params_default((float)(1.0 / sqrt((double)E)));
+    in->mla_dec.causal = 1;
+    in->mla_dec.cache_layout = LK_KV_DS_MLA;
+    in->mla_dec.split_keys = f32 ? 0 : sz == OC_LARGE ? 128 : 2;
+    in->mla_dec.k_scale = 0.0f; /* not read with fp8_ds_mla (an fp8 ND cache would reject it) */
+}
+static void make_mla_dec_ds_bf16(oc_inst *in, oc_size sz) { make_mla_dec_ds(in, sz, 0); }
+static void make_mla_dec_ds_f32(oc_inst *in, oc_size sz) { make_mla_dec_ds(in, sz, 1); }
+static lk_status call_mla_dec_ds(const oc_inst *in) {
+    return lk_mla_decode(T(in, 0), T(in, 1), T(in, 2), T(in, 3), NULL, T(in, 4), T(in, 5), &in->mla_dec);
+}
+
 /* convert_fp8: dst, src (quantize bf16 -> e4m3, or dequantize e5m2 -> f32) */
 static void make_convert8(oc_inst *in, oc_size sz, int dequant) {
     int64_t NB = sz == OC_LARGE ? 64 : sz == OC_MEDIUM ? 12 : 3, s[4] = {NB, 16, 2, sz == OC_LARGE ? 128 : 40};
@@ -1026,6 +1184,13 @@ const oc_op OC_OPS[] = {
     {"lk_gather_cache_fp8", make_gather8_nz, call_gather8},
     {"lk_gather_cache_starts", make_gather_starts_nd, call_gather_starts},
     {"lk_gather_cache_starts", make_gather_starts_nz, call_gather_starts},
+    /* fp8_ds_mla caches (LK_KV_DS_MLA) */
+    {"lk_concat_and_cache_mla_fp8", make_concat_ds, call_concat_ds},         /* e4m3 records, padded */
+    {"lk_concat_and_cache_mla_rope", make_mla_rope_ds, call_mla_rope_ds},     /* i8 records [.., 1, E] */
+    {"lk_gather_cache_fp8", make_gather_ds_plain, call_gather_ds},            /* bf16 out */
+    {"lk_gather_cache_starts", make_gather_ds_starts, call_gather_starts_ds}, /* bf16 out, seq_starts */
+    {"lk_mla_decode", make_mla_dec_ds_bf16, call_mla_dec_ds},                 /* bf16, split 2 / 128 */
+    {"lk_mla_decode", make_mla_dec_ds_f32, call_mla_dec_ds},                  /* f32, [.., 1, E], planned */
     {"lk_convert_fp8", make_convert8_q, call_convert8},
     {"lk_convert_fp8", make_convert8_dq, call_convert8},
     {"lk_swap_blocks", make_swap8, call_swap},

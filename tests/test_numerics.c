@@ -412,6 +412,181 @@ static void test_mla_rope(void) {
     }
 }
 
+/* ---------------------------------------------------------------- fp8_ds_mla caches (since 0.3)
+ * docs/numerics.md "fp8_ds_mla caches": the write (lk_concat_and_cache_mla_fp8,
+ * LK_KV_DS_MLA) per tile of 128 latent dims s = max(absmax / 448, FLT_MIN) (NaN ignored),
+ * codes e4m3(x / s), rope bf16(k_pe) (bit copy from bf16), every byte against the test's
+ * own computation from the reference converters; the gather (lk_gather_cache_fp8 /
+ * _starts) one rounding of f32(code) * s (rope: bf16 rounded once, a bit copy into bf16).
+ * Tiles: scale 1 with the e4m3 saturation boundary, ties and subnormal codes; NaN
+ * ignored by the absmax and coded with its sign; all-zero (s = FLT_MIN, codes +-0);
+ * holding inf (s = inf, finite codes +-0, reads back NaN); huge (FLT_MAX: reads back
+ * beyond f16 / bf16 range: inf at the store); tiny (absmax / 448 below FLT_MIN: s =
+ * FLT_MIN); all NaN (s = FLT_MIN, NaN codes); holding -inf only. Inputs f32, f16, bf16
+ * (each value as its dtype holds it); a padding token (slot -1) and the slot not written
+ * keep their bytes. */
+enum { DSL = 256, DSR = 40, DSE = DSL + DSL / 32 + 2 * DSR, DST = 5, DSBS = 5 };
+
+/* the f32 value of a generated (not an input's) NaN may carry either sign: NaN-ness only */
+static int ds_code_ok(uint8_t got, uint8_t want, int input_nan) {
+    if ((want & 0x7f) == 0x7f) return (got & 0x7f) == 0x7f && (!input_nan || got == want);
+    return got == want;
+}
+
+static int ds_same_value(float got, float want) {
+    return isnan(want) ? isnan(got) : bits32(got) == bits32(want);
+}
+
+static void test_ds_mla_cache(void) {
+    /* kv_c [DST, DSL] as f32 (token 2 is padding) */
+    static float kv[DST][DSL], pe[DST][DSR];
+    static const float PE_SP[12] = {NAN, -NAN, INFINITY, -INFINITY, -0.0f, FLT_MAX, 1.00390625f, 1.01171875f,
+                                    3e38f, 1e-40f, -2.5f, 0.1f};
+    tu_seed(61);
+    for (int t = 0; t < DST; t++) {
+        for (int d = 0; d < DSL; d++) kv[t][d] = (float)tu_uniform(-8, 8);
+        for (int r = 0; r < DSR; r++) pe[t][r] = r < 12 ? PE_SP[(r + t) % 12] : (float)tu_uniform(-4, 4);
+    }
+    /* token 0, tile 0: absmax 448 (s = 1): saturation boundary, ties, subnormal codes */
+    static const float T00[12] = {448.0f, -448.0f, 447.0f, 440.0f, 432.0f, 400.0f, 6.75f, 0.001953125f,
+                                  0.0009765625f, 0.00146484375f, -0.0f, NAN};
+    static const uint8_t W00[12] = {0x7e, 0xfe, 0x7e, 0x7e, 0x7e, 0x7c, 0x4e, 0x01, 0x00, 0x01, 0x80, 0x7f};
+    for (int i = 0; i < 12; i++) kv[0][3 + 10 * i] = T00[i];
+    kv[0][127] = -NAN;
+    /* token 0, tile 1: NaN ignored by the absmax (3, at the max code) */
+    for (int d = 128; d < 256; d++) kv[0][d] = (float)tu_uniform(-2, 2);
+    kv[0][130] = NAN, kv[0][131] = -NAN, kv[0][200] = 3.0f, kv[0][201] = -3.0f, kv[0][255] = NAN;
+    /* token 1: tile 0 all zero (+-0), tile 1 holding +inf, -inf and NaN */
+    for (int d = 0; d < 128; d++) kv[1][d] = d % 3 ? 0.0f : -0.0f;
+    kv[1][140] = INFINITY, kv[1][141] = -INFINITY, kv[1][142] = NAN;
+    /* token 2: padding, all NaN */
+    for (int d = 0; d < DSL; d++) kv[2][d] = NAN;
+    /* token 3: tile 0 huge, tile 1 tiny (absmax / 448 below FLT_MIN) */
+    kv[3][0] = FLT_MAX, kv[3][1] = -3e38f, kv[3][2] = 1e38f, kv[3][3] = -0.0f;
+    for (int d = 128; d < 256; d++) kv[3][d] = (float)tu_uniform(-1e-38, 1e-38);
+    kv[3][129] = 1e-38f, kv[3][130] = -5e-39f, kv[3][131] = 1e-45f;
+    /* token 4: tile 0 all NaN (both signs), tile 1 holding -inf */
+    for (int d = 0; d < 128; d++) kv[4][d] = d % 2 ? -NAN : NAN;
+    kv[4][250] = -INFINITY;
+    int64_t slot[DST] = {3, 0, -1, 1, 2};
+    static const lk_dtype DTS[3] = {LK_F32, LK_F16, LK_BF16};
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int di = 0; di < 3; di++) {
+            lk_dtype dt = DTS[di];
+            /* the inputs in dt (bf16: a signalling NaN in k_pe, copied as bits) */
+            static float xin[DST * DSL], pin[DST * DSR];
+            static float xv[DST][DSL], pv[DST][DSR];
+            for (int t = 0; t < DST; t++) {
+                for (int d = 0; d < DSL; d++)
+                    lk_store_f(xin, dt, t * DSL + d, kv[t][d]), xv[t][d] = lk_load_f(xin, dt, t * DSL + d);
+                for (int r = 0; r < DSR; r++) lk_store_f(pin, dt, t * DSR + r, pe[t][r]);
+            }
+            if (dt == LK_BF16) ((uint16_t *)pin)[1 * DSR + 20] = 0x7f81;
+            if (dt == LK_F32) ((uint32_t *)pin)[1 * DSR + 20] = 0x7f800001u;
+            for (int t = 0; t < DST; t++)
+                for (int r = 0; r < DSR; r++) pv[t][r] = lk_load_f(pin, dt, t * DSR + r);
+            static _Alignas(16) uint8_t cache[1][DSBS][DSE];
+            memset(cache, 0x11, sizeof cache);
+            lk_tensor tx = t2(xin, dt, DST, DSL), tp = t2(pin, dt, DST, DSR), ts = t1(slot, LK_I64, DST);
+            lk_tensor tc = t3(cache, LK_F8E4M3, 1, DSBS, DSE);
+            lk_status s = lk_concat_and_cache_mla_fp8(&tx, &tp, &tc, NULL, &ts, LK_KV_DS_MLA, NULL);
+            int ok = s == LK_OK, okc = ok, oks = ok, okr = ok, lit = ok;
+            for (int t = 0; t < DST; t++) {
+                if (slot[t] < 0) continue;
+                const uint8_t *e = cache[0][slot[t]];
+                for (int g = 0; g < DSL / 128; g++) {
+                    float m = 0.0f;
+                    for (int d = 128 * g; d < 128 * g + 128; d++)
+                        if (fabsf(xv[t][d]) > m) m = fabsf(xv[t][d]);
+                    float sc = fmaxf(m / 448.0f, FLT_MIN), got;
+                    memcpy(&got, e + DSL + 4 * g, 4);
+                    oks &= bits32(got) == bits32(sc);
+                    for (int d = 128 * g; d < 128 * g + 128; d++)
+                        okc &= ds_code_ok(e[d], lk_f32_to_f8e4m3(xv[t][d] / sc), isnan(xv[t][d]));
+                }
+                for (int r = 0; r < DSR; r++) {
+                    uint16_t got, want = dt == LK_BF16 ? ((const uint16_t *)pin)[t * DSR + r] : lk_f32_to_bf16(pv[t][r]);
+                    memcpy(&got, e + DSL + DSL / 32 + 2 * r, 2);
+                    okr &= got == want;
+                }
+            }
+            /* the literal codes of the scale-1 tile (f32 input: the values as written) */
+            if (dt == LK_F32) {
+                for (int i = 0; i < 12; i++) lit &= cache[0][3][3 + 10 * i] == W00[i];
+                lit &= cache[0][3][127] == 0xff && cache[0][0][0] == 0x80 && cache[0][0][1] == 0x00;
+                float s1, s01, s1i, s3t, s40, s41;
+                memcpy(&s1, cache[0][3] + DSL, 4), memcpy(&s01, cache[0][0] + DSL, 4);
+                memcpy(&s1i, cache[0][0] + DSL + 4, 4), memcpy(&s3t, cache[0][1] + DSL + 4, 4);
+                memcpy(&s40, cache[0][2] + DSL, 4), memcpy(&s41, cache[0][2] + DSL + 4, 4);
+                lit &= s1 == 1.0f && s01 == FLT_MIN && s1i == INFINITY && s3t == FLT_MIN && s40 == FLT_MIN && s41 == INFINITY;
+                lit &= cache[0][2][0] == 0x7f && cache[0][2][1] == 0xff && (cache[0][2][250] & 0x7f) == 0x7f &&
+                       (cache[0][2][200] & 0x7f) == 0;
+                lit &= (cache[0][0][128] & 0x7f) == 0 && (cache[0][0][140] & 0x7f) == 0x7f && cache[0][0][142] == 0x7f;
+                lit &= cache[0][1][0] == 0x7e; /* FLT_MAX at the max code */
+            }
+            int untouched = ok;
+            for (int i = 0; i < DSE; i++) untouched &= cache[0][4][i] == 0x11;
+            tu_check(okc && lit, "%s fp8_ds_mla write, %s kv_c: codes e4m3(x / s) bit for bit (saturation boundary, "
+                     "ties to even, subnormal codes, NaN with its sign, -0, +-0 of an all-zero or inf tile) (%s)",
+                     isa, lk_dtype_name(dt), lk_status_str(s));
+            tu_check(oks && lit, "%s fp8_ds_mla write, %s kv_c: tile scales max(absmax / 448, FLT_MIN), NaN ignored, "
+                     "inf for a tile holding inf, FLT_MIN for an all-zero or tiny tile", isa, lk_dtype_name(dt));
+            tu_check(okr, "%s fp8_ds_mla write, %s k_pe: rope bf16 rounded once (NaN quiet, FLT_MAX -> inf, ties to "
+                     "even, subnormals kept)%s", isa, lk_dtype_name(dt), dt == LK_BF16 ? ", bits copied (sNaN kept)" : "");
+            tu_check(untouched, "%s fp8_ds_mla write, %s: the padding token and the slots not written keep their bytes",
+                     isa, lk_dtype_name(dt));
+            if (dt != LK_F32) continue;
+            /* gather all 5 slots (slot 4: 0x11 bytes, finite codes and scale) into
+             * each out dtype; then slots 1 .. 3 through seq_starts */
+            int32_t bt[1] = {0}, sl[1] = {DSBS}, sl3[1] = {3}, st[1] = {1};
+            lk_tensor tbt = t2(bt, LK_I32, 1, 1), tsl = t1(sl, LK_I32, 1), tsl3 = t1(sl3, LK_I32, 1), tst = t1(st, LK_I32, 1);
+            for (int oi = 0; oi < 3; oi++) {
+                lk_dtype ot = DTS[oi];
+                static float out[DSBS * (DSL + DSR)], out2[3 * (DSL + DSR)];
+                memset(out, 0x5a, sizeof out), memset(out2, 0x5a, sizeof out2);
+                lk_tensor to = t2(out, ot, DSBS, DSL + DSR), to2 = t2(out2, ot, 3, DSL + DSR);
+                s = lk_gather_cache_fp8(&to, &tc, &tbt, &tsl, LK_KV_DS_MLA, NULL);
+                lk_status s2 = lk_gather_cache_starts(&to2, &tc, &tbt, &tsl3, &tst, LK_KV_DS_MLA, NULL);
+                int okg = s == LK_OK, okb = okg, okst = s2 == LK_OK;
+                for (int j = 0; j < DSBS; j++) {
+                    const uint8_t *e = cache[0][j];
+                    for (int d = 0; d < DSL + DSR; d++) {
+                        float v, want;
+                        if (d < DSL) {
+                            float sc;
+                            memcpy(&sc, e + DSL + 4 * (d / 128), 4);
+                            v = lk_f8e4m3_to_f32(e[d]) * sc;
+                        } else {
+                            uint16_t h;
+                            memcpy(&h, e + DSL + DSL / 32 + 2 * (d - DSL), 2);
+                            v = lk_bf16_to_f32(h);
+                            if (ot == LK_BF16) /* bit copy */
+                                okb &= ((uint16_t *)out)[j * (DSL + DSR) + d] == h;
+                        }
+                        want = lk_round_to(ot, v);
+                        okg &= ds_same_value(lk_load_f(out, ot, j * (DSL + DSR) + d), want);
+                        if (j >= 1 && j <= 3) {
+                            size_t es = lk_dtype_size(ot);
+                            okst &= !memcmp((char *)out2 + ((j - 1) * (DSL + DSR) + d) * es, (char *)out + (j * (DSL + DSR) + d) * es, es);
+                        }
+                    }
+                }
+                /* the inf tile reads back NaN, the huge tile beyond f16 / bf16 range -> inf */
+                okg &= isnan(lk_load_f(out, ot, 0 * (DSL + DSR) + 128)) && isnan(lk_load_f(out, ot, 0 * (DSL + DSR) + 200)) &&
+                       isnan(lk_load_f(out, ot, 2 * (DSL + DSR) + 5)) && isnan(lk_load_f(out, ot, 2 * (DSL + DSR) + 130));
+                okg &= ot == LK_F32 ? lk_load_f(out, ot, 1 * (DSL + DSR)) > 1e38f : lk_load_f(out, ot, 1 * (DSL + DSR)) == INFINITY;
+                tu_check(okg && okb, "%s fp8_ds_mla gather -> %s: one rounding of f32(code) * s (NaN codes, an inf "
+                         "tile's 0 * inf = NaN, overflow at the store -> inf), rope rounded once%s (%s)", isa,
+                         lk_dtype_name(ot), ot == LK_BF16 ? " (bits copied)" : "", lk_status_str(s));
+                tu_check(okst, "%s fp8_ds_mla gather_cache_starts -> %s: seq_starts 1 reads the same rows bit for bit (%s)",
+                         isa, lk_dtype_name(ot), lk_status_str(s2));
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- fp8 activations */
 
 /* the fp8 activation ops' special values (docs/numerics.md "fp8 activations"), per ISA */
@@ -1778,6 +1953,132 @@ static void test_mla_decode_fp8(void) {
     }
 }
 
+/* ---- mla_decode over an fp8_ds_mla cache (docs/numerics.md "fp8_ds_mla caches"): out and
+ * lse bit for bit those of an f32 cache holding the entries' values e = f32(code) * s
+ * (latent; one f32 product, computed here) and the bf16 rope values, on each ISA, f32 and
+ * bf16 q / out, planned split and split_keys 4 (several chunks per request). Records: a
+ * used key with an inf tile (codes +-0: the write's of a tile holding inf) reads NaN and
+ * makes its request's rows NaN and no other's; an all-zero tile with s = FLT_MIN; a tile
+ * at the max code; a key the causal mask hides from query 0 with a scale of 1e37 (whose
+ * 256 s the x86 path cannot take: the exact load) reaches query 1 only; NaN codes with
+ * NaN / inf scales in slots past cache_seqlens and in pages no request uses are never
+ * read; 0 cached tokens: +0 and lse -inf. Then every ISA's f32 out within 3e-5 of ref's
+ * (the f32 cache's tolerance, test_mla_decode). */
+static void test_ds_mla_decode(void) {
+    enum { B = 4, SQ = 2, H = 3, DL = 256, DR = 40, E = DL + DR, EB = DL + DL / 32 + 2 * DR, BS = 8, NB = 9, MAXP = 2 };
+    static _Alignas(16) uint8_t rec[NB][BS][EB];
+    static float cf[NB][BS][E], qf[B][SQ][H][E], of[2][B][SQ][H][DL], lf[2][B][H][SQ], ref_of[B][SQ][H][DL];
+    static uint16_t qb[B][SQ][H][E], ob[2][B][SQ][H][DL];
+    static float lb[2][B][H][SQ];
+    int32_t lens[B] = {11, 9, 13, 0}, table[B][MAXP] = {{0, 1}, {2, 3}, {4, 5}, {-1, -1}};
+    tu_seed(47);
+    for (int p = 0; p < NB; p++)
+        for (int j = 0; j < BS; j++) {
+            uint8_t *e = rec[p][j];
+            int used = p < 6 && (p % 2) * BS + j < lens[p / 2];
+            for (int d = 0; d < DL; d++) e[d] = used ? (uint8_t)(tu_randint(0, 0x7e) | (int64_t)(tu_rand() & 0x80)) : 0x7f;
+            for (int g = 0; g < DL / 128; g++) {
+                float sc = used ? (float)tu_uniform(1.0 / 4096, 1.0 / 256) : j % 2 ? NAN : INFINITY;
+                memcpy(e + DL + 4 * g, &sc, 4);
+            }
+            for (int r = 0; r < DR; r++) {
+                uint16_t h = used ? lk_f32_to_bf16((float)tu_uniform(-1, 1)) : 0x7fc0;
+                memcpy(e + DL + DL / 32 + 2 * r, &h, 2);
+            }
+        }
+    /* key 0 of request 1 (page 2, slot 0): tile 1 as the write stores a tile holding inf */
+    float inf = INFINITY, fmin = FLT_MIN, big = 1e37f, sat = 1.0f / 64;
+    for (int d = 128; d < 256; d++) rec[2][0][d] = d % 2 ? 0x80 : 0x00;
+    memcpy(rec[2][0] + DL + 4, &inf, 4);
+    /* key 3 of request 0: tile 0 all zero, s = FLT_MIN; key 4: tile 1 at the max code */
+    for (int d = 0; d < 128; d++) rec[0][3][d] = d % 2 ? 0x80 : 0x00;
+    memcpy(rec[0][3] + DL, &fmin, 4);
+    for (int d = 128; d < 256; d++) rec[0][4][d] = d % 3 ? 0x7e : 0xfe;
+    memcpy(rec[0][4] + DL + 4, &sat, 4);
+    /* key 12 of request 2 (page 5, slot 4; hidden from query 0): tile 0 scaled 1e37 */
+    for (int d = 0; d < 128; d++) rec[5][4][d] = (uint8_t)(tu_randint(0, 0x20) | (int64_t)(tu_rand() & 0x80));
+    memcpy(rec[5][4] + DL, &big, 4);
+    /* the f32 cache of the values */
+    for (int p = 0; p < NB; p++)
+        for (int j = 0; j < BS; j++)
+            for (int e = 0; e < E; e++) {
+                const uint8_t *r = rec[p][j];
+                if (e < DL) {
+                    float sc;
+                    memcpy(&sc, r + DL + 4 * (e / 128), 4);
+                    cf[p][j][e] = lk_f8e4m3_to_f32(r[e]) * sc;
+                } else {
+                    uint16_t h;
+                    memcpy(&h, r + DL + DL / 32 + 2 * (e - DL), 2);
+                    cf[p][j][e] = lk_bf16_to_f32(h);
+                }
+            }
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < SQ; i++)
+            for (int h = 0; h < H; h++)
+                for (int e = 0; e < E; e++)
+                    qb[b][i][h][e] = lk_f32_to_bf16((float)tu_uniform(-1, 1)), qf[b][i][h][e] = lk_bf16_to_f32(qb[b][i][h][e]);
+    lk_tensor tt = lk_tensor_make(table, LK_I32, 2, (int64_t[]){B, MAXP}), tl = t1(lens, LK_I32, B);
+    lk_tensor tds = t3(rec, LK_F8E4M3, NB, BS, EB), tf = t3(cf, LK_F32, NB, BS, E);
+    for (int ii = 0; ii < ni; ii++) {
+        lk_set_isa(isas[ii]);
+        const char *isa = lk_isa_name(isas[ii]);
+        for (int split = 0; split < 2; split++)
+            for (int bf = 0; bf < 2; bf++) {
+                lk_mla_decode_params p = lk_mla_decode_params_default(0.0625f);
+                p.causal = 1;
+                p.split_keys = split ? 4 : 0;
+                lk_tensor tq = lk_tensor_make(bf ? (void *)qb : (void *)qf, bf ? LK_BF16 : LK_F32, 4, (int64_t[]){B, SQ, H, E});
+                int st[2];
+                for (int c = 0; c < 2; c++) { /* c 0: fp8_ds_mla records, 1: the f32 cache */
+                    lk_tensor to = lk_tensor_make(bf ? (void *)ob[c] : (void *)of[c], bf ? LK_BF16 : LK_F32, 4,
+                                                  (int64_t[]){B, SQ, H, DL});
+                    lk_tensor tls = lk_tensor_make(bf ? (void *)lb[c] : (void *)lf[c], LK_F32, 3, (int64_t[]){B, H, SQ});
+                    p.cache_layout = c ? LK_KV_ND : LK_KV_DS_MLA;
+                    p.k_scale = c ? 1.0f : 0.0f; /* not read with fp8_ds_mla */
+                    st[c] = lk_mla_decode(&to, &tls, &tq, c ? &tf : &tds, NULL, &tt, &tl, &p);
+                }
+                int same = st[0] == LK_OK && st[1] == LK_OK &&
+                           (bf ? !memcmp(ob[0], ob[1], sizeof ob[0]) && !memcmp(lb[0], lb[1], sizeof lb[0])
+                               : !memcmp(of[0], of[1], sizeof of[0]) && !memcmp(lf[0], lf[1], sizeof lf[0]));
+                int ok = st[0] == LK_OK;
+                for (int b = 0; b < B; b++)
+                    for (int i = 0; i < SQ; i++)
+                        for (int h = 0; h < H; h++) {
+                            float l = bf ? lb[0][b][h][i] : lf[0][b][h][i];
+                            int hidden_big = b == 2 && i == 1; /* sees key 12 */
+                            ok &= b == 1 ? isnan(l) : b == 3 ? l == -INFINITY : hidden_big || isfinite(l);
+                            for (int d = 0; d < DL; d++) {
+                                float v = bf ? lk_bf16_to_f32(ob[0][b][i][h][d]) : of[0][b][i][h][d];
+                                ok &= b == 1 ? isnan(v) : b == 3 ? is_poszero(v) : hidden_big || isfinite(v);
+                            }
+                        }
+                tu_check(same, "%s mla_decode fp8_ds_mla, %s q / out, %s split: out and lse bit for bit those of an "
+                         "f32 cache of the values (%s, %s)", isa, bf ? "bf16" : "f32", split ? "4-key" : "planned",
+                         lk_status_str(st[0]), lk_status_str(st[1]));
+                tu_check(ok, "%s mla_decode fp8_ds_mla, %s q / out, %s split: an inf tile (0 * inf) makes its request's "
+                         "rows NaN only; a hidden 1e37-scaled key reaches the later query only; NaN codes / scales past "
+                         "cache_seqlens never read; 0 tokens: +0 and lse -inf", isa, bf ? "bf16" : "f32",
+                         split ? "4-key" : "planned");
+                if (!bf && !split) {
+                    if (ii == 0) memcpy(ref_of, of[0], sizeof ref_of);
+                    double err = 0;
+                    for (int b = 0; b < B; b++)
+                        for (int i = 0; i < SQ; i++)
+                            for (int h = 0; h < H; h++)
+                                for (int d = 0; d < DL; d++) {
+                                    float r = ref_of[b][i][h][d];
+                                    if (!isfinite(r) || (b == 2 && i == 1)) continue;
+                                    double e1 = fabs(of[0][b][i][h][d] - r) / (1 + fabs(r));
+                                    if (e1 > err) err = e1;
+                                }
+                    if (ii > 0)
+                        tu_check(err <= 3e-5, "%s mla_decode fp8_ds_mla f32: within 3e-5 of ref (%.3g)", isa, err);
+                }
+            }
+    }
+}
+
 /* ---------------------------------------------------------------- across ISAs */
 
 /* "AVX2 vs AVX-512" in docs/numerics.md: the element-wise ops give the same bits on every
@@ -1859,6 +2160,7 @@ int main(void) {
     test_fp8_cache();
     test_fp8_ops(); /* fp8 cache operators */
     test_mla_rope();
+    test_ds_mla_cache(); /* fp8_ds_mla write and gather */
     test_fp8_act();
     test_fp8_group();
     test_fp8_norm_block();
@@ -1879,6 +2181,7 @@ int main(void) {
     test_mla_fp8();
     test_mla_decode();
     test_mla_decode_fp8();
+    test_ds_mla_decode();
     test_cross_isa();
     lk_set_isa(lk_isa_best());
     return tu_finish("test_numerics");
