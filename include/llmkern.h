@@ -356,7 +356,8 @@ LK_API lk_status lk_concat_and_cache_mla_fp8(const lk_tensor *kv_c, const lk_ten
  *      rotates q and k (k_pe is one head), with positions[t] for token t < T;
  *   2. kv_c [T, Dl] and the rotated k_pe are written to the cache(s) as
  *      lk_concat_and_cache_mla_fp8 writes them (slot_mapping [N <= T], slot < 0 skipped,
- *      ND or NZ, one or two caches, fp8 caches with a per-tensor scale or NULL).
+ *      ND or NZ, one or two caches, fp8 caches with a per-tensor scale or NULL; or one
+ *      LK_KV_DS_MLA record cache, see "fp8_ds_mla caches").
  * Every token's q_pe and k_pe is rotated, a padding token's (slot < 0, or t >= N) too.
  * positions [P >= T] i32/i64 (a padded positions buffer: its first T values are used),
  * each in [0, max_pos); cos_sin_cache [max_pos, rot], rot even and <= Dr (dims [rot, Dr)

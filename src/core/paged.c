@@ -7,7 +7,7 @@ static lk_status paged_init(lk_paged *pc, const lk_tensor *t, lk_kv_layout layou
     lk_status (*check)(const lk_tensor *, const char *, int, int) = fp8_ok ? lk_check_float8 : lk_check_float;
     if (layout == LK_KV_DS_MLA)
         return lk_fail(LK_ERR_VALUE, "layout: LK_KV_DS_MLA (fp8_ds_mla) is an MLA latent cache format, taken by "
-                       "lk_concat_and_cache_mla_fp8, lk_gather_cache_fp8 / _starts and lk_mla_decode only");
+                       "lk_concat_and_cache_mla_fp8 / _rope, lk_gather_cache_fp8 / _starts and lk_mla_decode only");
     if (layout != LK_KV_ND && layout != LK_KV_NZ)
         return lk_fail(LK_ERR_VALUE, "layout: unknown value %d", (int)layout);
     if (layout == LK_KV_ND && t && t->ndim == 3 && H == 1) {

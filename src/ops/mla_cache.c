@@ -99,6 +99,9 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
                            "lk_concat_and_cache_mla_fp8");
         if (k_pe_cache)
             return lk_fail(LK_ERR_VALUE, "k_pe_cache: an fp8_ds_mla cache is one buffer of records (pass NULL)");
+        if (Dl < LK_DS_TILE || Dl % LK_DS_TILE)
+            return lk_fail(LK_ERR_SHAPE, "kv_c: shape %s: fp8_ds_mla needs a latent dim that is a positive multiple "
+                           "of %d", lk_shape_str(&a->kv_c), LK_DS_TILE);
         if ((s = lk_ds_init(&a->kv_c_cache, &a->k_pe_cache, kv_c_cache, Dl, Dr, "kv_c_cache"))) return s;
         a->pe_c0 = 0;
     } else if (k_pe_cache) {
@@ -315,6 +318,9 @@ static lk_status ds_views(lk_gather_cache_args *a, lk_tensor *out, const lk_tens
                        "lk_gather_cache_starts");
     if ((s = lk_check_float(out, "out", 2, 2))) return s;
     if ((s = lk_check_view(cache, "cache", 3, 4))) return s;
+    if (lk_dtype_size(cache->dtype) != 1)
+        return lk_fail(LK_ERR_DTYPE, "cache: dtype %s: an fp8_ds_mla cache holds bytes (f8e4m3 or i8 elements)",
+                       lk_dtype_name(cache->dtype));
     int64_t C = out->shape[1], E = cache->shape[cache->ndim - 1], Dl = -1;
     if (C <= INT64_MAX / 64 && 2 * C >= E && (2 * C - E) * 32 % 31 == 0) Dl = (2 * C - E) * 32 / 31;
     if (Dl < LK_DS_TILE || Dl % LK_DS_TILE || Dl > C)

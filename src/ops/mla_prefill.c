@@ -59,6 +59,9 @@ static lk_status check_shapes(lk_mla_args *a, const lk_tensor *out, const lk_ten
     if (!isfinite(p->scale)) return lk_fail(LK_ERR_VALUE, "params.scale: must be finite, got %g", (double)p->scale);
     if ((int)p->strategy < LK_MLA_AUTO || (int)p->strategy > LK_MLA_ABSORBED)
         return lk_fail(LK_ERR_VALUE, "params.strategy: unknown value %d", (int)p->strategy);
+    if (p->cache_layout == LK_KV_DS_MLA)
+        return lk_fail(LK_ERR_VALUE, "params.cache_layout: LK_KV_DS_MLA (fp8_ds_mla) records are not read by the "
+                       "prefill: gather them (lk_gather_cache_fp8) to a bf16 buffer first");
     if (p->cache_layout != LK_KV_ND && p->cache_layout != LK_KV_NZ)
         return lk_fail(LK_ERR_VALUE, "params.cache_layout: unknown value %d", (int)p->cache_layout);
     if ((s = lk_check_float(q, "q", 3, 3)) || (s = lk_check_float(k, "k", 3, 3)) ||

@@ -239,7 +239,7 @@ static lk_status gather_cache_ds(const lk_gather_cache_args *a) {
     if (a->out.stride[2] != 1 && a->out.shape[2] > 1) return lk_ref_gather_cache_ds(a);
     int64_t B = a->block_table.shape[0];
     int64_t *cum = malloc(sizeof(int64_t) * (size_t)(B + 1));
-    if (!cum) return LK_ERR_NOMEM;
+    if (!cum) return lk_fail(LK_ERR_NOMEM, "out of memory for the gather's row index (%lld requests)", (long long)B);
     cum[0] = 0;
     for (int64_t b = 0; b < B; b++) cum[b + 1] = cum[b] + ((const int32_t *)a->seq_lens.data)[b * a->seq_lens.stride[0]];
     ds_gather_ctx c = {a, cum};
