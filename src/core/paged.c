@@ -71,7 +71,7 @@ void lk_paged_drop_unit_strides(lk_paged *pc) {
 }
 
 lk_status lk_ds_init(lk_paged *lat, lk_paged *rope, const lk_tensor *t, int64_t Dl, int64_t Dr,
-                     const char *name) {
+                     const char *name, const char *dl_name) {
     lk_status s;
     if (!t) return lk_fail(LK_ERR_NULL, "%s: tensor pointer is NULL", name);
     if ((s = lk_check_view(t, name, 3, 4))) return s;
@@ -79,8 +79,8 @@ lk_status lk_ds_init(lk_paged *lat, lk_paged *rope, const lk_tensor *t, int64_t 
         return lk_fail(LK_ERR_DTYPE, "%s: dtype %s: an fp8_ds_mla cache holds bytes (f8e4m3 or i8 elements)", name,
                        lk_dtype_name(t->dtype));
     if (Dl < LK_DS_TILE || Dl % LK_DS_TILE)
-        return lk_fail(LK_ERR_SHAPE, "%s: fp8_ds_mla needs a latent dim that is a positive multiple of %d, got %lld",
-                       name, LK_DS_TILE, (long long)Dl);
+        return lk_fail(LK_ERR_SHAPE, "%s: latent dim %lld: fp8_ds_mla needs a positive multiple of %d (cache %s)",
+                       dl_name, (long long)Dl, LK_DS_TILE, name);
     int64_t E = lk_ds_entry_bytes(Dl, Dr), last = t->ndim - 1;
     if (E < 0) return lk_fail(LK_ERR_OVERFLOW, "%s: entry size overflows int64", name);
     if (t->shape[last] != E || (t->ndim == 4 && t->shape[2] != 1))

@@ -44,9 +44,10 @@ lk_status lk_paged_init8(lk_paged *pc, const lk_tensor *t, lk_kv_layout layout, 
  * the other strides even and data 2-byte aligned. Filled as two ND views of H = 1:
  * lat = the e4m3 codes (D = Dl, byte strides), rope = the bf16 part (D = Dr, data at
  * byte Dl + Dl / 32 of an entry, strides halved). The f32 scale g of an entry lies at
- * byte Dl + 4 g of the entry (lk_ds_scale). Messages name `name`. */
+ * byte Dl + 4 g of the entry (lk_ds_scale). Messages name `name`, a latent dim that is not a
+ * positive multiple of 128 `dl_name` (the argument Dl comes from). */
 lk_status lk_ds_init(lk_paged *lat, lk_paged *rope, const lk_tensor *t, int64_t Dl, int64_t Dr,
-                     const char *name);
+                     const char *name, const char *dl_name);
 
 #define LK_DS_TILE 128 /* latent dims per scale */
 

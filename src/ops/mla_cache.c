@@ -99,10 +99,7 @@ static lk_status check_mla(lk_mla_cache_args *a, const lk_tensor *kv_c_cache,
                            "lk_concat_and_cache_mla_fp8");
         if (k_pe_cache)
             return lk_fail(LK_ERR_VALUE, "k_pe_cache: an fp8_ds_mla cache is one buffer of records (pass NULL)");
-        if (Dl < LK_DS_TILE || Dl % LK_DS_TILE)
-            return lk_fail(LK_ERR_SHAPE, "kv_c: shape %s: fp8_ds_mla needs a latent dim that is a positive multiple "
-                           "of %d", lk_shape_str(&a->kv_c), LK_DS_TILE);
-        if ((s = lk_ds_init(&a->kv_c_cache, &a->k_pe_cache, kv_c_cache, Dl, Dr, "kv_c_cache"))) return s;
+        if ((s = lk_ds_init(&a->kv_c_cache, &a->k_pe_cache, kv_c_cache, Dl, Dr, "kv_c_cache", "kv_c"))) return s;
         a->pe_c0 = 0;
     } else if (k_pe_cache) {
         if ((s = paged_init(fp8, &a->kv_c_cache, kv_c_cache, layout, 1, Dl, "kv_c_cache"))) return s;
@@ -327,7 +324,7 @@ static lk_status ds_views(lk_gather_cache_args *a, lk_tensor *out, const lk_tens
         return lk_fail(LK_ERR_SHAPE, "out: shape %s: %lld dims do not fit the fp8_ds_mla cache %s (entries of "
                        "Dl + Dl / 32 + 2 Dr bytes for Dl + Dr dims, Dl a positive multiple of %d)", lk_shape_str(out),
                        (long long)C, lk_shape_str(cache), LK_DS_TILE);
-    if ((s = lk_ds_init(&a->cache, &a->rope, cache, Dl, C - Dl, "cache"))) return s;
+    if ((s = lk_ds_init(&a->cache, &a->rope, cache, Dl, C - Dl, "cache", "out"))) return s;
     out->ndim = 3; /* [S, C] as [S, 1, C] */
     out->shape[2] = C, out->shape[1] = 1;
     out->stride[2] = out->stride[1], out->stride[1] = 0;

@@ -121,7 +121,7 @@ static lk_status check_cache(lk_mla_decode_args *a, const lk_tensor *kvc, const 
     a->ds = lay == LK_KV_DS_MLA;
     if (a->ds) { /* one buffer of records, seen as two parts: codes (scaled per tile) and bf16 */
         if (kpe) return lk_fail(LK_ERR_VALUE, "k_pe_cache: an fp8_ds_mla cache is one buffer of records (pass NULL)");
-        if ((s = lk_ds_init(&a->lat, &a->rope, kvc, a->Dl, a->Dr, "kv_c_cache"))) return s;
+        if ((s = lk_ds_init(&a->lat, &a->rope, kvc, a->Dl, a->Dr, "kv_c_cache", "out"))) return s;
         a->one_buffer = 0; /* params.k_scale is not read */
     } else if (a->one_buffer) {
         if ((s = lk_paged_init8(&a->lat, kvc, lay, 1, a->Dl + a->Dr, "kv_c_cache"))) return s;
