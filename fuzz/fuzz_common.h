@@ -560,6 +560,48 @@ static void fz_check_slots(fz_world *w, int sm, int64_t n, int64_t nslots) {
     }
 }
 
+/* sv[0, N) = a latent-cache write's slots: distinct slots of a shuffled [0, nslots) with
+ * about a quarter -1 (padding), then maybe one slot copied over another (a duplicate) */
+static void fz_slot_values(fz_world *w, fz_in *in, int64_t *sv, int64_t N, int64_t nslots) {
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
+    if (!perm) abort();
+    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
+    for (int64_t i = nslots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(fz_next(&w->rng) % (uint64_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w->rng) % 4 ? perm[i] : -1;
+    if (N >= 2 && fz_chance(in, 16)) sv[fz_range(in, 0, N - 1)] = sv[fz_range(in, 0, N - 1)];
+    free(perm);
+}
+
+/* c a copy of w before a successful lk_concat_and_cache_mla_rope: its contract's two
+ * steps (lk_rotary_embedding of q_pe and k_pe as [T, 1, Dr] with positions[:T], then
+ * lk_concat_and_cache_mla_fp8) run on c must give w's bytes; at(w, arena, byte) names
+ * where a difference lies (NULL: nothing) */
+static void fz_rope_then_concat(const fz_world *w, fz_world *c, int pos_v, int q_v, int k_v, int cs_v, int neox,
+                                int kv_v, int c0_v, int c1_v, int sm_v, lk_kv_layout layout, int scale_v,
+                                const char *(*at)(const fz_world *, int, size_t)) {
+    lk_tensor pos = c->v[pos_v].t, k3 = c->v[k_v].t;
+    pos.shape[0] = c->v[q_v].t.shape[0]; /* positions[:T] */
+    k3.ndim = 3;                         /* k_pe [T, Dr] as [T, 1, Dr] */
+    k3.shape[2] = k3.shape[1], k3.stride[2] = k3.stride[1];
+    k3.shape[1] = 1, k3.stride[1] = 0;
+    lk_status s = lk_rotary_embedding(&pos, fz_t(c, q_v), &k3, fz_t(c, cs_v), neox);
+    if (s) fz_report(w, "accepted, but lk_rotary_embedding rejects its rope step: %s (%s)", lk_status_str(s),
+                     lk_last_error());
+    s = lk_concat_and_cache_mla_fp8(fz_t(c, kv_v), fz_t(c, k_v), fz_t(c, c0_v), fz_t(c, c1_v),
+                                    fz_t(c, sm_v), layout, fz_t(c, scale_v));
+    if (s) fz_report(w, "accepted, but lk_concat_and_cache_mla_fp8 rejects its cache step: %s (%s)",
+                     lk_status_str(s), lk_last_error());
+    for (int ai = 0; ai < w->na; ai++)
+        for (size_t b = 0; b < w->a[ai].n; b++)
+            if (w->a[ai].p[b] != c->a[ai].p[b])
+                fz_report(w, "%s differs from lk_rotary_embedding + lk_concat_and_cache_mla_fp8 at byte %zu "
+                          "of arena %d (%s): 0x%02x vs 0x%02x", lk_isa_name(lk_isa_current()), b, ai,
+                          at ? at(w, ai, b) : "", w->a[ai].p[b], c->a[ai].p[b]);
+}
+
 /* store n values (a valid pattern), then maybe corrupt one entry from the input
  * (fz_bad_index around [0, hi)); callers re-validate from the stored values */
 static void fz_idx_fill(fz_world *w, fz_in *in, int vi, const int64_t *vals, int64_t n, int64_t hi) {

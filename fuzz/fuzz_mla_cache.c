@@ -144,14 +144,8 @@ static void concat(fz_world *w, fz_in *in, mla_attrs *a) {
         a->c1 = cache_view(w, in, "k_pe_cache", cache_type(in), nz, NB1, bs, 1, Dr, 0);
     }
     a->sm = fz_view_new(w, in, "slot_mapping", fz_u8(in) & 1 ? LK_I64 : LK_I32, 1, &N, FZ_IDX);
-    int64_t nslots = NB * bs, sv[6], perm[16];
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = (int64_t)(fz_next(&w->rng) % (uint64_t)(i + 1)), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
-    for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w->rng) % 4 ? perm[i] : -1;
-    if (N >= 2 && fz_chance(in, 16)) sv[fz_range(in, 0, N - 1)] = sv[fz_range(in, 0, N - 1)];
+    int64_t nslots = NB * bs, sv[6];
+    fz_slot_values(w, in, sv, N, nslots);
     fz_idx_fill(w, in, a->sm, sv, N, nslots);
     fz_check_slots(w, a->sm, N, nslots);
     fz_fill(w, a->kv_c, -4, 4);

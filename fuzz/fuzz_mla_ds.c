@@ -358,14 +358,8 @@ static void fill_kv(fz_world *w, fz_in *in, int vi, int64_t Dl) {
 /* slot_mapping [N]: a permutation of the slots with -1s, a duplicate, a corrupted entry;
  * re-validated from the stored values (LK_ERR_INDEX) */
 static void fill_slots(fz_world *w, fz_in *in, int sm, int64_t N, int64_t nslots) {
-    int64_t sv[64], perm[96];
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = (int64_t)(fz_next(&w->rng) % (uint64_t)(i + 1)), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
-    for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w->rng) % 4 ? perm[i] : -1;
-    if (N >= 2 && fz_chance(in, 16)) sv[fz_range(in, 0, N - 1)] = sv[fz_range(in, 0, N - 1)];
+    int64_t sv[64];
+    fz_slot_values(w, in, sv, N, nslots);
     fz_idx_fill(w, in, sm, sv, N, nslots);
     DETECT(w, LK_ERR_INDEX, "slot_mapping value", fz_check_slots(w, sm, N, nslots));
 }
@@ -549,24 +543,8 @@ static void check_decode(const fz_world *w, fz_world *c, const ds_attrs *a) {
 
 /* the rope op's composition on c (a copy of w before the call) must give w's bytes */
 static void check_rope(const fz_world *w, fz_world *c, const ds_attrs *a) {
-    lk_tensor pos = c->v[a->pos].t, k3 = c->v[a->k_pe].t;
-    pos.shape[0] = c->v[a->q_pe].t.shape[0]; /* positions[:T] */
-    k3.ndim = 3;                             /* k_pe [T, Dr] as [T, 1, Dr] */
-    k3.shape[2] = k3.shape[1], k3.stride[2] = k3.stride[1];
-    k3.shape[1] = 1, k3.stride[1] = 0;
-    lk_status s = lk_rotary_embedding(&pos, fz_t(c, a->q_pe), &k3, fz_t(c, a->cs), a->neox);
-    if (s) fz_report(w, "accepted, but lk_rotary_embedding rejects its rope step: %s (%s)", lk_status_str(s),
-                     lk_last_error());
-    s = lk_concat_and_cache_mla_fp8(fz_t(c, a->kv_c), fz_t(c, a->k_pe), fz_t(c, a->cache), NULL, fz_t(c, a->sm), DS,
-                                    fz_t(c, a->scale));
-    if (s) fz_report(w, "accepted, but lk_concat_and_cache_mla_fp8 rejects its cache step: %s (%s)",
-                     lk_status_str(s), lk_last_error());
-    for (int ai = 0; ai < w->na; ai++)
-        for (size_t b = 0; b < w->a[ai].n; b++)
-            if (w->a[ai].p[b] != c->a[ai].p[b])
-                fz_report(w, "%s differs from lk_rotary_embedding + lk_concat_and_cache_mla_fp8 at byte %zu of "
-                          "arena %d: 0x%02x vs 0x%02x", lk_isa_name(lk_isa_current()), b, ai, w->a[ai].p[b],
-                          c->a[ai].p[b]);
+    fz_rope_then_concat(w, c, a->pos, a->q_pe, a->k_pe, a->cs, a->neox, a->kv_c, a->cache, -1, a->sm, DS, a->scale,
+                        NULL);
 }
 
 /* ---------------------------------------------------------------- the call */

@@ -62,24 +62,8 @@ static const char *view_at(const fz_world *w, int ai, size_t b) {
 /* w after the fused call (LK_OK), c a copy of w before it: the contract's two steps on c
  * must give w's bytes exactly */
 static void oracle(const fz_world *w, fz_world *c, const rope_attrs *a) {
-    lk_tensor pos = c->v[a->pos].t, k3 = c->v[a->k].t;
-    pos.shape[0] = c->v[a->q].t.shape[0]; /* positions[:T] */
-    k3.ndim = 3;                          /* k_pe [T, Dr] as [T, 1, Dr] */
-    k3.shape[2] = k3.shape[1], k3.stride[2] = k3.stride[1];
-    k3.shape[1] = 1, k3.stride[1] = 0;
-    lk_status s = lk_rotary_embedding(&pos, fz_t(c, a->q), &k3, fz_t(c, a->cs), a->neox);
-    if (s) fz_report(w, "accepted, but lk_rotary_embedding rejects its rope step: %s (%s)", lk_status_str(s),
-                     lk_last_error());
-    s = lk_concat_and_cache_mla_fp8(fz_t(c, a->kv), fz_t(c, a->k), fz_t(c, a->c0), fz_t(c, a->c1), fz_t(c, a->sm),
-                                    (lk_kv_layout)a->layout, fz_t(c, a->scale));
-    if (s) fz_report(w, "accepted, but lk_concat_and_cache_mla_fp8 rejects its cache step: %s (%s)",
-                     lk_status_str(s), lk_last_error());
-    for (int ai = 0; ai < w->na; ai++)
-        for (size_t b = 0; b < w->a[ai].n; b++)
-            if (w->a[ai].p[b] != c->a[ai].p[b])
-                fz_report(w, "%s differs from lk_rotary_embedding + lk_concat_and_cache_mla_fp8 at byte %zu "
-                          "of arena %d (%s): 0x%02x vs 0x%02x", lk_isa_name(lk_isa_current()), b, ai, view_at(w, ai, b),
-                          w->a[ai].p[b], c->a[ai].p[b]);
+    fz_rope_then_concat(w, c, a->pos, a->q, a->k, a->cs, a->neox, a->kv, a->c0, a->c1, a->sm, (lk_kv_layout)a->layout,
+                        a->scale, view_at);
 }
 
 static lk_status call(const fz_world *w, const void *ap) {
@@ -333,16 +317,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_fill(&w, a.k, -4, 4);
     fz_fill(&w, a.kv, -4, 4);
     fz_fill(&w, a.cs, -1, 1);
-    int64_t pv[136], sv[136], perm[192], nslots = NB * bs; /* P <= 133, N <= 131, slots <= 12 x 16 */
+    int64_t pv[136], sv[136], nslots = NB * bs; /* P <= 133, N <= 131 */
     for (int64_t t = 0; t < P; t++) pv[t] = max_pos ? (int64_t)(fz_next(&w.rng) % (uint64_t)max_pos) : 0;
     fz_idx_fill(&w, &in, a.pos, pv, P, max_pos);
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = (int64_t)(fz_next(&w.rng) % (uint64_t)(i + 1)), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
-    for (int64_t i = 0; i < N; i++) sv[i] = i < nslots && fz_next(&w.rng) % 4 ? perm[i] : -1;
-    if (N >= 2 && fz_chance(&in, 16)) sv[fz_range(&in, 0, N - 1)] = sv[fz_range(&in, 0, N - 1)];
+    fz_slot_values(&w, &in, sv, N, nslots);
     fz_idx_fill(&w, &in, a.sm, sv, N, nslots);
     scale_fill(&w, &in, a.scale);
     if (fz_usable(&w, a.pos))
