@@ -449,6 +449,26 @@ static lk_status call_mla(const oc_inst *in) {
 
 /* out, lse (optional), q, kv_c_cache, [k_pe_cache (two buffers)], block_table,
  * cache_seqlens; s_q = 2 causal; pages a permutation, unused block_table entries -1 */
+
+/* mla_decode's block_table [B, maxp] i32 (each request's pages drawn from a shuffled
+ * pool of nb, -1 past its last page) and cache_seqlens [B] i64 = lens */
+static void mla_dec_table(oc_inst *in, int64_t B, int64_t maxp, int64_t nb, int64_t bs, const int64_t *lens) {
+    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
+    tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        tu_set(sl, b, (double)lens[b]);
+        for (int64_t i = 0; i < maxp; i++)
+            tu_set(bt, b * maxp + i, i < (lens[b] + bs - 1) / bs ? (double)perm[next++] : -1.0);
+    }
+    free(perm);
+}
+
 static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two, lk_dtype cdt) {
     int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 2, s_q = 2;
     int fp8 = cdt == LK_F8E4M3 || cdt == LK_F8E5M2;
@@ -477,20 +497,7 @@ static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two, lk_
     if (two) in->arg[4].optional = 1; /* NULL selects the one-buffer form (then a shape error) */
     in->arg[3].fp8 = 1;                /* the cache buffers take fp8 (since 0.3) */
     if (two) in->arg[4].fp8 = 1;
-    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
-    tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
-    for (int64_t b = 0; b < B; b++) {
-        tu_set(sl, b, (double)lens[b]);
-        for (int64_t i = 0; i < maxp; i++)
-            tu_set(bt, b * maxp + i, i < (lens[b] + bs - 1) / bs ? (double)perm[next++] : -1.0);
-    }
-    free(perm);
+    mla_dec_table(in, B, maxp, nb, bs, lens);
     in->mla_dec = lk_mla_decode_params_default((float)(1.0 / sqrt((double)E)));
     in->mla_dec.causal = 1;
     in->mla_dec.cache_layout = lay;
@@ -787,20 +794,7 @@ static void make_mla_dec_ds(oc_inst *in, oc_size sz, int f32) {
     if (f32) fill_ds(add(in, "kv_c_cache", LK_F8E4M3, 4, (int64_t[]){nb, bs, 1, ds_entry(Dl, Dr)}, 0, 2), Dl, Dr);
     else fill_ds(add(in, "kv_c_cache", LK_F8E4M3, 3, (int64_t[]){nb, bs, ds_entry(Dl, Dr)}, 0, 2), Dl, Dr);
     in->arg[3].fp8 = in->arg[3].i8 = 1;
-    tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
-    tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
-    for (int64_t b = 0; b < B; b++) {
-        tu_set(sl, b, (double)lens[b]);
-        for (int64_t i = 0; i < maxp; i++)
-            tu_set(bt, b * maxp + i, i < (lens[b] + bs - 1) / bs ? (double)perm[next++] : -1.0);
-    }
-    free(perm);
+    mla_dec_table(in, B, maxp, nb, bs, lens);
     in->mla_dec = lk_mla_decode_params_default((float)(1.0 / sqrt((double)E)));
     in->mla_dec.causal = 1;
     in->mla_dec.cache_layout = LK_KV_DS_MLA;

@@ -84,36 +84,6 @@ static char *elem(const lk_tensor *t, int64_t off) {
     return (char *)t->data + off * (int64_t)lk_dtype_size(t->dtype);
 }
 
-static int same_alloc(const tu_buf *a, const tu_buf *b) {
-    return a->bytes == b->bytes && memcmp(a->base, b->base, a->bytes) == 0;
-}
-
-/* a second allocation with the same layout and the same bytes */
-static tu_buf clone(const tu_buf *a) {
-    tu_buf b = *a;
-    b.base = malloc(a->bytes);
-    b.snap = malloc(a->bytes);
-    b.inview = malloc(a->bytes);
-    memcpy(b.base, a->base, a->bytes);
-    memcpy(b.snap, a->snap, a->bytes);
-    memcpy(b.inview, a->inview, a->bytes);
-    b.t.data = b.base + ((unsigned char *)a->t.data - a->base);
-    return b;
-}
-
-/* distinct random slots in [0, nslots) for N tokens, every 5th (from a random phase) -1 */
-static void random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
-    int64_t *all = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
-    for (int64_t i = 0; i < nslots; i++) all[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = all[i];
-        all[i] = all[j], all[j] = x;
-    }
-    int64_t phase = tu_randint(0, 4);
-    for (int64_t i = 0; i < N; i++) tu_set(sm, i, with_padding && i % 5 == phase ? -1 : (double)all[i]);
-    free(all);
-}
-
 /* prefill-like slots: runs of consecutive slots through pages in shuffled order, with
  * padding tokens and small jumps, so tokens come in groups of consecutive slots that
  * start and end anywhere in a page */
@@ -175,25 +145,25 @@ static void run_mla_case(const mla_case *m) {
     tu_fill_uniform(&kv, -3, 3);
     tu_fill_uniform(&pe, -3, 3);
     if (m->prefill) prefill_slots(&sm, m->N, nb, m->bs);
-    else random_slots(&sm, m->N, nb * m->bs, 1);
+    else tu_random_slots(&sm, m->N, nb * m->bs, 1);
     int64_t D1 = m->two ? m->Dl : m->Dl + m->Dr;
     tcache c1 = make_cache(m->layout, m->ct, nb, m->bs, 1, D1, 0, m->pad, m->perm);
     tcache c2 = m->two ? make_cache(m->layout, m->ct2, nb, m->bs, 1, m->Dr, 0, m->pad, m->perm) : c1;
     tc_fill(&c1, m->bs);
     if (m->two) tc_fill(&c2, m->bs);
     tcache e1 = c1, e2 = c2;
-    e1.b = clone(&c1.b);
-    if (m->two) e2.b = clone(&c2.b);
+    e1.b = tu_clone(&c1.b);
+    if (m->two) e2.b = tu_clone(&c2.b);
     mla_expect(&e1, m->two ? &e2 : NULL, &kv, &pe, &sm, m->Dl);
     tu_buf r1 = {0}, r2 = {0};
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
         tcache w1 = c1, w2 = c2;
-        w1.b = clone(&c1.b);
-        if (m->two) w2.b = clone(&c2.b);
+        w1.b = tu_clone(&c1.b);
+        if (m->two) w2.b = tu_clone(&c2.b);
         tu_snapshot(&kv), tu_snapshot(&pe), tu_snapshot(&sm);
         lk_status st = lk_concat_and_cache_mla(&kv.t, &pe.t, &w1.b.t, m->two ? &w2.b.t : NULL, &sm.t, m->layout);
-        int ok = st == LK_OK && same_alloc(&w1.b, &e1.b) && (!m->two || same_alloc(&w2.b, &e2.b)) &&
+        int ok = st == LK_OK && tu_same_alloc(&w1.b, &e1.b) && (!m->two || tu_same_alloc(&w2.b, &e2.b)) &&
                  tu_intact(&kv) && tu_intact(&pe) && tu_intact(&sm);
         tu_check(ok, "concat_and_cache_mla %s %s %s bs=%lld Dl=%lld Dr=%lld T=%lld N=%lld kv_c=%s k_pe=%s cache=%s/%s pad=%d perm=%d prefill=%d %s",
                  lk_isa_name(isas[ii]), m->layout == LK_KV_NZ ? "NZ" : "ND", m->two ? "two" : "one",
@@ -204,7 +174,7 @@ static void run_mla_case(const mla_case *m) {
             r1 = w1.b;
             r2 = w2.b;
         } else {
-            tu_check(same_alloc(&w1.b, &r1) && (!m->two || same_alloc(&w2.b, &r2)),
+            tu_check(tu_same_alloc(&w1.b, &r1) && (!m->two || tu_same_alloc(&w2.b, &r2)),
                      "concat_and_cache_mla %s == ref bit for bit", lk_isa_name(isas[ii]));
             tu_free(&w1.b);
             if (m->two) tu_free(&w2.b);
@@ -253,14 +223,14 @@ static void test_concat_cases(void) {
         tu_buf pe = tu_alloc(LK_F32, 2, (int64_t[]){5, 16}, 0);
         tu_buf sm = tu_alloc(LK_I64, 1, (int64_t[]){5}, 0);
         tu_fill_uniform(&kv, -1, 1), tu_fill_uniform(&pe, -1, 1);
-        random_slots(&sm, 5, 14, 1);
+        tu_random_slots(&sm, 5, 14, 1);
         tcache c = make_cache(LK_KV_NZ, LK_BF16, 2, 7, 1, 48, 0, 0, 0);
         tc_fill(&c, 7);
         tcache e = c;
-        e.b = clone(&c.b);
+        e.b = tu_clone(&c.b);
         mla_expect(&e, NULL, &kv, &pe, &sm, 32);
         lk_status st = lk_concat_and_cache_mla(&kv.t, &pe.t, &c.b.t, NULL, &sm.t, LK_KV_NZ);
-        tu_check(st == LK_OK && same_alloc(&c.b, &e.b), "concat_and_cache_mla transposed kv_c view");
+        tu_check(st == LK_OK && tu_same_alloc(&c.b, &e.b), "concat_and_cache_mla transposed kv_c view");
         tu_free(&kv), tu_free(&pe), tu_free(&sm), tu_free(&c.b), tu_free(&e.b);
     }
 }
@@ -353,7 +323,7 @@ static void run_gather_case(const gather_case *g) {
                            : tu_alloc(g->ot, 2, (int64_t[]){S, C}, g->pad);
         tu_snapshot(&c.b), tu_snapshot(&bt), tu_snapshot(&sl);
         lk_status st = lk_gather_cache(&o.t, &c.b.t, &bt.t, &sl.t, g->layout);
-        int ok = st == LK_OK && same_alloc(&o, &eo) && !has_nan(&o) && tu_intact(&c.b) && tu_intact(&bt) &&
+        int ok = st == LK_OK && tu_same_alloc(&o, &eo) && !has_nan(&o) && tu_intact(&c.b) && tu_intact(&bt) &&
                  tu_intact(&sl);
         tu_check(ok, "gather_cache %s %s%s out%s bs=%lld H=%lld D=%lld B=%d S=%lld cache=%s out=%s pad=%d perm=%d %s",
                  lk_isa_name(isas[ii]), g->layout == LK_KV_NZ ? "NZ" : "ND", g->layout == LK_KV_NZ ? "" : g->nd4 ? "4" : "3",
@@ -361,7 +331,7 @@ static void run_gather_case(const gather_case *g) {
                  lk_dtype_name(g->ct), lk_dtype_name(g->ot), g->pad, g->perm, lk_last_error());
         if (ii == 0) first = o;
         else {
-            tu_check(same_alloc(&o, &first), "gather_cache %s == ref bit for bit", lk_isa_name(isas[ii]));
+            tu_check(tu_same_alloc(&o, &first), "gather_cache %s == ref bit for bit", lk_isa_name(isas[ii]));
             tu_free(&o);
         }
     }
@@ -422,7 +392,7 @@ static void test_nz_equals_nd(void) {
     tu_buf kv = tu_alloc(LK_BF16, 2, (int64_t[]){T, Dl}, 0), pe = tu_alloc(LK_F32, 2, (int64_t[]){T, Dr}, 0);
     tu_buf sm = tu_alloc(LK_I64, 1, (int64_t[]){T}, 0);
     tu_fill_uniform(&kv, -2, 2), tu_fill_uniform(&pe, -2, 2);
-    random_slots(&sm, T, nb * bs, 0);
+    tu_random_slots(&sm, T, nb * bs, 0);
     tu_buf nd = tu_alloc(LK_BF16, 3, (int64_t[]){nb, bs, C}, 0);
     tu_buf nz = tu_alloc(LK_BF16, 4, (int64_t[]){nb, C / 16, bs, 16}, 0);
     lk_status s1 = lk_concat_and_cache_mla(&kv.t, &pe.t, &nd.t, NULL, &sm.t, LK_KV_ND);
@@ -642,7 +612,7 @@ static void test_threads(void) {
     tu_buf kv = tu_alloc(LK_BF16, 2, (int64_t[]){T, 512}, 0), pe = tu_alloc(LK_BF16, 2, (int64_t[]){T, 64}, 0);
     tu_buf sm = tu_alloc(LK_I32, 1, (int64_t[]){T}, 0);
     tu_fill_uniform(&kv, -2, 2), tu_fill_uniform(&pe, -2, 2);
-    random_slots(&sm, T, nb * bs, 1);
+    tu_random_slots(&sm, T, nb * bs, 1);
     int32_t bt[2][40], sl[2] = {500, 450};
     for (int b = 0; b < 2; b++)
         for (int p = 0; p < 40; p++) bt[b][p] = (int32_t)((b * 40 + p * 7) % nb);
@@ -654,7 +624,7 @@ static void test_threads(void) {
         tu_fill_uniform(&c0, -1, 1);
         for (int nt = 1; nt <= 4; nt++) {
             lk_set_num_threads(nt);
-            tu_buf c = clone(&c0);
+            tu_buf c = tu_clone(&c0);
             tu_buf o = tu_alloc(LK_F32, 2, (int64_t[]){950, C}, 0);
             lk_status s1 = lk_concat_and_cache_mla(&kv.t, &pe.t, &c.t, NULL, &sm.t, (lk_kv_layout)L);
             lk_status s2 = lk_gather_cache(&o.t, &c.t, &tbt, &tsl, (lk_kv_layout)L);
@@ -663,7 +633,7 @@ static void test_threads(void) {
                 tu_check(s1 == LK_OK && s2 == LK_OK, "threads: %s ops succeed", L ? "NZ" : "ND");
                 continue;
             }
-            tu_check(s1 == LK_OK && s2 == LK_OK && same_alloc(&c, &c1) && same_alloc(&o, &o1),
+            tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_alloc(&c, &c1) && tu_same_alloc(&o, &o1),
                      "%s concat + gather bitwise identical with %d threads", L ? "NZ" : "ND", nt);
             tu_free(&c), tu_free(&o);
         }

@@ -86,37 +86,26 @@ static float dec_e4m3(uint8_t c) {
     return (float)(c & 0x80 ? -v : v);
 }
 
-/* bf16 / f16 of an f32 value, round to nearest even, overflow to inf; NaN -> a quiet NaN
- * with the sign (the payload is not part of any contract checked with these) */
-static uint16_t enc_bf16(float f) {
-    uint16_t sign = signbit(f) ? 0x8000 : 0;
-    if (isnan(f)) return (uint16_t)(sign | 0x7fc0);
-    if (isinf(f)) return (uint16_t)(sign | 0x7f80);
+/* a 16-bit float of M mantissa bits, exponent bias B (bf16: 7, 127; f16: 10, 15) of an
+ * f32 value, round to nearest even, overflow to inf; NaN -> a quiet NaN with the sign
+ * (the payload is not part of any contract checked with these) */
+static uint16_t enc16(float f, int M, int B) {
+    uint16_t sign = signbit(f) ? 0x8000 : 0, inf = (uint16_t)(((2 * B + 1) << M));
+    if (isnan(f)) return (uint16_t)(sign | inf | (1 << (M - 1)));
+    if (isinf(f)) return (uint16_t)(sign | inf);
     double a = fabs((double)f);
-    if (a < ldexp(1, -126)) return (uint16_t)(sign | (uint16_t)nearbyint(ldexp(a, 133))); /* step 2^-133 */
+    if (a < ldexp(1, 1 - B)) return (uint16_t)(sign | (uint16_t)nearbyint(ldexp(a, B - 1 + M))); /* subnormal step */
     int e;
     frexp(a, &e);
     e -= 1;
-    double q = nearbyint(ldexp(a, 7 - e)); /* 128 .. 256 */
-    if (q == 256.0) e++, q = 128.0;
-    if (e > 127) return (uint16_t)(sign | 0x7f80);
-    return (uint16_t)(sign | ((e + 127) << 7) | ((int)q - 128));
+    double q = nearbyint(ldexp(a, M - e)); /* 2^M .. 2^(M+1) */
+    if (q == ldexp(1, M + 1)) e++, q = ldexp(1, M);
+    if (e > B) return (uint16_t)(sign | inf);
+    return (uint16_t)(sign | ((e + B) << M) | ((int)q - (1 << M)));
 }
 
-static uint16_t enc_f16(float f) {
-    uint16_t sign = signbit(f) ? 0x8000 : 0;
-    if (isnan(f)) return (uint16_t)(sign | 0x7e00);
-    if (isinf(f)) return (uint16_t)(sign | 0x7c00);
-    double a = fabs((double)f);
-    if (a < ldexp(1, -14)) return (uint16_t)(sign | (uint16_t)nearbyint(ldexp(a, 24))); /* step 2^-24 */
-    int e;
-    frexp(a, &e);
-    e -= 1;
-    double q = nearbyint(ldexp(a, 10 - e)); /* 1024 .. 2048 */
-    if (q == 2048.0) e++, q = 1024.0;
-    if (e > 15) return (uint16_t)(sign | 0x7c00);
-    return (uint16_t)(sign | ((e + 15) << 10) | ((int)q - 1024));
-}
+static uint16_t enc_bf16(float f) { return enc16(f, 7, 127); }
+static uint16_t enc_f16(float f) { return enc16(f, 10, 15); }
 
 static float dec_f16(uint16_t h) {
     int e = (h >> 10) & 31, m = h & 1023;
@@ -225,40 +214,11 @@ static void fill_sentinel(dscache *c) {
     }
 }
 
-static tu_buf clone(const tu_buf *a) {
-    tu_buf b = *a;
-    b.base = malloc(a->bytes);
-    b.snap = malloc(a->bytes);
-    b.inview = malloc(a->bytes);
-    memcpy(b.base, a->base, a->bytes);
-    memcpy(b.snap, a->snap, a->bytes);
-    memcpy(b.inview, a->inview, a->bytes);
-    b.t.data = b.base + ((unsigned char *)a->t.data - a->base);
-    return b;
-}
-
-static int same_alloc(const tu_buf *a, const tu_buf *b) {
-    return a->bytes == b->bytes && memcmp(a->base, b->base, a->bytes) == 0;
-}
-
 /* first differing record byte, for messages */
 static int64_t first_diff(const tu_buf *a, const tu_buf *b) {
     for (size_t i = 0; i < a->bytes; i++)
         if (a->base[i] != b->base[i]) return (int64_t)i - ((unsigned char *)a->t.data - a->base);
     return -1;
-}
-
-/* distinct random slots of [0, nslots), every 5th (random phase) -1 when with_padding */
-static void random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
-    int64_t *all = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
-    for (int64_t i = 0; i < nslots; i++) all[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = all[i];
-        all[i] = all[j], all[j] = x;
-    }
-    int64_t phase = tu_randint(0, 4);
-    for (int64_t i = 0; i < N; i++) tu_set(sm, i, with_padding && i % 5 == phase ? -1 : (double)all[i]);
-    free(all);
 }
 
 /* ---------------------------------------------------------------- write */
@@ -403,18 +363,18 @@ static void run_write(const wcase *m) {
     inputs w = make_inputs(m->in, m->kt, m->pt, m->T, m->Dl, m->Dr);
     fill_inputs(&w, m->T, m->special);
     tu_buf sm = tu_alloc(m->st, 1, (int64_t[]){m->N}, m->in == 1);
-    random_slots(&sm, m->N, nb * m->bs, 1);
+    tu_random_slots(&sm, m->N, nb * m->bs, 1);
     dscache c = ds_alloc(m->ct, nb, m->bs, m->Dl, m->Dr, m->cv);
     fill_sentinel(&c);
-    tu_buf e = clone(&c.b);
+    tu_buf e = tu_clone(&c.b);
     expect_write(&c, &e, &w, &sm);
     tu_snapshot(&w.kvb), tu_snapshot(&sm);
     if (!w.shared) tu_snapshot(&w.peb);
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
-        tu_buf got = clone(&c.b);
+        tu_buf got = tu_clone(&c.b);
         lk_status st = lk_concat_and_cache_mla_fp8(&w.kv, &w.pe, &got.t, NULL, &sm.t, LK_KV_DS_MLA, NULL);
-        int ok = st == LK_OK && same_alloc(&got, &e) && tu_intact(&w.kvb) && tu_intact(&sm) &&
+        int ok = st == LK_OK && tu_same_alloc(&got, &e) && tu_intact(&w.kvb) && tu_intact(&sm) &&
                  (w.shared || tu_intact(&w.peb));
         tu_check(ok, "write %s Dl=%lld Dr=%lld bs=%lld T=%lld N=%lld kv_c=%s k_pe=%s cache=%s %s in=%s slots=%s%s%s: "
                      "status %s, first differing byte %lld %s",
@@ -478,18 +438,18 @@ static void test_write_threads(void) {
     inputs w = make_inputs(0, LK_F32, LK_BF16, T, Dl, Dr);
     fill_inputs(&w, T, 0);
     tu_buf sm = tu_alloc(LK_I64, 1, (int64_t[]){T}, 0);
-    random_slots(&sm, T, nb * bs, 1);
+    tu_random_slots(&sm, T, nb * bs, 1);
     dscache c = ds_alloc(LK_F8E4M3, nb, bs, Dl, Dr, 1);
     fill_sentinel(&c);
-    tu_buf e = clone(&c.b);
+    tu_buf e = tu_clone(&c.b);
     expect_write(&c, &e, &w, &sm);
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
         for (int th = 1; th <= 4; th++) {
             lk_set_num_threads(th);
-            tu_buf got = clone(&c.b);
+            tu_buf got = tu_clone(&c.b);
             lk_status st = lk_concat_and_cache_mla_fp8(&w.kv, &w.pe, &got.t, NULL, &sm.t, LK_KV_DS_MLA, NULL);
-            tu_check(st == LK_OK && same_alloc(&got, &e), "write %s %d threads: T=%lld records as expected (%s)",
+            tu_check(st == LK_OK && tu_same_alloc(&got, &e), "write %s %d threads: T=%lld records as expected (%s)",
                      lk_isa_name(isas[ii]), th, (long long)T, lk_last_error());
             tu_free(&got);
         }
@@ -892,7 +852,7 @@ static void run_decode(const decase *d0, int threads_too) {
             tu_buf o1 = tu_alloc(d->ot, 4, (int64_t[]){d->B, d->s_q, d->H, d->Dl}, d->pad);
             tu_buf l1 = tu_alloc(LK_F32, 3, (int64_t[]){d->B, d->H, d->s_q}, d->pad);
             tu_snapshot(&o1), tu_snapshot(&l1);
-            tu_buf o2 = clone(&o1), l2 = clone(&l1);
+            tu_buf o2 = tu_clone(&o1), l2 = tu_clone(&l1);
             p.cache_layout = LK_KV_DS_MLA;
             lk_status s1 = lk_mla_decode(&o1.t, d->no_lse ? NULL : &l1.t, &z.q.t, &z.c.b.t, NULL, &z.bt.t, &z.sl.t, &p);
             char err[256];
@@ -900,7 +860,7 @@ static void run_decode(const decase *d0, int threads_too) {
             p.cache_layout = LK_KV_ND;
             lk_status s2 = lk_mla_decode(&o2.t, d->no_lse ? NULL : &l2.t, &z.q.t, &z.f32c.t, NULL, &z.bt.t, &z.sl.t, &p);
             int intact = tu_intact(&z.c.b) && tu_intact(&z.q) && tu_intact(&z.bt) && tu_intact(&z.sl);
-            tu_check(s1 == LK_OK && s2 == LK_OK && same_alloc(&o1, &o2) && same_alloc(&l1, &l2) && intact,
+            tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_alloc(&o1, &o2) && tu_same_alloc(&l1, &l2) && intact,
                      "%s [%s%s%s]: out and lse bit for bit those of an f32 cache of the values (status %s / %s %s)",
                      name, lk_isa_name(isas[ii]), th ? ", threads " : "", th ? (char[]){(char)('0' + th), 0} : "",
                      lk_status_str(s1), lk_status_str(s2), err);
@@ -980,7 +940,7 @@ static void run_rope(const rcase *m) {
     posT.shape[0] = m->T;
     tu_buf cs = tu_cos_sin(m->cst, maxpos, m->rot, 0, 0);
     tu_buf sm = tu_alloc(LK_I32, 1, (int64_t[]){m->N}, 0);
-    random_slots(&sm, m->N, nb * m->bs, 1);
+    tu_random_slots(&sm, m->N, nb * m->bs, 1);
     dscache c = ds_alloc(LK_F8E4M3, nb, m->bs, m->Dl, m->Dr, m->cv);
     fill_sentinel(&c);
     tu_saved q0 = tu_save(&q), kv0 = tu_save(&w.kvb), pe0 = tu_save(&w.peb), c0 = tu_save(&c.b);
@@ -994,10 +954,10 @@ static void run_rope(const rcase *m) {
         lk_status s2 = lk_concat_and_cache_mla_fp8(&w.kv, &w.pe, &c.b.t, NULL, &sm.t, LK_KV_DS_MLA, NULL);
         tu_saved qA = tu_save(&q), peA = tu_save(&w.peb), cA = tu_save(&c.b);
         /* the expectation from the rotated k_pe */
-        tu_buf e = clone(&c.b);
+        tu_buf e = tu_clone(&c.b);
         memcpy(e.base, c0.bytes, c0.n);
         expect_write(&c, &e, &w, &sm);
-        int exp_ok = same_alloc(&c.b, &e);
+        int exp_ok = tu_same_alloc(&c.b, &e);
         tu_free(&e);
         /* fused */
         tu_restore(&q, &q0), tu_restore(&w.kvb, &kv0), tu_restore(&w.peb, &pe0), tu_restore(&c.b, &c0);

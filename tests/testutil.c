@@ -138,6 +138,36 @@ void tu_free(tu_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+tu_buf tu_clone(const tu_buf *a) {
+    tu_buf b = *a;
+    b.base = malloc(a->bytes);
+    b.snap = malloc(a->bytes);
+    b.inview = malloc(a->bytes);
+    if (!b.base || !b.snap || !b.inview) abort();
+    memcpy(b.base, a->base, a->bytes);
+    memcpy(b.snap, a->snap, a->bytes);
+    memcpy(b.inview, a->inview, a->bytes);
+    b.t.data = b.base + ((unsigned char *)a->t.data - a->base);
+    return b;
+}
+
+int tu_same_alloc(const tu_buf *a, const tu_buf *b) {
+    return a->bytes == b->bytes && memcmp(a->base, b->base, a->bytes) == 0;
+}
+
+void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
+    if (!all) abort();
+    for (int64_t i = 0; i < nslots; i++) all[i] = i;
+    for (int64_t i = nslots - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = all[i];
+        all[i] = all[j], all[j] = x;
+    }
+    int64_t phase = tu_randint(0, 4);
+    for (int64_t i = 0; i < N; i++) tu_set(sm, i, with_padding && i % 5 == phase ? -1 : (double)all[i]);
+    free(all);
+}
+
 int64_t tu_numel(const tu_buf *b) {
     int64_t n = 1;
     for (int d = 0; d < b->t.ndim; d++) n *= b->t.shape[d];

@@ -51,6 +51,13 @@ tu_buf tu_alloc(lk_dtype dt, int ndim, const int64_t *shape, int pad);
  * i-th outermost), e.g. perm {1, 0} for a transposed 2-D view. */
 tu_buf tu_alloc_perm(lk_dtype dt, int ndim, const int64_t *shape, const int *perm, int pad);
 void tu_free(tu_buf *b);
+/* a second allocation with the same layout, bytes, snapshot and view map (tu_free it) */
+tu_buf tu_clone(const tu_buf *a);
+/* the two whole allocations (padding included) hold the same bytes */
+int tu_same_alloc(const tu_buf *a, const tu_buf *b);
+/* slot_mapping sm[0, N) = distinct random slots of [0, nslots) (N <= nslots), every 5th
+ * (from a random phase) -1 when with_padding */
+void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding);
 /* a [R, D] view: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1 (stored
  * transposed) */
 tu_buf tu_alloc_rows(lk_dtype dt, int64_t R, int64_t D, int layout);

@@ -79,3 +79,22 @@ def usable_isas(lk):
     chains = [["ref", "avx2", "avx512", "avx512bf16", "amx"], ["ref", "neon"]]
     chain = [c for c in chains if lk.best_isa() in c][0]
     return chain[:chain.index(lk.best_isa()) + 1]
+
+
+def ref_mla(q, entries, lens, dl, scale, causal):
+    """q [B, s_q, H, E] float64, entries[b] [len_b, E] -> out [B, s_q, H, Dl], lse [B, H, s_q]"""
+    b_, sq, h, _ = q.shape
+    out = np.zeros((b_, sq, h, dl))
+    lse = np.full((b_, h, sq), -np.inf)
+    for b in range(b_):
+        for i in range(sq):
+            lim = max(0, lens[b] - sq + i + 1) if causal else lens[b]
+            if lim == 0:
+                continue
+            e = entries[b][:lim]
+            s = q[b, i] @ e.T * scale  # [H, lim]
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            out[b, i] = p @ e[:, :dl] / p.sum(axis=1, keepdims=True)
+            lse[b, :, i] = (m[:, 0] + np.log(p.sum(axis=1)))
+    return out, lse

@@ -16,7 +16,7 @@ import pytest
 
 import llmkern as lk
 from llmkern import ops
-from helpers import close, f64, torch_or_skip
+from helpers import close, f64, ref_mla, torch_or_skip
 
 ml = pytest.importorskip("ml_dtypes")
 E4, BF16 = ml.float8_e4m3fn, ml.bfloat16
@@ -442,25 +442,6 @@ def test_gather_and_maybe_dequant_ds(rng):
 
 
 # ---------------------------------------------------------------- FlashMLA decode
-
-
-def ref_mla(q, entries, lens, dl, scale, causal):
-    """q [B, s_q, H, E] float64, entries[b] [len_b, E] -> out [B, s_q, H, Dl], lse [B, H, s_q]"""
-    b_, sq, h, _ = q.shape
-    out = np.zeros((b_, sq, h, dl))
-    lse = np.full((b_, h, sq), -np.inf)
-    for b in range(b_):
-        for i in range(sq):
-            lim = max(0, lens[b] - sq + i + 1) if causal else lens[b]
-            if lim == 0:
-                continue
-            e = entries[b][:lim]
-            s = q[b, i] @ e.T * scale
-            m = s.max(axis=1, keepdims=True)
-            p = np.exp(s - m)
-            out[b, i] = p @ e[:, :dl] / p.sum(axis=1, keepdims=True)
-            lse[b, :, i] = m[:, 0] + np.log(p.sum(axis=1))
-    return out, lse
 
 
 def f32_twin(cache, dl):

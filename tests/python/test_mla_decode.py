@@ -6,26 +6,7 @@ import numpy as np
 import pytest
 
 import llmkern as lk
-from helpers import close, f64, to_nz, torch_or_skip
-
-
-def ref_mla(q, entries, lens, dl, scale, causal):
-    """q [B, s_q, H, E] float64, entries[b] [len_b, E] -> out [B, s_q, H, Dl], lse [B, H, s_q]"""
-    b_, sq, h, _ = q.shape
-    out = np.zeros((b_, sq, h, dl))
-    lse = np.full((b_, h, sq), -np.inf)
-    for b in range(b_):
-        for i in range(sq):
-            lim = max(0, lens[b] - sq + i + 1) if causal else lens[b]
-            if lim == 0:
-                continue
-            e = entries[b][:lim]
-            s = q[b, i] @ e.T * scale  # [H, lim]
-            m = s.max(axis=1, keepdims=True)
-            p = np.exp(s - m)
-            out[b, i] = p @ e[:, :dl] / p.sum(axis=1, keepdims=True)
-            lse[b, :, i] = (m[:, 0] + np.log(p.sum(axis=1)))
-    return out, lse
+from helpers import close, f64, ref_mla, to_nz, torch_or_skip
 
 
 def make(rng, lens, sq=1, h=4, dl=64, dr=16, bs=16, dtype=np.float32):
