@@ -8,6 +8,7 @@ head_size reshapes) and read-only NumPy outputs. Nothing is copied.
 """
 import math
 import re
+import struct
 
 import numpy as np
 
@@ -2284,15 +2285,23 @@ def mla_last_trace():
 # ---------------------------------------------------------------- MLA decode (FlashMLA)
 
 
-def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
+def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads_q=None, is_fp8_kvcache=False,
+                     topk=None):
     """FlashMLA's planning call for flash_mla_with_kvcache. Returns
     (tile_scheduler_metadata, num_splits), int32 arrays like cache_seqlens (NumPy or
     torch): tile_scheduler_metadata [1, 8] holds the keys per split-KV chunk at [0, 0]
     (what lk_mla_decode_plan picks for these lengths; the rest is 0), num_splits [B + 1]
     the cumulative chunk counts (request b has num_splits[b + 1] - num_splits[b]). The
-    split depends only on the lengths, never on the thread count; the head counts are
-    accepted for compatibility and do not change it."""
-    del num_heads_per_head_k, num_heads_k
+    split depends only on the lengths, never on the thread count; the head counts and
+    is_fp8_kvcache (FlashMLA's newer signature) are accepted for compatibility and do not
+    change it. topk (sparse decode with indices): each request's keys are at most topk,
+    so the plan is made for the lengths min(cache_seqlens, topk)."""
+    del num_heads_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache
+    as_torch = L.is_torch(cache_seqlens)
+    if topk is not None:
+        if not _is_int(topk) or topk < 0:
+            raise ValueError("topk: %r, expected an int >= 0 (or None)" % (topk,))
+        cache_seqlens = np.minimum(np.asarray(_to_numpy(cache_seqlens, "cache_seqlens"), np.int64), int(topk))
     split = L.ctypes.c_int64(0)
     s = L.mla_decode_plan(_view(cache_seqlens, "cache_seqlens"), L.ctypes.byref(split))
     if s:
@@ -2302,7 +2311,7 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
     meta = np.zeros((1, 8), np.int32)
     meta[0, 0] = split.value
     splits = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
-    if L.is_torch(cache_seqlens):
+    if as_torch:
         import torch
         return torch.from_numpy(meta), torch.from_numpy(splits)
     return meta, splits
@@ -2327,10 +2336,143 @@ def _mla_cache_view(x, name, fp8_dt, is_fp8):
     return L.fp8_view(x, name, L.F8E4M3)
 
 
+# ---- FlashMLA's token-level sparse decode (indices [B, s_q, topk]; DeepSeek-V3.2): a
+# composition over lk_mla_decode. The paged cache [blocks, page, (1,) E] is seen as a cache
+# of one-slot pages [blocks * page, 1, (1,) E] (a view: the block stride must be page x the
+# slot stride), every query row (b, i) as a request of its own with s_q = 1 whose block
+# table lists its valid indices in order (entries past its count are never read).
+
+_LK_TENSOR = struct.Struct("@Pii%dq%dq" % (L.MAX_DIMS, L.MAX_DIMS))  # the bytes L.pack makes
+
+
+def _unpack(v):
+    """(data pointer, lk dtype, shape, element strides) of a packed lk_tensor."""
+    f = _LK_TENSOR.unpack(v)
+    nd, m = f[2], L.MAX_DIMS
+    return f[0], f[1], tuple(f[3:3 + nd]), tuple(f[3 + m:3 + m + nd])
+
+
+def _merge_rows(v, name):
+    """A packed [A, S, ...] as [A * S, 1, ...] over the same memory (row a * S + s at
+    (a, s)), or None when the strides do not allow it."""
+    p, dt, shape, st = _unpack(v)
+    a, s = shape[0], shape[1]
+    if s == 1:
+        return v
+    if a > 1 and s > 0 and st[0] != s * st[1]:
+        return None
+    return L.pack(p, dt, (a * s, 1) + shape[2:], (st[1], st[1]) + st[2:], name)
+
+
+def _merge_lse(v, name):
+    """A packed lse [B, H, S] as [B * S, H, 1] (row b * S + i at (b, :, i)), or None."""
+    p, dt, (b, h, s), st = _unpack(v)
+    if s == 1:
+        return v
+    if b > 1 and st[0] != s * st[2]:
+        return None
+    return L.pack(p, dt, (b * s, h, 1), (st[2], st[1], st[2]), name)
+
+
+def _sparse_rows(indices, b, sq, slots):
+    """indices [b, sq, topk] int32 -> (block_table [b * sq, max(topk, 1)], cache_seqlens
+    [b * sq]) int32 of one-slot pages: row r = b * sq + i lists its entries >= 0 in order,
+    -1 past them. Entries < -1 or >= slots are an IndexError."""
+    _, dt, shape, _ = L.info(indices, "indices")  # device / type errors name indices
+    if dt != L.I32:
+        raise TypeError("indices: dtype %s, expected int32 (FlashMLA's)" % (indices.dtype,))
+    if len(shape) != 3:
+        raise ValueError("indices: shape %s, expected [batch_size, seq_len_q, topk]" % (tuple(shape),))
+    if (int(shape[0]), int(shape[1])) != (b, sq):
+        raise ValueError("indices: shape %s, expected [%d, %d, topk] (q's batch_size and seq_len_q)"
+                         % (tuple(shape), b, sq))
+    topk = int(shape[2])
+    idx = np.asarray(indices.numpy() if L.is_torch(indices) else indices).reshape(b * sq, topk)
+    bad = np.argwhere((idx < -1) | (idx >= slots))
+    if len(bad):
+        r, k = (int(x) for x in bad[0])
+        raise IndexError("indices: entry [%d, %d, %d] = %d outside [-1, %d) (-1: invalid; else a cache slot "
+                         "page * page_block_size + offset < num_blocks x page_block_size)"
+                         % (r // max(sq, 1), r % max(sq, 1), k, int(idx[r, k]), slots))
+    valid = idx >= 0
+    if topk == 0:
+        table = np.full((b * sq, 1), -1, np.int32)
+    else:
+        table = np.take_along_axis(idx, np.argsort(~valid, axis=1, kind="stable"), axis=1)
+    return np.ascontiguousarray(table, np.int32), valid.sum(axis=1, dtype=np.int64).astype(np.int32)
+
+
+def _sparse_cache(v, x, name):
+    """The one-slot-page view [blocks * page, 1, (1,) E] of a packed ND cache x."""
+    if v is None:
+        return None
+    if len(x.shape) not in (3, 4):
+        raise ValueError("%s: shape %s, expected [num_blocks, page_block_size, (1,) E] with indices"
+                         % (name, tuple(x.shape)))
+    m = _merge_rows(v, name)
+    if m is None:
+        _, _, shape, st = _unpack(v)
+        raise ValueError("%s: block stride %d is not page_block_size (%d) x the slot stride (%d): indices "
+                         "address the cache by slot (page * page_block_size + offset) and need its pages "
+                         "contiguous, one after another (vLLM's layout)" % (name, st[0], shape[1], st[1]))
+    return m
+
+
+def _flash_mla_sparse(indices, q, kc, pc, k_cache, k_pe_cache, out, lse, dl, causal, nz):
+    """The arguments of the lk_mla_decode call of a sparse decode: the views (out, lse, q,
+    kv_c_cache, k_pe_cache, block_table, cache_seqlens), the arrays they point into that
+    must outlive the call, and finish(), which copies the results into out / lse where
+    they could not be viewed (after a successful call). Every check is made here, before
+    anything is written."""
+    if causal:
+        raise ValueError("causal: must be False with indices (each query token attends exactly to its indices)")
+    if nz:
+        raise ValueError("kv_layout: 'NZ': indices need kv_layout 'ND' (the cache is addressed by slot)")
+    b, sq, h = (int(n) for n in q.shape[:3])
+    if tuple(out.shape) != (b, sq, h, dl):
+        raise ValueError("out: shape %s, expected [%d, %d, %d, %d]" % (tuple(out.shape), b, sq, h, dl))
+    if tuple(lse.shape) != (b, h, sq):
+        raise ValueError("softmax_lse: shape %s, expected [%d, %d, %d]" % (tuple(lse.shape), b, h, sq))
+    if k_pe_cache is not None and tuple(k_pe_cache.shape[:2]) != tuple(k_cache.shape[:2]):
+        raise ValueError("k_pe_cache: pages %s differ from k_cache's %s"
+                         % (tuple(k_pe_cache.shape[:2]), tuple(k_cache.shape[:2])))
+    kc1, pc1 = _sparse_cache(kc, k_cache, "k_cache"), _sparse_cache(pc, k_pe_cache, "k_pe_cache")
+    slots = int(k_cache.shape[0]) * int(k_cache.shape[1])
+    table, lens = _sparse_rows(indices, b, sq, slots)
+    qc = q
+    qv = _merge_rows(_view(q, "q"), "q")
+    if qv is None:  # a strided q: its rows copied together
+        qc = q.contiguous() if L.is_torch(q) else np.ascontiguousarray(q)
+        qv = _merge_rows(_view(qc, "q"), "q")
+    ov, lv = _merge_rows(_out(out, "out"), "out"), _merge_lse(_out(lse, "softmax_lse"), "softmax_lse")
+    if lv is None and L.info(lse, "softmax_lse")[1] != L.F32:
+        raise TypeError("softmax_lse: dtype %s, expected float32" % (lse.dtype,))
+    tmp_o = _empty(out, (b * sq, 1, h, dl)) if ov is None else None
+    tmp_l = _empty(lse, (b * sq, h, 1), f32=True) if lv is None else None
+    if tmp_o is not None:
+        ov = _view(tmp_o, "out")
+    if tmp_l is not None:
+        lv = _view(tmp_l, "softmax_lse")
+
+    def finish():
+        if tmp_o is not None:
+            if L.is_torch(out):
+                out.copy_(tmp_o.view(b, sq, h, dl))
+            else:
+                out[...] = tmp_o.reshape(b, sq, h, dl)
+        if tmp_l is not None:
+            if L.is_torch(lse):
+                lse.copy_(tmp_l.view(b, sq, h).permute(0, 2, 1))
+            else:
+                lse[...] = tmp_l.reshape(b, sq, h).transpose(0, 2, 1)
+
+    return (ov, lv, qv, kc1, pc1, _view(table, "block_table"), _view(lens, "cache_seqlens")), (table, lens, qc), finish
+
+
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                            num_splits, softmax_scale=None, causal=False, descale_q=None, descale_k=None,
-                           is_fp8_kvcache=False, *, out=None, softmax_lse=None, kv_layout="ND", k_pe_cache=None,
-                           kv_cache_dtype="auto"):
+                           is_fp8_kvcache=False, indices=None, *, out=None, softmax_lse=None, kv_layout="ND",
+                           k_pe_cache=None, kv_cache_dtype="auto"):
     """FlashMLA's decode: absorbed MLA attention in latent space over the paged latent
     cache, every head sharing each entry (K = the entry, V = its first head_dim_v dims).
     q [B, s_q, H, Dl + Dr] (q_nope W_UK | q_rope); k_cache [blocks, page, 1, Dl + Dr]
@@ -2364,7 +2506,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     above). The record cache is [blocks, page, 1, E] or [blocks, page, E], kv_layout 'ND';
     k_pe_cache and descale_k must be None (ValueError naming them: the scales are in the
     records); descale_q still scales the scores. out and softmax_lse are bit for bit those
-    of an f32 cache holding the entries' values."""
+    of an f32 cache holding the entries' values.
+    Token-level sparse decode (FlashMLA's `indices`, DeepSeek-V3.2): indices int32
+    [B, s_q, topk] lists for query token i of request b the cache slots it attends,
+    page * page_block_size + offset (-1: skipped; a duplicate counts twice; < -1 or
+    >= num_blocks * page_block_size: IndexError), shared by its heads, with causal=False
+    (no mask), block_table and cache_seqlens unread (may be None), any cache form above in
+    kv_layout 'ND' whose blocks lie page_block_size slots apart (ValueError otherwise), a
+    token without a valid index getting zeros and lse -inf, and out / softmax_lse bit for
+    bit those of the dense decode of one s_q = 1 request per query token over a cache
+    holding its listed keys in order."""
     if kv_cache_dtype != _DS_NAME:
         lay = _layout(kv_layout)
     fp8_dt = _FP8_KV.get(kv_cache_dtype)
@@ -2411,8 +2562,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if not ds:
         kc = _mla_cache_view(k_cache, "k_cache", fp8_dt, is_fp8_kvcache)
         pc = _mla_cache_view(k_pe_cache, "k_pe_cache", fp8_dt, is_fp8_kvcache)
-    s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "softmax_lse"), _view(q, "q"), kc, pc,
-                     _view(block_table, "block_table"), _view(cache_seqlens, "cache_seqlens"), params)
+    if indices is None:
+        s = L.mla_decode(_out(out, "out"), _out(softmax_lse, "softmax_lse"), _view(q, "q"), kc, pc,
+                         _view(block_table, "block_table"), _view(cache_seqlens, "cache_seqlens"), params)
+    else:
+        views, keep, finish = _flash_mla_sparse(indices, q, kc, pc, k_cache, k_pe_cache, out, softmax_lse, dl,
+                                                causal, not ds and lay == L.LAYOUTS["NZ"])
+        s = L.mla_decode(*views, params)
+        if not s:
+            finish()
+        del keep
     if s:
         _raise_as(s, {"kv_c_cache": "k_cache", "lse": "softmax_lse", "params.scale": "softmax_scale * descale_q",
                       "params.k_scale": "descale_k",

@@ -5,8 +5,8 @@ Schemas are vLLM's `_C` / `_C_cache_ops` ones where vLLM has the op (the same ar
 names, order, defaults and mutation marks: `Tensor!` is written in place), so a model that
 calls torch.ops._C.rms_norm(...) can call torch.ops.llmkern.rms_norm(...) instead; the
 flash-attention entry points, MLA prefix prefill, and FlashMLA's decode
-flash_mla_with_kvcache (FlashMLA's argument order with descale_q / descale_k / is_fp8_kvcache,
-then llmkern's kv_layout / k_pe_cache / kv_cache_dtype;
+flash_mla_with_kvcache (FlashMLA's argument order with descale_q / descale_k / is_fp8_kvcache /
+indices, then llmkern's kv_layout / k_pe_cache / kv_cache_dtype;
 tile_scheduler_metadata / num_splits may be None: planned inside the op) with its planning
 call get_mla_metadata are functional ops returning new tensors (get_mla_metadata's outputs
 have static shapes, [1, 8] and [B + 1] int32, so it traces like the others). Every op has
@@ -297,23 +297,24 @@ _register("mla_prefix_prefill",
 
 def _mla_decode_impl(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                      softmax_scale=None, causal=False, descale_q=None, descale_k=None, is_fp8_kvcache=False,
-                     kv_layout="ND", k_pe_cache=None, kv_cache_dtype="auto"):
+                     indices=None, kv_layout="ND", k_pe_cache=None, kv_cache_dtype="auto"):
     return _ops.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                        num_splits, softmax_scale, causal, descale_q, descale_k, is_fp8_kvcache,
-                                       kv_layout=kv_layout, k_pe_cache=k_pe_cache, kv_cache_dtype=kv_cache_dtype)
+                                       indices, kv_layout=kv_layout, k_pe_cache=k_pe_cache,
+                                       kv_cache_dtype=kv_cache_dtype)
 
 
 def _mla_decode_fake(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                      softmax_scale=None, causal=False, descale_q=None, descale_k=None, is_fp8_kvcache=False,
-                     kv_layout="ND", k_pe_cache=None, kv_cache_dtype="auto"):
+                     indices=None, kv_layout="ND", k_pe_cache=None, kv_cache_dtype="auto"):
     B, sq, H = q.shape[0], q.shape[1], q.shape[2]
     return q.new_empty((B, sq, H, head_dim_v)), q.new_empty((B, H, sq), dtype=torch.float32)
 
 
 _register("flash_mla_with_kvcache",
-          "(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, int head_dim_v, "
+          "(Tensor q, Tensor k_cache, Tensor? block_table, Tensor? cache_seqlens, int head_dim_v, "
           "Tensor? tile_scheduler_metadata, Tensor? num_splits, float? softmax_scale=None, bool causal=False, "
-          "Tensor? descale_q=None, Tensor? descale_k=None, bool is_fp8_kvcache=False, "
+          "Tensor? descale_q=None, Tensor? descale_k=None, bool is_fp8_kvcache=False, Tensor? indices=None, "
           "str kv_layout=\"ND\", Tensor? k_pe_cache=None, str kv_cache_dtype=\"auto\") -> (Tensor, Tensor)",
           _mla_decode_impl, _mla_decode_fake)
 

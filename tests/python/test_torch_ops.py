@@ -3,7 +3,8 @@ vLLM's schemas; torch.library.opcheck on each (schema / mutation marks, fake ten
 autograd registration, AOT dispatch) and a model calling them under
 torch.compile(fullgraph=True) on the CPU, against the eager results; FlashMLA's decode
 (get_mla_metadata + flash_mla_with_kvcache, bf16 / f32, s_q 1 and 2 causal, ND paged
-cache) bit for bit against the binding's call, eager and compiled."""
+cache; the sparse form with indices is opchecked here, tested in test_flash_mla_sparse.py)
+bit for bit against the binding's call, eager and compiled."""
 import math
 
 import numpy as np
@@ -171,6 +172,9 @@ def cases():
         for sq, causal in ((1, False), (2, True)):
             c.append(("flash_mla_with_kvcache", mla_decode_args(dt, sq), {"causal": causal}))
     c.append(("flash_mla_with_kvcache", mla_decode_args(torch.float32, 1)[:5] + (None, None), {}))  # planned in the op
+    sparse = torch.tensor([[[3, -1, 17, 3]], [[-1, -1, -1, -1]], [[0, 23, 5, -1]]], dtype=torch.int32)
+    c.append(("flash_mla_with_kvcache", mla_decode_args(torch.bfloat16, 1)[:2] + (None, None, 32, None, None),
+              {"indices": sparse}))  # FlashMLA's sparse decode: block_table / cache_seqlens None
     c.append(("get_mla_metadata", (torch.tensor([37, 0, 700], dtype=torch.int32), 8, 1), {}))
     return c
 
