@@ -450,6 +450,19 @@ static lk_status call_mla(const oc_inst *in) {
 /* out, lse (optional), q, kv_c_cache, [k_pe_cache (two buffers)], block_table,
  * cache_seqlens; s_q = 2 causal; pages a permutation, unused block_table entries -1 */
 
+/* pages of an mla_decode pool for requests of lens[b] keys in pages of bs: returns their
+ * count + 2 (unused pages), *maxp = the longest request's pages + 1 (a -1 entry past it) */
+static int64_t mla_dec_pages(const int64_t *lens, int64_t B, int64_t bs, int64_t *maxp) {
+    int64_t pages = 0;
+    *maxp = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t np = (lens[b] + bs - 1) / bs;
+        pages += np;
+        if (np + 1 > *maxp) *maxp = np + 1;
+    }
+    return pages + 2;
+}
+
 /* mla_decode's block_table [B, maxp] i32 (each request's pages drawn from a shuffled
  * pool of nb, -1 past its last page) and cache_seqlens [B] i64 = lens */
 static void mla_dec_table(oc_inst *in, int64_t B, int64_t maxp, int64_t nb, int64_t bs, const int64_t *lens) {
@@ -473,13 +486,8 @@ static void make_mla_dec(oc_inst *in, oc_size sz, lk_kv_layout lay, int two, lk_
     int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 2, s_q = 2;
     int fp8 = cdt == LK_F8E4M3 || cdt == LK_F8E5M2;
     int64_t Dl = sz == OC_LARGE ? 512 : 32, Dr = sz == OC_LARGE ? 64 : fp8 ? 32 : 16, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
-    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0, pages = 0;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t np = (lens[b] + bs - 1) / bs;
-        pages += np;
-        if (np + 1 > maxp) maxp = np + 1;
-    }
-    int64_t nb = pages + 2;
+    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0;
+    int64_t nb = mla_dec_pages(lens, B, bs, &maxp);
     add(in, "out", LK_BF16, 4, (int64_t[]){B, s_q, H, Dl}, 1, 1);
     add(in, "lse", LK_F32, 3, (int64_t[]){B, H, s_q}, 1, 0);
     in->arg[1].optional = 1;
@@ -779,14 +787,9 @@ static lk_status call_gather_starts_ds(const oc_inst *in) {
 static void make_mla_dec_ds(oc_inst *in, oc_size sz, int f32) {
     int64_t B = sz == OC_LARGE ? 3 : 2, H = sz == OC_LARGE ? 16 : sz ? 8 : 3, s_q = 2;
     int64_t Dl = sz == OC_LARGE ? 512 : 256, Dr = sz == OC_LARGE ? 64 : 32, E = Dl + Dr, bs = sz == OC_LARGE ? 16 : 4;
-    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0, pages = 0;
+    int64_t lens[3] = {sz == OC_LARGE ? 700 : 5, sz == OC_LARGE ? 300 : 3, 1200}, maxp = 0;
     lk_dtype dt = f32 ? LK_F32 : LK_BF16;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t np = (lens[b] + bs - 1) / bs;
-        pages += np;
-        if (np + 1 > maxp) maxp = np + 1;
-    }
-    int64_t nb = pages + 2;
+    int64_t nb = mla_dec_pages(lens, B, bs, &maxp);
     add(in, "out", dt, 4, (int64_t[]){B, s_q, H, Dl}, 1, 1);
     add(in, "lse", LK_F32, 3, (int64_t[]){B, H, s_q}, 1, 0);
     in->arg[1].optional = 1;

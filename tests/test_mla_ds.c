@@ -389,9 +389,11 @@ static void run_write(const wcase *m) {
     free_inputs(&w);
 }
 
+/* the write and gather grids: latent and rope dims, page sizes, float dtypes */
+static const int64_t Dls[3] = {128, 256, 512}, Drs[4] = {0, 1, 7, 64}, bss[4] = {1, 7, 16, 128};
+static const lk_dtype fl[3] = {LK_F32, LK_F16, LK_BF16};
+
 static void test_write(void) {
-    const int64_t Dls[3] = {128, 256, 512}, Drs[4] = {0, 1, 7, 64}, bss[4] = {1, 7, 16, 128};
-    const lk_dtype fl[3] = {LK_F32, LK_F16, LK_BF16};
     int k = 0;
     /* every Dl x Dr, the other parameters cycling; plain and special values */
     for (int a = 0; a < 3; a++)
@@ -670,8 +672,6 @@ static void test_gather_threads(void) {
 }
 
 static void test_gather(void) {
-    const int64_t Dls[3] = {128, 256, 512}, Drs[4] = {0, 1, 7, 64}, bss[4] = {1, 7, 16, 128};
-    const lk_dtype fl[3] = {LK_F32, LK_F16, LK_BF16};
     int k = 0;
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 4; b++)
