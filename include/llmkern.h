@@ -426,7 +426,10 @@ LK_API lk_status lk_gather_cache_starts(const lk_tensor *out, const lk_tensor *c
  * 128 with Dr >= 0), scale not read; indices as lk_gather_cache. lk_mla_decode with
  * params.cache_layout LK_KV_DS_MLA: kv_c_cache the record cache, k_pe_cache NULL,
  * Dl from out and Dr from q (E must match), params.k_scale not read; out and lse are bit
- * for bit those of an f32 cache holding the values e on the same ISA. */
+ * for bit those of an f32 cache holding the values e on the same ISA, except on the bf16
+ * dot-product path (the avx512bf16 row with bf16 q and out, docs/numerics.md), where each
+ * tile's score part is its scale times f32 sums of exact bf16 products and P . V takes P
+ * times the tile's scale rounded to bf16: within that path's bound of the f32 cache's. */
 
 /* vLLM's convert_fp8: dst and src of one shape (any rank 0..LK_MAX_DIMS, any strides),
  * exactly one of them fp8: src fp8 -> dst f32/f16/bf16 = f32(q) * scale rounded once;

@@ -28,7 +28,12 @@
  *    contiguous, padded with garbage between rows, or transposed; 1..4 threads;
  *  - decode (lk_mla_decode, cache_layout LK_KV_DS_MLA): out and lse bit for bit those of
  *    the same call on an f32 ND cache holding the dequantized values (the documented
- *    contract), and within tolerance of float64 attention over those values; s_q 1 / 2
+ *    contract), and within tolerance of float64 attention over those values; on the bf16
+ *    dot-product path (avx512bf16 with bf16 q and out, run with both lk_cpu_prefer_fma
+ *    answers) within that path's bound of float64 instead (2^-8 of the terms' size + 1e-5
+ *    and 2^-8 of out: P s rounded to bf16 and out's rounding, unit roundoff 2^-8 each; the
+ *    scores' f32 sums) and bit for bit across
+ *    thread counts; s_q 1 / 2
  *    causal, H 1..16, split_keys 0 / small, empty requests, q / out f32 / bf16, lse NULL
  *    or not, Dl 128..512 with Dr 0, 7, 8, 64, tile scales of 2^121 (256 s overflows) and
  *    FLT_MIN, 1..4 threads;
@@ -43,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core.h" /* lk_cpu_prefer_fma */
 #include "testutil.h"
 
 #define TILE 128
@@ -706,7 +712,8 @@ typedef struct {
     lk_dtype qt, ot, ct;
     int no_lse, cv, pad;
     int extreme; /* tile 0: scale 2^121 (256 s overflows f32) with codes |c| <= 2^-6, q's dims
-                  * there times 2^-118; tile 1: scale FLT_MIN, any codes */
+                  * there times 2^-118; tile 1: scale FLT_MIN, any codes; 2: keys from 96 on
+                  * only (the first block of 96 keys without them) */
 } decase;
 
 typedef struct {
@@ -760,7 +767,7 @@ static void build_decode(const decase *d, dworld *z) {
             int64_t page = (int64_t)tu_get(&z->bt, b * z->maxp + j / bs), slot = page * bs + j % bs;
             uint8_t *rec = rec_at(&z->c, &z->c.b, slot);
             encode_record(rec, x, rb, Dl, Dr);
-            if (d->extreme) {
+            if (d->extreme == 1 || (d->extreme == 2 && j >= 96)) {
                 float big = 0x1p121f, tiny = FLT_MIN;
                 memcpy(rec + Dl, &big, 4), memcpy(rec + Dl + 4, &tiny, 4);
                 for (int64_t i = 0; i < TILE; i++) rec[i] = (uint8_t)(tu_randint(0, 8) | (tu_rand() & 0x80));
@@ -847,6 +854,9 @@ static void run_decode(const decase *d0, int threads_too) {
     int64_t nout = 0;
     for (int ii = 0; ii < nisa; ii++) {
         lk_set_isa(isas[ii]);
+        /* the bf16 dot products: not an f32 cache's bits; the first thread count's are kept */
+        int bfp = isas[ii] == LK_ISA_AVX512BF16 && d->qt == LK_BF16 && d->ot == LK_BF16 && !lk_cpu_prefer_fma();
+        tu_buf k1 = {0}, kl = {0};
         for (int th = threads_too ? 1 : 0; th <= (threads_too ? 4 : 0); th++) {
             if (th) lk_set_num_threads(th);
             tu_buf o1 = tu_alloc(d->ot, 4, (int64_t[]){d->B, d->s_q, d->H, d->Dl}, d->pad);
@@ -860,10 +870,19 @@ static void run_decode(const decase *d0, int threads_too) {
             p.cache_layout = LK_KV_ND;
             lk_status s2 = lk_mla_decode(&o2.t, d->no_lse ? NULL : &l2.t, &z.q.t, &z.f32c.t, NULL, &z.bt.t, &z.sl.t, &p);
             int intact = tu_intact(&z.c.b) && tu_intact(&z.q) && tu_intact(&z.bt) && tu_intact(&z.sl);
-            tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_alloc(&o1, &o2) && tu_same_alloc(&l1, &l2) && intact,
-                     "%s [%s%s%s]: out and lse bit for bit those of an f32 cache of the values (status %s / %s %s)",
-                     name, lk_isa_name(isas[ii]), th ? ", threads " : "", th ? (char[]){(char)('0' + th), 0} : "",
-                     lk_status_str(s1), lk_status_str(s2), err);
+            if (bfp && th > 1)
+                tu_check(s1 == LK_OK && tu_same_alloc(&o1, &k1) && tu_same_alloc(&l1, &kl) && intact,
+                         "%s [%s, threads %d]: out and lse bit for bit those of 1 thread (status %s %s)", name,
+                         lk_isa_name(isas[ii]), th, lk_status_str(s1), err);
+            else if (bfp)
+                tu_check(s1 == LK_OK && s2 == LK_OK && intact, "%s [%s]: status %s / %s %s", name,
+                         lk_isa_name(isas[ii]), lk_status_str(s1), lk_status_str(s2), err);
+            else
+                tu_check(s1 == LK_OK && s2 == LK_OK && tu_same_alloc(&o1, &o2) && tu_same_alloc(&l1, &l2) && intact,
+                         "%s [%s%s%s]: out and lse bit for bit those of an f32 cache of the values (status %s / %s %s)",
+                         name, lk_isa_name(isas[ii]), th ? ", threads " : "", th ? (char[]){(char)('0' + th), 0} : "",
+                         lk_status_str(s1), lk_status_str(s2), err);
+            if (bfp && th == 1) k1 = tu_clone(&o1), kl = tu_clone(&l1);
             if (th <= 1) { /* float64: f32 dot products of E <= 576 terms (|q|, |e| <= 1 after the
                              * scale 1 / sqrt(E)) err by ~E * 2^-24 * sum|q e| / sqrt(E) < 1e-6
                              * in the scores; exp / sums / the division add a few ulps: the
@@ -872,7 +891,7 @@ static void run_decode(const decase *d0, int threads_too) {
                              * tu_tol's 2e-3 / 2e-2. lse: ~1e-6 relative, checked to 1e-4. */
                 nout = tu_numel(&o1);
                 double *got = tu_values(&o1), *gl = tu_values(&l1);
-                double e = dec_err(got, z.want, z.want_mag, nout, tu_tol(d->ot));
+                double e = dec_err(got, z.want, z.want_mag, nout, bfp ? (tu_tolerance){0x1p-8 + 1e-5, 0x1p-8} : tu_tol(d->ot));
                 double el = d->no_lse ? 0 : tu_err(gl, z.want_lse, tu_numel(&l1), (tu_tolerance){1e-4, 1e-4});
                 tu_check(e <= 1 && el <= 1 && (!d->no_lse || tu_intact(&l1)) && tu_outside_intact(&o1) &&
                              tu_outside_intact(&l1),
@@ -882,6 +901,7 @@ static void run_decode(const decase *d0, int threads_too) {
             }
             tu_free(&o1), tu_free(&o2), tu_free(&l1), tu_free(&l2);
         }
+        if (k1.t.data) tu_free(&k1), tu_free(&kl);
         lk_set_num_threads(0);
     }
     lk_set_isa(lk_isa_best());
@@ -915,6 +935,13 @@ static void test_decode(void) {
     run_decode(&x, 0);
     decase y = {256, 8, 7, 1, 3, 2, {9, 30}, 0, 0, LK_BF16, LK_BF16, LK_I8, 0, 1, 1, 1};
     run_decode(&y, 0);
+    decase w = {512, 64, 16, 2, 4, 2, {230, 60}, 1, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 0, 0, 2};
+    run_decode(&w, 0);
+    /* more rows than one panel of 2W (the bf16 path's row panels: a narrow last one), Dr 0 / odd */
+    decase u = {128, 0, 16, 1, 40, 2, {130, 7}, 0, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 2, 1, 0};
+    run_decode(&u, 0);
+    decase v = {256, 7, 5, 2, 20, 2, {50, 97}, 1, 32, LK_BF16, LK_BF16, LK_I8, 0, 1, 0, 0};
+    run_decode(&v, 0);
 }
 
 /* ---------------------------------------------------------------- concat_and_cache_mla_rope */
@@ -1291,6 +1318,7 @@ int main(void) {
     test_gather();
     test_gather_threads();
     test_decode();
+    tu_other_fma_form(test_decode); /* the avx512bf16 row's other path for bf16 q and out */
     test_rope();
     test_rope_bad();
     bad_write();

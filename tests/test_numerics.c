@@ -1670,7 +1670,7 @@ static void test_attention_fp8(void) {
     /* 2 and 4 query heads per KV head with f32 q and out (the GQA decode loop of AVX2 and
      * AVX-512 takes both, that of avx512bf16 and amx the first), then 4 with bf16 q and out
      * (avx512bf16's decode on bf16 pairs with P rounded to bf16, amx's on tiles: the bound
-     * gains P's rounding and the output's, 2^-9 max|v| (1 + u) each) */
+     * gains P's rounding and the output's, 2^-8 max|v| (1 + u) each) */
     for (int gq = 0; gq < 3; gq++)
     for (int f = 0; f < 2; f++) {
         const int nq = gq ? HQX : HQ, b16 = gq == 2;
@@ -1956,11 +1956,16 @@ static void test_mla_decode_fp8(void) {
 /* ---- mla_decode over an fp8_ds_mla cache (docs/numerics.md "fp8_ds_mla caches"): out and
  * lse bit for bit those of an f32 cache holding the entries' values e = f32(code) * s
  * (latent; one f32 product, computed here) and the bf16 rope values, on each ISA, f32 and
- * bf16 q / out, planned split and split_keys 4 (several chunks per request). Records: a
+ * bf16 q / out, planned split and split_keys 4 (several chunks per request); on the bf16
+ * dot-product path (avx512bf16, bf16 q and out, !lk_cpu_prefer_fma) the same NaN / inf /
+ * -inf / +0 pattern and every other value within the path's bound of that f32 cache's
+ * (P . V with P s rounded to bf16: 2^-8 max|e|, max|e| = 448 / 256, plus both outs' bf16
+ * rounding, 2^-8 |out| each: |a - b| <= 2^-8 (1.75 + 2 |b|) + 1e-6; lse 1e-5 (1 + |b|)). Records: a
  * used key with an inf tile (codes +-0: the write's of a tile holding inf) reads NaN and
  * makes its request's rows NaN and no other's; an all-zero tile with s = FLT_MIN; a tile
  * at the max code; a key the causal mask hides from query 0 with a scale of 1e37 (whose
- * 256 s the x86 path cannot take: the exact load) reaches query 1 only; NaN codes with
+ * 256 s the x86 path cannot take: the exact load) reaches query 1 only, and so does one
+ * with a NaN code (query 1's rows NaN, query 0's finite); NaN codes with
  * NaN / inf scales in slots past cache_seqlens and in pages no request uses are never
  * read; 0 cached tokens: +0 and lse -inf. Then every ISA's f32 out within 3e-5 of ref's
  * (the f32 cache's tolerance, test_mla_decode). */
@@ -1998,6 +2003,8 @@ static void test_ds_mla_decode(void) {
     /* key 12 of request 2 (page 5, slot 4; hidden from query 0): tile 0 scaled 1e37 */
     for (int d = 0; d < 128; d++) rec[5][4][d] = (uint8_t)(tu_randint(0, 0x20) | (int64_t)(tu_rand() & 0x80));
     memcpy(rec[5][4] + DL, &big, 4);
+    /* key 10 of request 0 (page 1, slot 2; hidden from query 0): a NaN code in tile 0 */
+    rec[1][2][5] = 0x7f;
     /* the f32 cache of the values */
     for (int p = 0; p < NB; p++)
         for (int j = 0; j < BS; j++)
@@ -2038,26 +2045,41 @@ static void test_ds_mla_decode(void) {
                     p.k_scale = c ? 1.0f : 0.0f; /* not read with fp8_ds_mla */
                     st[c] = lk_mla_decode(&to, &tls, &tq, c ? &tf : &tds, NULL, &tt, &tl, &p);
                 }
+                int bfp = bf && isas[ii] == LK_ISA_AVX512BF16 && !lk_cpu_prefer_fma(); /* the bf16 dot products */
                 int same = st[0] == LK_OK && st[1] == LK_OK &&
                            (bf ? !memcmp(ob[0], ob[1], sizeof ob[0]) && !memcmp(lb[0], lb[1], sizeof lb[0])
                                : !memcmp(of[0], of[1], sizeof of[0]) && !memcmp(lf[0], lf[1], sizeof lf[0]));
+                if (bfp) {
+                    same = st[0] == LK_OK && st[1] == LK_OK;
+                    for (int i = 0; i < B * SQ * H * DL; i++) {
+                        float x = lk_bf16_to_f32(((uint16_t *)ob[0])[i]), y = lk_bf16_to_f32(((uint16_t *)ob[1])[i]);
+                        same &= isfinite(y) ? fabsf(x - y) <= 0x1p-8f * (1.75f + 2 * fabsf(y)) + 1e-6f
+                                            : !memcmp(&x, &y, 4) || (isnan(x) && isnan(y));
+                    }
+                    for (int i = 0; i < B * H * SQ; i++) {
+                        float x = ((float *)lb[0])[i], y = ((float *)lb[1])[i];
+                        same &= isfinite(y) ? fabsf(x - y) <= 1e-5f * (1 + fabsf(y)) : x == y || (isnan(x) && isnan(y));
+                    }
+                }
                 int ok = st[0] == LK_OK;
                 for (int b = 0; b < B; b++)
                     for (int i = 0; i < SQ; i++)
                         for (int h = 0; h < H; h++) {
                             float l = bf ? lb[0][b][h][i] : lf[0][b][h][i];
                             int hidden_big = b == 2 && i == 1; /* sees key 12 */
-                            ok &= b == 1 ? isnan(l) : b == 3 ? l == -INFINITY : hidden_big || isfinite(l);
+                            int nan_row = b == 1 || (b == 0 && i == 1); /* sees the inf tile / the NaN code */
+                            ok &= nan_row ? isnan(l) : b == 3 ? l == -INFINITY : hidden_big || isfinite(l);
                             for (int d = 0; d < DL; d++) {
                                 float v = bf ? lk_bf16_to_f32(ob[0][b][i][h][d]) : of[0][b][i][h][d];
-                                ok &= b == 1 ? isnan(v) : b == 3 ? is_poszero(v) : hidden_big || isfinite(v);
+                                ok &= nan_row ? isnan(v) : b == 3 ? is_poszero(v) : hidden_big || isfinite(v);
                             }
                         }
-                tu_check(same, "%s mla_decode fp8_ds_mla, %s q / out, %s split: out and lse bit for bit those of an "
+                tu_check(same, "%s mla_decode fp8_ds_mla, %s q / out, %s split: out and lse %s those of an "
                          "f32 cache of the values (%s, %s)", isa, bf ? "bf16" : "f32", split ? "4-key" : "planned",
-                         lk_status_str(st[0]), lk_status_str(st[1]));
+                         bfp ? "within the bf16 path's bound of" : "bit for bit", lk_status_str(st[0]), lk_status_str(st[1]));
                 tu_check(ok, "%s mla_decode fp8_ds_mla, %s q / out, %s split: an inf tile (0 * inf) makes its request's "
-                         "rows NaN only; a hidden 1e37-scaled key reaches the later query only; NaN codes / scales past "
+                         "rows NaN only; a hidden 1e37-scaled key and a hidden NaN code reach the later query only "
+                         "(NaN there); NaN codes / scales past "
                          "cache_seqlens never read; 0 tokens: +0 and lse -inf", isa, bf ? "bf16" : "f32",
                          split ? "4-key" : "planned");
                 if (!bf && !split) {
@@ -2145,6 +2167,7 @@ static void attention_other_fma_form(void) {
     test_attention_bf16_decode();
     test_mla_decode();
     test_mla_decode_fp8();
+    test_ds_mla_decode();
 }
 
 int main(void) {

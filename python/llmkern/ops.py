@@ -2506,7 +2506,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     above). The record cache is [blocks, page, 1, E] or [blocks, page, E], kv_layout 'ND';
     k_pe_cache and descale_k must be None (ValueError naming them: the scales are in the
     records); descale_q still scales the scores. out and softmax_lse are bit for bit those
-    of an f32 cache holding the entries' values.
+    of an f32 cache holding the entries' values, except with bf16 q and out on the
+    avx512bf16 ISA (its bf16 dot products: each tile's scores scaled, P times the tile's
+    scale rounded to bf16), within that path's bound of them (docs/numerics.md).
     Token-level sparse decode (FlashMLA's `indices`, DeepSeek-V3.2): indices int32
     [B, s_q, topk] lists for query token i of request b the cache slots it attends,
     page * page_block_size + offset (-1: skipped; a duplicate counts twice; < -1 or

@@ -32,9 +32,15 @@
  * the AMX path with Dl a multiple of 64, 64 codes at a time in lkv_f8_to_bf16_x2's
  * order, q's rows and O's dims taken in the same order: x2_dim), scores scaled by
  * scale * kscale and the output by kscale (a->kscale, 1 for other caches).
- * fp8_ds_mla records (a->ds): the f32 path only, each key's tiles of 128 codes loaded
- * exactly and multiplied by their scale in the block copy, the rope part from bf16
- * (kmul 1): the block holds the values an f32 cache of them would give.
+ * fp8_ds_mla records (a->ds): the f32 path: each key's tiles of 128 codes loaded exactly
+ * and multiplied by their scale in the block copy, the rope part from bf16 (kmul 1): the
+ * block holds the values an f32 cache of them would give. The bf16 path (not AMX): Kb
+ * holds the codes' exact bf16 values and Ks [KB][G] the keys' G = Dl / 128 tile scales;
+ * a score is sum over tiles g of s_g (q_g . c_g) (each tile's f32 sums times its scale,
+ * in tile order) plus q_r . rope; P . V takes, for the dims of tile g, its own P16_g =
+ * bf16(P s_g) (G of them). A block holding a scale beyond DS_NEAR (or inf / NaN) takes
+ * f32 products instead (scores_exact, pv_visible_only): the bf16 products flush partial
+ * sums below 2^-126, which such a scale would make count.
  * A chunk's state (m, l, O) is the output (requests with one chunk: out = O / l, lse =
  * m + log l, rows transposed back) or a slot of the split-KV states, merged afterwards
  * per request in chunk order (lk_online_rescale: the same rule as flash_attn's chunks).
@@ -293,20 +299,23 @@ static void softmax_block(float *S, int64_t Rp, int64_t nbp, const float *lim, f
 static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 16 + ((d & 31) >> 1); }
 
 /* P.V row by row over each lane's visible keys only, V(jj, d) = vrow(jj)[d] (f32 Kf rows
- * or bf16 Kb rows): for blocks where a key hidden from some row has an inf or NaN value,
- * and on the AMX path for blocks with an inf or NaN score; perm: O's dims in the order of
- * perm32 */
+ * or bf16 Kb rows; with ks, fp8_ds_mla codes, times the key's tile scale ks[jj G + d / 128]
+ * in f32): for blocks where a key hidden from some row has an inf or NaN value, on the AMX
+ * path for blocks with an inf or NaN score, and for fp8_ds_mla blocks with a scale beyond
+ * the bf16 products (ds_far); perm: O's dims in the order of perm32 */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
                             int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr,
-                            int perm) {
+                            int perm, const float *ks, int64_t G) {
     for (int64_t r = 0; r < Rp; r++) {
         int64_t vis = (int64_t)lim[r];
         for (int64_t d = 0; d < Dlp; d++) {
             /* O[d][r]: od = Rp, orr = 1; row-major O[r][d]: od = 1, orr = Dlq */
             float *o = O + (perm ? perm32(d) : d) * od + r * orr;
             float acc = first ? 0.0f : *o * alpha[r];
-            for (int64_t jj = 0; jj < vis; jj++)
-                acc += S[jj * Rp + r] * (Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16));
+            for (int64_t jj = 0; jj < vis; jj++) {
+                float v = Kf ? Kf[jj * rs + d] : lk_bits_f32((uint32_t)Kb[jj * rs + d] << 16);
+                acc += S[jj * Rp + r] * (ks ? v * ks[jj * G + d / LK_DS_TILE] : v);
+            }
             *o = acc;
         }
     }
@@ -342,7 +351,7 @@ LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t
         softmax_block(S, Rp, nbp, lim, 1.0f, m, l, alpha);
         /* O = alpha O + Kf[:, :Dlp]^T . P */
         if (minlim < nb && rows_nonfinite(Kf, Ep, minlim, nb, a->Dl)) {
-            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1, 0);
+            pv_visible_only(S, Rp, lim, Kf, NULL, Ep, Dlp, first, alpha, O, Rp, 1, 0, NULL, 0);
             continue;
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
@@ -369,32 +378,54 @@ LK_ALWAYS_INLINE void run_chunk(const dec_ctx *c, int64_t b, int64_t k0, int64_t
  *   P16 [KB/2][Rp] words P rounded to bf16 (round to nearest even, as the bf16 flash
  *                        attention path), keys 2k and 2k + 1 paired
  *   Vp  [KB/2][V2] words V's pairs of keys 2k, 2k + 1 per dim (lkv_zip16 of two rows)
- *   O = alpha O + Vp . P16  (mk2 over the block's key pairs) */
+ *   O = alpha O + Vp . P16  (mk2 over the block's key pairs)
+ * mk2: C[mr][nv W] = (acc ? alpha * C : 0) + sum_k A(m, k) . B[k] as pairs (mk's shape);
+ * post 1: C = ks[m kst] sum, 2: C = C + ks[m kst] sum (one FMA), 3: C = C + sum (the
+ * fp8_ds_mla tiles' scaled scores); mr <= MR, nv, acc, mr, post literal after inlining */
 LK_ALWAYS_INLINE void mk2(int64_t K, const uint32_t *A, int64_t am, int64_t ak, const uint32_t *B, int64_t ldb,
-                          float *C, int64_t ldc, int nv, int acc, const float *alpha) {
+                          float *C, int64_t ldc, int nv, int acc, const float *alpha, int mr, const float *ks,
+                          int64_t kst, int post) {
     lkv_f32 c0[MR], c1[MR];
     if (acc) {
         lkv_f32 a0 = lkv_loadu(alpha), a1 = nv == 2 ? lkv_loadu(alpha + LKV_W) : a0;
-        for (int m = 0; m < MR; m++) {
+        for (int m = 0; m < mr; m++) {
             c0[m] = lkv_mul(lkv_loadu(C + m * ldc), a0);
             c1[m] = nv == 2 ? lkv_mul(lkv_loadu(C + m * ldc + LKV_W), a1) : lkv_zero();
         }
     } else {
-        for (int m = 0; m < MR; m++) c0[m] = c1[m] = lkv_zero();
+        for (int m = 0; m < mr; m++) c0[m] = c1[m] = lkv_zero();
     }
     for (int64_t k = 0; k < K; k++) {
         const uint32_t *ap = A + k * ak, *bp = B + k * ldb;
         lkv_bits b0 = lkv_bits_loadu(bp), b1 = nv == 2 ? lkv_bits_loadu(bp + LKV_W) : b0;
-        for (int m = 0; m < MR; m++) {
+        for (int m = 0; m < mr; m++) {
             lkv_bits av = lkv_bits_set1(ap[m * am]);
             c0[m] = lkv_dot2(c0[m], av, b0);
             if (nv == 2) c1[m] = lkv_dot2(c1[m], av, b1);
         }
     }
-    for (int m = 0; m < MR; m++) {
-        lkv_storeu(C + m * ldc, c0[m]);
-        if (nv == 2) lkv_storeu(C + m * ldc + LKV_W, c1[m]);
+    for (int m = 0; m < mr; m++) {
+        lkv_f32 f = post == 1 || post == 2 ? lkv_set1(ks[m * kst]) : lkv_zero();
+        for (int v = 0; v < nv; v++) {
+            lkv_f32 x = v ? c1[m] : c0[m];
+            float *cp = C + m * ldc + v * LKV_W;
+            if (post == 1) x = lkv_mul(x, f);
+            else if (post == 2) x = lkv_fma(x, f, lkv_loadu(cp));
+            else if (post == 3) x = lkv_add(x, lkv_loadu(cp));
+            lkv_storeu(cp, x);
+        }
     }
+}
+
+/* O rows [m0, m0 + mr) of one panel (C, Rp floats apart) = (first ? 0 : alpha O) + the np
+ * key pairs of Vp (rows V2 words apart, from dim m0) times the panel's P16 words; first,
+ * two (2 vectors of rows) and mr literal after inlining */
+LK_ALWAYS_INLINE void pv_rows(int64_t np, const uint32_t *Vp, int64_t V2, const uint32_t *P, int64_t Rp, float *C,
+                              int first, int two, const float *alpha, int mr) {
+    if (first && two) mk2(np, Vp, 1, V2, P, Rp, C, Rp, 2, 0, NULL, mr, NULL, 0, 0);
+    else if (first) mk2(np, Vp, 1, V2, P, Rp, C, Rp, 1, 0, NULL, mr, NULL, 0, 0);
+    else if (two) mk2(np, Vp, 1, V2, P, Rp, C, Rp, 2, 1, alpha, mr, NULL, 0, 0);
+    else mk2(np, Vp, 1, V2, P, Rp, C, Rp, 1, 1, alpha, mr, NULL, 0, 0);
 }
 
 /* the dim at position i (< 64) of a group of 64 widened by lkv_f8_to_bf16_x2: positions
@@ -484,7 +515,7 @@ static void prefetch_keys(const dec_ctx *c, int64_t b, int64_t j, int64_t n, int
     if (j + n > kend) n = kend - j;
     for (int64_t pi = n > 0 ? j / bs : 0, slot = n > 0 ? j % bs : 0; n > 0; pi++, slot = 0) {
         int64_t m = min64(n, bs - slot);
-        prefetch_slots(&a->lat, tab[pi], slot, m, a->one_buffer ? c->E : a->Dl);
+        prefetch_slots(&a->lat, tab[pi], slot, m, a->one_buffer ? c->E : a->ds ? a->Dl + a->Dl / 32 : a->Dl); /* ds: + scales */
         if (!a->one_buffer) prefetch_slots(&a->rope, tab[pi], slot, m, a->Dr);
         n -= m;
     }
@@ -518,14 +549,23 @@ LK_ALWAYS_INLINE void f8_part_to_bf16(uint16_t *dst, const uint8_t *p, int64_t n
     if (d < n) f8_to_bf16(dst + d, p + (d >> sh) * cs, n - d, dt);
 }
 
+/* the largest tile scale the bf16 products of fp8_ds_mla records take: past it (or inf,
+ * NaN) a score's partial sums that VDPBF16PS flushes to 0 (below 2^-126) could matter once
+ * scaled, so such a block takes f32 products (scores_exact, pv_visible_only) */
+#define DS_NEAR 0x1p64f
+
 /* Kb rows [0, nb) = the bf16 entries of keys j0 .. j0 + nb (elements [E, L16) stay zero
- * from the unit's start), rows [nb, nbp) zero */
-static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb) {
+ * from the unit's start), rows [nb, nbp) zero. fp8_ds_mla (Ks: [KB][G]): the codes' values
+ * in Kb, the keys' tile scales in Ks (rows [nb, nbp) 0); returns 1 where a key of the block
+ * has a scale beyond DS_NEAR in magnitude, inf or NaN */
+static int load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, int64_t nbp, uint16_t *Kb, float *Ks) {
     const lk_mla_decode_args *a = c->a;
     int64_t L16 = c->L16, bs = a->lat.block_size;
     const int32_t *tab = a->table + b * a->max_pages;
     const lk_paged *part[2] = {&a->lat, &a->rope};
     int64_t n[2] = {a->one_buffer ? c->E : a->Dl, a->one_buffer ? 0 : a->Dr}, at[2] = {0, a->Dl};
+    int64_t G = a->Dl / LK_DS_TILE;
+    int far = 0;
     for (int64_t jj = 0, page = 0, slot = bs; jj < nb; jj++, slot++) {
         if (slot == bs) page = tab[(j0 + jj) / bs], slot = (j0 + jj) % bs; /* one division a page */
         for (int k = 0; k < 2; k++) {
@@ -534,6 +574,11 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
             uint16_t *dst = Kb + jj * L16 + at[k];
             if (lk_is_fp8(pc->dtype)) { /* fp8 -> bf16 is exact: the codes' values, as bf16 */
                 const uint8_t *b8 = (const uint8_t *)pc->data + lk_paged_off(pc, page, slot, 0, 0);
+                for (int64_t g = 0; Ks && g < G; g++) {
+                    float sc = lk_ds_scale(b8, a->Dl, g);
+                    Ks[jj * G + g] = sc;
+                    far |= !(fabsf(sc) <= DS_NEAR);
+                }
                 int64_t tl = chunk_tile(pc), cs = chunk_stride(pc), n64 = c->E64 ? n[k] / 64 * 64 : 0;
                 if (pc->dtype == LK_F8E4M3) f8_part_to_bf16(dst, b8, n[k], n64, tl, cs, LK_F8E4M3);
                 else f8_part_to_bf16(dst, b8, n[k], n64, tl, cs, LK_F8E5M2);
@@ -545,7 +590,35 @@ static void load_block16(const dec_ctx *c, int64_t b, int64_t j0, int64_t nb, in
                 for (int64_t d = 0; d < n[k]; d += 16) lkv_c32_storeu((char *)(dst + d), lkv_c32_loadu(src + (d >> 4) * pc->s1));
         }
     }
-    for (int64_t jj = nb; jj < nbp; jj++) memset(Kb + jj * L16, 0, sizeof(uint16_t) * (size_t)L16);
+    for (int64_t jj = nb; jj < nbp; jj++) {
+        memset(Kb + jj * L16, 0, sizeof(uint16_t) * (size_t)L16);
+        for (int64_t g = 0; Ks && g < G; g++) Ks[jj * G + g] = 0.0f;
+    }
+    return far;
+}
+
+/* S[jj][r] (jj < nbp, r < Rp) = q_r . e_jj as a float64 sum rounded once, e_jj the values an
+ * f32 cache of the records holds (f32(code) * scale, the bf16 rope) from Kb and Ks; 0 past
+ * nb and R: the scores of a block of fp8_ds_mla records with a scale beyond DS_NEAR */
+static void scores_exact(const dec_ctx *c, int64_t b, const uint16_t *Kb, const float *Ks, int64_t nb, int64_t nbp,
+                         float *S) {
+    const lk_mla_decode_args *a = c->a;
+    const lk_tensor *q = &a->q;
+    int64_t E = c->E, L16 = c->L16, Rp = c->Rp, H = a->H, G = a->Dl / LK_DS_TILE;
+    for (int64_t jj = 0; jj < nbp; jj++)
+        for (int64_t r = 0; r < Rp; r++) {
+            double acc = 0;
+            if (jj < nb && r < c->R) {
+                const uint16_t *qr =
+                    (const uint16_t *)q->data + b * q->stride[0] + (r / H) * q->stride[1] + (r % H) * q->stride[2];
+                for (int64_t e = 0; e < E; e++) {
+                    float v = lk_bits_f32((uint32_t)Kb[jj * L16 + e] << 16);
+                    if (e < a->Dl) v *= Ks[jj * G + e / LK_DS_TILE];
+                    acc += (double)lk_bits_f32((uint32_t)qr[e] << 16) * v;
+                }
+            }
+            S[jj * Rp + r] = (float)acc;
+        }
 }
 
 static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t j1, int64_t D) {
@@ -560,17 +633,17 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
  *   Qs  [Rp][L16] bf16   q[b]'s rows as they are (rows past R and dims past E zero)
  *   S   [KB][Rp]         qk16_small: 4 rows x 6 keys per tile, both operands vectors of
  *                        2W dims (VDPBF16PS), 24 accumulators reduced by lkv_hsum4 (one
- *                        tree per score, in a fixed order); softmax_block and P16 as above
+ *                        tree per score, in a fixed order; fp8_ds_mla: each tile's
+ *                        accumulators times the key's scale into 24 totals, one FMA per
+ *                        tile, the rope's added last); softmax_block and P16 as above
  *   O   [Rp][Dlq] f32    row-major: pv16_small, 4 rows x nv (6, 4 or 2) vectors of W dims
  *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
  *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
  *                        aliasing of the rows in L1) */
-LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t E, float *S,
-                                  int64_t Rp) {
-    lkv_f32 acc[4][6];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
-    for (int64_t d = 0; d < E; d += 2 * LKV_W) {
+/* acc[i][j] += Qs row i . key row j over dims [d0, d1), 2W at a time (the rows end at E) */
+LK_ALWAYS_INLINE void qk16_span(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t d0, int64_t d1,
+                                int64_t E, lkv_f32 acc[4][6]) {
+    for (int64_t d = d0; d < d1; d += 2 * LKV_W) {
         lkv_bits k[6];
         if (d + 2 * LKV_W <= E)
             for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(kr[j] + d);
@@ -580,6 +653,35 @@ LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, 
             lkv_bits qv = lkv_bits_loadu(Qs + i * L16 + d);
             for (int j = 0; j < 6; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
         }
+    }
+}
+
+/* S[j][0, 4) = the 4 rows' scores of the 6 keys kr[j]; fp8_ds_mla (ks: the keys' G tile
+ * scales, G apart): each tile's sums times its scale into totals kept in memory (one FMA
+ * a tile, the accumulators staying in registers), then the rope's sums */
+LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t E, float *S,
+                                  int64_t Rp, const float *ks, int64_t G, int64_t Dl) {
+    lkv_f32 acc[4][6];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
+    if (!ks) {
+        qk16_span(Qs, kr, L16, 0, E, E, acc);
+    } else {
+        _Alignas(64) float tot[4][6][LKV_W];
+        qk16_span(Qs, kr, L16, 0, LK_DS_TILE, E, acc); /* tile 0 (G >= 1) writes every total */
+        for (int j = 0; j < 6; j++)
+            for (int i = 0; i < 4; i++) lkv_storeu(tot[i][j], lkv_mul(acc[i][j], lkv_set1(ks[j * G]))), acc[i][j] = lkv_zero();
+        for (int64_t g = 1; g < G; g++) {
+            qk16_span(Qs, kr, L16, g * LK_DS_TILE, (g + 1) * LK_DS_TILE, E, acc);
+            for (int j = 0; j < 6; j++) {
+                lkv_f32 f = lkv_set1(ks[j * G + g]);
+                for (int i = 0; i < 4; i++)
+                    lkv_storeu(tot[i][j], lkv_fma(acc[i][j], f, lkv_loadu(tot[i][j]))), acc[i][j] = lkv_zero();
+            }
+        }
+        qk16_span(Qs, kr, L16, Dl, E, E, acc);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 6; j++) acc[i][j] = Dl < E ? lkv_add(lkv_loadu(tot[i][j]), acc[i][j]) : lkv_loadu(tot[i][j]);
     }
     for (int j = 0; j < 6; j++) _mm_storeu_ps(S + j * Rp, lkv_hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
@@ -617,17 +719,18 @@ static void load_q16_small(const dec_ctx *c, int64_t b, uint16_t *Qs) {
 }
 
 LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64_t k1, float *scr, float *m, float *l,
-                                  float *O, int small) {
+                                  float *O, int small, int ds) {
     const lk_mla_decode_args *a = c->a;
-    int64_t E2 = c->E2, L16 = c->L16, Dlp = c->Dlp, R = c->R, Rp = c->Rp;
+    int64_t E2 = c->E2, L16 = c->L16, Dlp = c->Dlp, R = c->R, Rp = c->Rp, G = ds ? a->Dl / LK_DS_TILE : 1;
     int64_t V2 = small ? c->Dlq : c->V2, V2s = small ? c->V2s : c->V2, Rq = rup(R, 4);
     uint32_t *Qb = (uint32_t *)scr;                 // [E2][Rp] words as panels; small: Qs [Rp][L16] bf16
     uint16_t *Qs = (uint16_t *)scr;
     uint16_t *Kb = small ? Qs + Rp * L16 : (uint16_t *)(Qb + E2 * Rp); // [KB][L16] bf16 (small: + a zero row)
     float *S = (float *)(Kb + (KB + small) * L16);  // [KB][Rp]
-    uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [KB/2][Rp] words
-    uint32_t *Vp = P16 + KB / 2 * Rp;               // [KB/2][V2s] words
-    float *alpha = (float *)(Vp + KB / 2 * V2s);    // [Rp]
+    uint32_t *P16 = (uint32_t *)(S + KB * Rp);      // [G][KB/2][Rp] words (ds: one per tile)
+    uint32_t *Vp = P16 + G * (KB / 2) * Rp;         // [KB/2][V2s] words
+    float *Ks = (float *)(Vp + KB / 2 * V2s);       // ds: [KB][G] the block's tile scales
+    float *alpha = Ks + (ds ? KB * G : 0);          // [Rp]
     float *lim = alpha + Rp;                        // [Rp]
     const int64_t *Lr = (const int64_t *)(lim + Rp); // [Rp]
     if (small) {
@@ -644,7 +747,7 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
     const uint16_t *rows[KB], *zrow = Kb + KB * L16;
     if (small) memset(Kb + KB * L16, 0, sizeof(uint16_t) * (size_t)L16);
     for (int64_t j0 = k0; j0 < k1; j0 += KB) {
-        int first = j0 == k0;
+        int first = j0 == k0, far = 0;
         int64_t nb = min64(KB, k1 - j0), nbp = rup(nb, MR), minlim = block_limits(Lr, R, Rp, j0, nb, lim);
         if (direct) {
             const int32_t *tab = a->table + b * a->max_pages;
@@ -655,39 +758,61 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
                                    : zrow;
             }
         } else {
-            load_block16(c, b, j0, nb, nbp, Kb);
+            far = load_block16(c, b, j0, nb, nbp, Kb, ds ? Ks : NULL);
             for (int64_t jj = 0; jj < nbp; jj++) rows[jj] = Kb + jj * L16;
+        }
+        if (ds && far) { /* a scale beyond the bf16 products: this block in f32 */
+            scores_exact(c, b, Kb, Ks, nb, nbp, S);
+            softmax_block(S, Rp, nbp, lim, a->scale * c->kmul, m, l, alpha);
+            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq, 0, Ks, G);
+            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1, 0, Ks, G);
+            continue;
         }
         if (small) {
             for (int64_t m0 = 0; m0 < nbp; m0 += 6) { /* nbp is a multiple of MR, of 6 */
                 prefetch_keys(c, b, j0 + KB + m0, 6, k1);
-                for (int64_t r0 = 0; r0 < Rq; r0 += 4) qk16_small(Qs + r0 * L16, rows + m0, L16, c->E, S + m0 * Rp + r0, Rp);
+                for (int64_t r0 = 0; r0 < Rq; r0 += 4)
+                    qk16_small(Qs + r0 * L16, rows + m0, L16, c->E, S + m0 * Rp + r0, Rp, ds ? Ks + m0 * G : NULL, G, a->Dl);
             }
         } else {
             for (int64_t m0 = 0; m0 < KB; m0 += MR) prefetch_keys(c, b, j0 + KB + m0, MR, k1);
             for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
-                const uint32_t *panel = Qb + p0 * E2;
-                const uint32_t *A = (const uint32_t *)Kb;
-                if (Rp - p0 >= PW)
-                    for (int64_t m0 = 0; m0 < nbp; m0 += MR) mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, PW, S + m0 * Rp + p0, Rp, 2, 0, NULL);
-                else
-                    for (int64_t m0 = 0; m0 < nbp; m0 += MR)
-                        mk2(E2, A + m0 * (L16 / 2), L16 / 2, 1, panel, LKV_W, S + m0 * Rp + p0, Rp, 1, 0, NULL);
+                const uint32_t *panel = Qb + p0 * E2, *A = (const uint32_t *)Kb;
+                int64_t pw = Rp - p0 >= PW ? PW : LKV_W, T2 = LK_DS_TILE / 2, R2 = a->Dl / 2; /* pairs */
+                for (int64_t m0 = 0; m0 < nbp; m0 += MR) {
+                    const uint32_t *Am = A + m0 * (L16 / 2);
+                    float *C = S + m0 * Rp + p0;
+                    if (!ds && pw == PW) mk2(E2, Am, L16 / 2, 1, panel, PW, C, Rp, 2, 0, NULL, MR, NULL, 0, 0);
+                    else if (!ds) mk2(E2, Am, L16 / 2, 1, panel, LKV_W, C, Rp, 1, 0, NULL, MR, NULL, 0, 0);
+                    /* fp8_ds_mla: each tile's sums times the keys' scales, in tile order, then the rope's */
+                    for (int64_t g = 0; ds && g < G; g++) {
+                        const float *ks = Ks + m0 * G + g;
+                        if (pw == PW) mk2(T2, Am + g * T2, L16 / 2, 1, panel + g * T2 * PW, PW, C, Rp, 2, 0, NULL, MR, ks, G, g ? 2 : 1);
+                        else mk2(T2, Am + g * T2, L16 / 2, 1, panel + g * T2 * LKV_W, LKV_W, C, Rp, 1, 0, NULL, MR, ks, G, g ? 2 : 1);
+                    }
+                    if (ds && E2 > R2 && pw == PW) mk2(E2 - R2, Am + R2, L16 / 2, 1, panel + R2 * PW, PW, C, Rp, 2, 0, NULL, MR, NULL, 0, 3);
+                    else if (ds && E2 > R2) mk2(E2 - R2, Am + R2, L16 / 2, 1, panel + R2 * LKV_W, LKV_W, C, Rp, 1, 0, NULL, MR, NULL, 0, 3);
+                }
             }
         }
         softmax_block(S, Rp, nbp, lim, a->scale * c->kmul, m, l, alpha);
-        if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb); /* for the check (and the fallback) */
+        if (direct && minlim < nb) load_block16(c, b, j0, nb, nbp, Kb, NULL); /* for the check (and the fallback) */
         if (minlim < nb && rows_nonfinite16(Kb, L16, minlim, nb, a->Dl)) {
-            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq, 0);
-            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1, 0);
+            if (small) pv_visible_only(S, Rp, lim, NULL, Kb, L16, c->Dlq, first, alpha, O, 1, c->Dlq, 0, ds ? Ks : NULL, G);
+            else pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlp, first, alpha, O, Rp, 1, 0, ds ? Ks : NULL, G);
             continue;
         }
-        /* P16, Vp: keys paired (nbp is even: MR is) */
+        /* P16 (ds: one per tile, P times the key's tile scale, then rounded), Vp: keys paired
+         * (nbp is even: MR is) */
         for (int64_t jp = 0; jp < nbp / 2; jp++) {
-            for (int64_t v = 0; v < Rp; v += LKV_W) {
-                lkv_i32 lo = lkv_bf16_bits(lkv_loadu(S + 2 * jp * Rp + v)), hi = lkv_bf16_bits(lkv_loadu(S + (2 * jp + 1) * Rp + v));
-                lkv_bits_storeu(P16 + jp * Rp + v, lkv_as_i32(lkv_or(lkv_as_f32(lo), lkv_as_f32(lkv_i32_slli(hi, 16)))));
-            }
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t v = 0; v < Rp; v += LKV_W) {
+                    lkv_f32 x0 = lkv_loadu(S + 2 * jp * Rp + v), x1 = lkv_loadu(S + (2 * jp + 1) * Rp + v);
+                    if (ds) x0 = lkv_mul(x0, lkv_set1(Ks[2 * jp * G + g])), x1 = lkv_mul(x1, lkv_set1(Ks[(2 * jp + 1) * G + g]));
+                    lkv_i32 lo = lkv_bf16_bits(x0), hi = lkv_bf16_bits(x1);
+                    lkv_bits_storeu(P16 + (g * (KB / 2) + jp) * Rp + v,
+                                    lkv_as_i32(lkv_or(lkv_as_f32(lo), lkv_as_f32(lkv_i32_slli(hi, 16)))));
+                }
             const uint16_t *r0 = rows[2 * jp], *r1 = rows[2 * jp + 1];
             for (int64_t d = 0; d < V2; d += 2 * LKV_W) {
                 lkv_bits zl, zh, x0, x1;
@@ -700,6 +825,13 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
         }
         if (small) {
             int64_t Dlq = c->Dlq;
+            if (ds) { /* per tile its P16, 2 x 4 vectors of dims (Dlq = Dl) */
+                for (int64_t d0 = 0; d0 < Dlq; d0 += 4 * LKV_W)
+                    for (int64_t r0 = 0; r0 < Rq; r0 += 4)
+                        pv16_small(nbp / 2, P16 + d0 / LK_DS_TILE * (KB / 2) * Rp + r0, Rp, Vp + d0, V2s, O + r0 * Dlq + d0,
+                                   Dlq, 4, first, alpha + r0);
+                continue;
+            }
             for (int64_t d0 = 0; d0 < Dlq; d0 += 6 * LKV_W) {
                 int64_t nv = min64(6, (Dlq - d0) / LKV_W); /* 6, 4 or 2: Dlq is a multiple of 2W */
                 for (int64_t r0 = 0; r0 < Rq; r0 += 4) {
@@ -714,12 +846,13 @@ LK_ALWAYS_INLINE void run_chunk16(const dec_ctx *c, int64_t b, int64_t k0, int64
         }
         for (int64_t p0 = 0; p0 < Rp; p0 += PW) {
             int two = Rp - p0 >= PW;
-            for (int64_t m0 = 0; m0 < Dlp; m0 += MR) {
-                float *C = O + m0 * Rp + p0;
-                if (first && two) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 2, 0, NULL);
-                else if (first) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 1, 0, NULL);
-                else if (two) mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 2, 1, alpha + p0);
-                else mk2(nbp / 2, Vp + m0, 1, V2, P16 + p0, Rp, C, Rp, 1, 1, alpha + p0);
+            for (int64_t m0 = 0; !ds && m0 < Dlp; m0 += MR) pv_rows(nbp / 2, Vp + m0, V2, P16 + p0, Rp, O + m0 * Rp + p0, first, two, alpha + p0, MR);
+            /* ds (Dlp = Dl): blocks of MR dims inside each tile, its P16; the last LK_DS_TILE % MR */
+            for (int64_t m0 = 0; ds && m0 < Dlp; m0 += MR) {
+                int64_t g = m0 / LK_DS_TILE, end = (g + 1) * LK_DS_TILE;
+                const uint32_t *Pg = P16 + g * (KB / 2) * Rp + p0;
+                if (m0 + MR <= end) pv_rows(nbp / 2, Vp + m0, V2, Pg, Rp, O + m0 * Rp + p0, first, two, alpha + p0, MR);
+                else pv_rows(nbp / 2, Vp + m0, V2, Pg, Rp, O + m0 * Rp + p0, first, two, alpha + p0, LK_DS_TILE % MR), m0 = end - MR;
             }
         }
     }
@@ -874,7 +1007,7 @@ LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int
                 kst[g] = lat->s1 * 2;
             }
         } else {
-            load_block16(c, b, j0, nb, nbp, Kb);
+            load_block16(c, b, j0, nb, nbp, Kb, NULL);
             for (int64_t g = 0; g < nbp / 16; g++) ka[g] = (const char *)(Kb + 16 * g * L16), kst[g] = L16 * 2;
         }
         /* S = K . Qa^T, 32 keys x 32 rows per call; the next block into L2 meanwhile */
@@ -890,8 +1023,8 @@ LK_ALWAYS_INLINE void run_chunk_amx(const dec_ctx *c, int64_t b, int64_t k0, int
         int nonfinite = scores_nonfinite(S, nb, Rp);
         softmax_block(S, Rp, nbp, lim, a->scale * c->kmul, m, l, alpha);
         if (nonfinite) {
-            if (in_place) load_block16(c, b, j0, nb, nbp, Kb);
-            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlq, first, alpha, O, 1, Dlo, 1);
+            if (in_place) load_block16(c, b, j0, nb, nbp, Kb, NULL);
+            pv_visible_only(S, Rp, lim, NULL, Kb, L16, Dlq, first, alpha, O, 1, Dlo, 1, NULL, 0);
             continue;
         }
         /* Pe, Po: 16 keys x 16 rows at a time, transposed */
@@ -994,8 +1127,10 @@ static void chunk_unit(void *vctx, int64_t u, int tid) {
     else if (c->amx) run_chunk_amx(c, b, k0, k1, scr, m, l, O);
 #endif
 #if defined(LKV_BF16DOT)
-    else if (c->bf16 && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1);
-    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O, 0);
+    else if (c->bf16 && a->ds && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1, 1);
+    else if (c->bf16 && a->ds) run_chunk16(c, b, k0, k1, scr, m, l, O, 0, 1);
+    else if (c->bf16 && c->small) run_chunk16(c, b, k0, k1, scr, m, l, O, 1, 0);
+    else if (c->bf16) run_chunk16(c, b, k0, k1, scr, m, l, O, 0, 0);
 #endif
     else if (lt == LK_BF16 && rt == LK_BF16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_BF16, LK_BF16);
     else if (lt == LK_F16 && rt == LK_F16) run_chunk(c, b, k0, k1, scr, m, l, O, LK_F16, LK_F16);
@@ -1068,15 +1203,18 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
      * 1-chunk units */
     c.scratch_floats = c.E * c.Rp + KB * c.Ep + KB * c.Rp + 2 * c.Rp;
 #if defined(LKV_BF16DOT)
-    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 && !a->ds &&
+    c.bf16 = a->q.dtype == LK_BF16 && a->out.dtype == LK_BF16 &&
              ((a->lat.dtype == LK_BF16 && a->rope.dtype == LK_BF16) || lk_is_fp8(a->lat.dtype));
-#if !defined(LKV_AMX)
+#if defined(LKV_AMX)
+    c.bf16 = c.bf16 && !a->ds; /* fp8_ds_mla records: the f32 path (no per-tile scales in the tiles) */
+#else
     /* f32 FMAs where the dot products run at half their rate (lk_cpu_prefer_fma: Emerald
      * Rapids, same run, avx512bf16 against avx512: B=8 1x4096 128 heads 59.2 against 34.5
      * ms; 2x4096 16 heads 17.6 against 12.7); the amx row keeps its tiles */
     c.bf16 = c.bf16 && !lk_cpu_prefer_fma();
 #endif
     if (c.bf16) { /* Qb, Kb, S, P16, Vp, alpha, lim (4-byte units) */
+        if (a->ds) c.Dlp = a->Dl, c.slot_floats = (2 + c.Dlp) * c.Rp; /* O's dims: whole tiles */
         c.E2 = (c.E + 1) / 2;
         c.L16 = rup(c.E > c.Dlp ? c.E : c.Dlp, 2 * LKV_W);
         c.V2 = rup(c.Dlp, 2 * LKV_W);
@@ -1089,6 +1227,8 @@ static lk_status mla_decode(const lk_mla_decode_args *a) {
             c.scratch_floats = c.Rp * c.L16 / 2 + (KB + 1) * c.L16 / 2 + KB * c.Rp + KB / 2 * c.Rp + KB / 2 * c.V2s + 2 * c.Rp;
             if (c.Dlq > c.Dlp) c.slot_floats = (2 + c.Dlq) * c.Rp;
         }
+        if (a->ds) /* a P16 per tile, Ks */
+            c.scratch_floats += (a->Dl / LK_DS_TILE - 1) * (KB / 2) * c.Rp + KB * (a->Dl / LK_DS_TILE);
 #if defined(LKV_AMX)
         /* Qa, Kb, S, Pe, Po, alpha, lim; O [Rp][Dlo] (dims in perm32 order) */
         c.amx = 1, c.small = 0;
