@@ -640,48 +640,49 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
  *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
  *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
  *                        aliasing of the rows in L1) */
-/* acc[i][j] += Qs row i . key row j over dims [d0, d1), 2W at a time (the rows end at E) */
+/* acc[i][j] += Qs row i . key row j (j < nk, 6 or 3, literal after inlining) over dims
+ * [d0, d1), 2W at a time (the rows end at E) */
 LK_ALWAYS_INLINE void qk16_span(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t d0, int64_t d1,
-                                int64_t E, lkv_f32 acc[4][6]) {
+                                int64_t E, lkv_f32 acc[4][6], int nk) {
     for (int64_t d = d0; d < d1; d += 2 * LKV_W) {
         lkv_bits k[6];
         if (d + 2 * LKV_W <= E)
-            for (int j = 0; j < 6; j++) k[j] = lkv_bits_loadu(kr[j] + d);
+            for (int j = 0; j < nk; j++) k[j] = lkv_bits_loadu(kr[j] + d);
         else /* the rows end at E (cache rows read in place): the tail masked */
-            for (int j = 0; j < 6; j++) k[j] = lkv_bits_load16(kr[j] + d, E - d);
+            for (int j = 0; j < nk; j++) k[j] = lkv_bits_load16(kr[j] + d, E - d);
         for (int i = 0; i < 4; i++) {
             lkv_bits qv = lkv_bits_loadu(Qs + i * L16 + d);
-            for (int j = 0; j < 6; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
+            for (int j = 0; j < nk; j++) acc[i][j] = lkv_dot2(acc[i][j], qv, k[j]);
         }
     }
 }
 
 /* S[j][0, 4) = the 4 rows' scores of the 6 keys kr[j]; fp8_ds_mla (ks: the keys' G tile
- * scales, G apart): each tile's sums times its scale into totals kept in memory (one FMA
- * a tile, the accumulators staying in registers), then the rope's sums */
+ * scales, G apart): 3 keys at a time, each tile's 12 accumulators times the keys' scales
+ * into 12 totals (one FMA a tile, all in registers), then the rope's sums added */
 LK_ALWAYS_INLINE void qk16_small(const uint16_t *Qs, const uint16_t *const *kr, int64_t L16, int64_t E, float *S,
                                   int64_t Rp, const float *ks, int64_t G, int64_t Dl) {
     lkv_f32 acc[4][6];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 6; j++) acc[i][j] = lkv_zero();
     if (!ks) {
-        qk16_span(Qs, kr, L16, 0, E, E, acc);
+        qk16_span(Qs, kr, L16, 0, E, E, acc, 6);
     } else {
-        _Alignas(64) float tot[4][6][LKV_W];
-        qk16_span(Qs, kr, L16, 0, LK_DS_TILE, E, acc); /* tile 0 (G >= 1) writes every total */
-        for (int j = 0; j < 6; j++)
-            for (int i = 0; i < 4; i++) lkv_storeu(tot[i][j], lkv_mul(acc[i][j], lkv_set1(ks[j * G]))), acc[i][j] = lkv_zero();
-        for (int64_t g = 1; g < G; g++) {
-            qk16_span(Qs, kr, L16, g * LK_DS_TILE, (g + 1) * LK_DS_TILE, E, acc);
-            for (int j = 0; j < 6; j++) {
-                lkv_f32 f = lkv_set1(ks[j * G + g]);
-                for (int i = 0; i < 4; i++)
-                    lkv_storeu(tot[i][j], lkv_fma(acc[i][j], f, lkv_loadu(tot[i][j]))), acc[i][j] = lkv_zero();
+        for (int h = 0; h < 6; h += 3) {
+            lkv_f32 a[4][6], t[4][3];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 3; j++) a[i][j] = t[i][j] = lkv_zero();
+            for (int64_t g = 0; g < G; g++) {
+                qk16_span(Qs, kr + h, L16, g * LK_DS_TILE, (g + 1) * LK_DS_TILE, E, a, 3);
+                for (int j = 0; j < 3; j++) {
+                    lkv_f32 f = lkv_set1(ks[(h + j) * G + g]);
+                    for (int i = 0; i < 4; i++) t[i][j] = g ? lkv_fma(a[i][j], f, t[i][j]) : lkv_mul(a[i][j], f), a[i][j] = lkv_zero();
+                }
             }
+            qk16_span(Qs, kr + h, L16, Dl, E, E, a, 3);
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 3; j++) acc[i][h + j] = Dl < E ? lkv_add(t[i][j], a[i][j]) : t[i][j];
         }
-        qk16_span(Qs, kr, L16, Dl, E, E, acc);
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 6; j++) acc[i][j] = Dl < E ? lkv_add(lkv_loadu(tot[i][j]), acc[i][j]) : lkv_loadu(tot[i][j]);
     }
     for (int j = 0; j < 6; j++) _mm_storeu_ps(S + j * Rp, lkv_hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
