@@ -920,28 +920,26 @@ static void test_decode(void) {
                             k % 4 == 2, k % 4, k % 3 == 0, 0};
                 run_decode(&d, 0);
             }
-    /* other dims and pages: Dr odd / 0, pages 1 and 64, one token, a request of 0 */
-    decase a = {128, 7, 1, 1, 4, 3, {1, 9, 0}, 0, 4, LK_F32, LK_F32, LK_F8E4M3, 0, 1, 1, 0};
-    run_decode(&a, 0);
-    decase b = {256, 0, 64, 2, 2, 2, {65, 2}, 1, 0, LK_BF16, LK_F32, LK_F8E4M3, 0, 2, 0, 0};
-    run_decode(&b, 0);
-    decase c = {384, 64, 7, 2, 8, 3, {0, 20, 3}, 1, 8, LK_BF16, LK_BF16, LK_F8E4M3, 1, 3, 1, 0};
-    run_decode(&c, 0);
-    /* thread counts 1..4 with forced splits */
-    decase t = {512, 64, 16, 1, 16, 2, {300, 77}, 0, 32, LK_BF16, LK_BF16, LK_F8E4M3, 0, 0, 0, 0};
-    run_decode(&t, 1);
-    /* extreme tile scales: the huge one past the range where 256 s is finite */
-    decase x = {512, 64, 16, 2, 4, 2, {40, 17}, 1, 16, LK_F32, LK_F32, LK_F8E4M3, 0, 0, 0, 1};
-    run_decode(&x, 0);
-    decase y = {256, 8, 7, 1, 3, 2, {9, 30}, 0, 0, LK_BF16, LK_BF16, LK_I8, 0, 1, 1, 1};
-    run_decode(&y, 0);
-    decase w = {512, 64, 16, 2, 4, 2, {230, 60}, 1, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 0, 0, 2};
-    run_decode(&w, 0);
-    /* more rows than one panel of 2W (the bf16 path's row panels: a narrow last one), Dr 0 / odd */
-    decase u = {128, 0, 16, 1, 40, 2, {130, 7}, 0, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 2, 1, 0};
-    run_decode(&u, 0);
-    decase v = {256, 7, 5, 2, 20, 2, {50, 97}, 1, 32, LK_BF16, LK_BF16, LK_I8, 0, 1, 0, 0};
-    run_decode(&v, 0);
+    static const struct {
+        decase d;
+        int threads_too;
+    } FIXED[] = {
+        /* other dims and pages: Dr odd / 0, pages 1 and 64, one token, a request of 0 */
+        {{128, 7, 1, 1, 4, 3, {1, 9, 0}, 0, 4, LK_F32, LK_F32, LK_F8E4M3, 0, 1, 1, 0}, 0},
+        {{256, 0, 64, 2, 2, 2, {65, 2}, 1, 0, LK_BF16, LK_F32, LK_F8E4M3, 0, 2, 0, 0}, 0},
+        {{384, 64, 7, 2, 8, 3, {0, 20, 3}, 1, 8, LK_BF16, LK_BF16, LK_F8E4M3, 1, 3, 1, 0}, 0},
+        /* thread counts 1..4 with forced splits */
+        {{512, 64, 16, 1, 16, 2, {300, 77}, 0, 32, LK_BF16, LK_BF16, LK_F8E4M3, 0, 0, 0, 0}, 1},
+        /* extreme tile scales: the huge one past the range where 256 s is finite; from key
+         * 96 on only (a request's first block of keys without them) */
+        {{512, 64, 16, 2, 4, 2, {40, 17}, 1, 16, LK_F32, LK_F32, LK_F8E4M3, 0, 0, 0, 1}, 0},
+        {{256, 8, 7, 1, 3, 2, {9, 30}, 0, 0, LK_BF16, LK_BF16, LK_I8, 0, 1, 1, 1}, 0},
+        {{512, 64, 16, 2, 4, 2, {230, 60}, 1, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 0, 0, 2}, 0},
+        /* more rows than one panel of 2W (the bf16 path's row panels: a narrow last one), Dr 0 / odd */
+        {{128, 0, 16, 1, 40, 2, {130, 7}, 0, 0, LK_BF16, LK_BF16, LK_F8E4M3, 0, 2, 1, 0}, 0},
+        {{256, 7, 5, 2, 20, 2, {50, 97}, 1, 32, LK_BF16, LK_BF16, LK_I8, 0, 1, 0, 0}, 0},
+    };
+    for (size_t i = 0; i < sizeof FIXED / sizeof FIXED[0]; i++) run_decode(&FIXED[i].d, FIXED[i].threads_too);
 }
 
 /* ---------------------------------------------------------------- concat_and_cache_mla_rope */
