@@ -302,7 +302,7 @@ static inline int64_t perm32(int64_t d) { return (d & ~(int64_t)31) + (d & 1) * 
  * or bf16 Kb rows; with ks, fp8_ds_mla codes, times the key's tile scale ks[jj G + d / 128]
  * in f32): for blocks where a key hidden from some row has an inf or NaN value, on the AMX
  * path for blocks with an inf or NaN score, and for fp8_ds_mla blocks with a scale beyond
- * the bf16 products (ds_far); perm: O's dims in the order of perm32 */
+ * DS_NEAR; perm: O's dims in the order of perm32 */
 static void pv_visible_only(const float *S, int64_t Rp, const float *lim, const float *Kf, const uint16_t *Kb,
                             int64_t rs, int64_t Dlp, int first, const float *alpha, float *O, int64_t od, int64_t orr,
                             int perm, const float *ks, int64_t G) {
@@ -633,9 +633,9 @@ static int rows_nonfinite16(const uint16_t *Kb, int64_t L16, int64_t j0, int64_t
  *   Qs  [Rp][L16] bf16   q[b]'s rows as they are (rows past R and dims past E zero)
  *   S   [KB][Rp]         qk16_small: 4 rows x 6 keys per tile, both operands vectors of
  *                        2W dims (VDPBF16PS), 24 accumulators reduced by lkv_hsum4 (one
- *                        tree per score, in a fixed order; fp8_ds_mla: each tile's
- *                        accumulators times the key's scale into 24 totals, one FMA per
- *                        tile, the rope's added last); softmax_block and P16 as above
+ *                        tree per score, in a fixed order; fp8_ds_mla: 3 keys at a
+ *                        time, 12 accumulators and 12 tile totals, one FMA a tile, the
+ *                        rope's sums added last); softmax_block and P16 as above
  *   O   [Rp][Dlq] f32    row-major: pv16_small, 4 rows x nv (6, 4 or 2) vectors of W dims
  *                        per tile: P16's word of (key pair, row) broadcast, Vp's pairs
  *                        loaded as vectors (Vp rows V2s = Dlq + W words apart: no 2 KiB
