@@ -29,12 +29,7 @@ static const lk_tensor *T(const oc_inst *in, int k) {
 
 /* n distinct slots of [0, nslots) (n <= nslots), every 5th token padding (-1) */
 static void fill_slots(tu_buf *b, int64_t n, int64_t nslots) {
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nslots);
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nslots);
     for (int64_t i = 0; i < n; i++) tu_set(b, i, i % 5 == 4 ? -1.0 : (double)perm[i]);
     free(perm);
 }
@@ -386,12 +381,7 @@ static void make_mla_dt(oc_inst *in, oc_size sz, lk_mla_strategy st, lk_kv_layou
     tu_buf *cu = add(in, "cu_seqlens_q", two ? LK_I64 : LK_I32, 1, &n1, 0, 0);
     tu_buf *pb = add(in, "prefix_lens", LK_I32, 1, &B, 0, 0);
     tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), acc = 0, next = 0;
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nb), acc = 0, next = 0;
     for (int64_t b = 0; b < B; b++) {
         tu_set(cu, b, (double)acc);
         acc += ql[b];
@@ -468,12 +458,7 @@ static int64_t mla_dec_pages(const int64_t *lens, int64_t B, int64_t bs, int64_t
 static void mla_dec_table(oc_inst *in, int64_t B, int64_t maxp, int64_t nb, int64_t bs, const int64_t *lens) {
     tu_buf *bt = add(in, "block_table", LK_I32, 2, (int64_t[]){B, maxp}, 0, 0);
     tu_buf *sl = add(in, "cache_seqlens", LK_I64, 1, &B, 0, 0);
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb), next = 0;
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nb), next = 0;
     for (int64_t b = 0; b < B; b++) {
         tu_set(sl, b, (double)lens[b]);
         for (int64_t i = 0; i < maxp; i++)

@@ -51,12 +51,7 @@ static tu_buf cache_alloc(lk_dtype dt, int nz, int64_t NB, int64_t bs, int64_t H
 
 /* distinct slots in [0, nslots), every 5th token padding (-1) */
 static int64_t *make_slots(int64_t N, int64_t nslots) {
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nslots);
     int64_t *s = malloc(sizeof(int64_t) * (size_t)(N > 0 ? N : 1));
     for (int64_t t = 0; t < N; t++) s[t] = t % 5 == 3 ? -1 : perm[t];
     free(perm);

@@ -144,13 +144,8 @@ static unsigned char *expected_bytes(const caches *c, const tu_buf *k, const tu_
 
 /* N slots: distinct values in [0, nslots) except every `every`-th token (padding) */
 static int64_t *make_slots(int64_t N, int64_t nslots, int every) {
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
+    int64_t *perm = tu_permutation(nslots);
     int64_t *s = malloc(sizeof(int64_t) * (size_t)(N > 0 ? N : 1));
-    for (int64_t i = 0; i < nslots; i++) perm[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
     for (int64_t t = 0; t < N; t++) s[t] = every && t % every == every - 1 ? -1 - t % 3 : perm[t];
     free(perm);
     return s;

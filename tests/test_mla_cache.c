@@ -258,12 +258,7 @@ static tu_buf make_block_table(const int64_t *lens, int B, int64_t bs, int64_t *
         if (p + 1 > max_pages) max_pages = p + 1;
     }
     *nb = used + 2;
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)*nb);
-    for (int64_t i = 0; i < *nb; i++) perm[i] = i;
-    for (int64_t i = *nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(*nb);
     tu_buf bt = tu_alloc(LK_I32, 2, (int64_t[]){B, max_pages}, pad);
     int64_t k = 0;
     for (int b = 0; b < B; b++)

@@ -97,12 +97,7 @@ static void build(const dcase *c, dbufs *z, uint64_t seed) {
     z->bt = tu_alloc(LK_I32, 2, (int64_t[]){B, z->maxp}, c->pad);
     z->sl = tu_alloc(LK_I32, 1, (int64_t[]){B}, c->pad);
     /* pages: a random permutation of [0, nb) */
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)z->nb);
-    for (int64_t i = 0; i < z->nb; i++) perm[i] = i;
-    for (int64_t i = z->nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(z->nb);
     z->E = malloc(sizeof(double) * (size_t)(B * z->maxlen * E));
     int64_t next = 0;
     for (int b = 0; b < B; b++) {

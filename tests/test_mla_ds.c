@@ -594,12 +594,7 @@ static void run_gather(const gcase *g) {
         if (g->lens[b]) used += (end - 1) / bs - st / bs + 1;
     }
     int64_t nb = used + 2;
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb);
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nb);
     tu_buf bt = tu_alloc(LK_I32, 2, (int64_t[]){g->B, maxp}, g->opad);
     tu_buf sl = tu_alloc(LK_I32, 1, (int64_t[]){g->B}, g->opad);
     tu_buf ss = tu_alloc(LK_I32, 1, (int64_t[]){g->B}, g->opad);
@@ -744,12 +739,7 @@ static void build_decode(const decase *d, dworld *z) {
             for (int64_t e = 0; e < TILE; e++) tu_set(&z->q, r * E + e, tu_get(&z->q, r * E + e) * 0x1p-118);
     z->bt = tu_alloc(LK_I32, 2, (int64_t[]){d->B, z->maxp}, d->pad);
     z->sl = tu_alloc(LK_I32, 1, (int64_t[]){d->B}, d->pad);
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)nb);
-    for (int64_t i = 0; i < nb; i++) perm[i] = i;
-    for (int64_t i = nb - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = perm[i];
-        perm[i] = perm[j], perm[j] = x;
-    }
+    int64_t *perm = tu_permutation(nb);
     float *x = malloc(sizeof(float) * (size_t)Dl);
     uint16_t *rb = malloc(sizeof(uint16_t) * (size_t)(Dr + 1));
     double *ent = malloc(sizeof(double) * (size_t)(d->B * maxlen * E));

@@ -155,14 +155,19 @@ int tu_same_alloc(const tu_buf *a, const tu_buf *b) {
     return a->bytes == b->bytes && memcmp(a->base, b->base, a->bytes) == 0;
 }
 
-void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
-    int64_t *all = malloc(sizeof(int64_t) * (size_t)(nslots > 0 ? nslots : 1));
-    if (!all) abort();
-    for (int64_t i = 0; i < nslots; i++) all[i] = i;
-    for (int64_t i = nslots - 1; i > 0; i--) {
-        int64_t j = tu_randint(0, i), x = all[i];
-        all[i] = all[j], all[j] = x;
+int64_t *tu_permutation(int64_t n) {
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (!perm) abort();
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = tu_randint(0, i), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
     }
+    return perm;
+}
+
+void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
+    int64_t *all = tu_permutation(nslots);
     int64_t phase = tu_randint(0, 4);
     for (int64_t i = 0; i < N; i++) tu_set(sm, i, with_padding && i % 5 == phase ? -1 : (double)all[i]);
     free(all);

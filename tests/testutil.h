@@ -58,6 +58,9 @@ int tu_same_alloc(const tu_buf *a, const tu_buf *b);
 /* slot_mapping sm[0, N) = distinct random slots of [0, nslots) (N <= nslots), every 5th
  * (from a random phase) -1 when with_padding */
 void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding);
+/* a random permutation of [0, n) (Fisher-Yates by tu_randint; malloc'd, at least one
+ * element: free it) */
+int64_t *tu_permutation(int64_t n);
 /* a [R, D] view: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1 (stored
  * transposed) */
 tu_buf tu_alloc_rows(lk_dtype dt, int64_t R, int64_t D, int layout);
