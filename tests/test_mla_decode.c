@@ -124,33 +124,8 @@ static void build(const dcase *c, dbufs *z, uint64_t seed) {
     }
     free(perm);
     /* float64 reference */
-    int64_t R = c->s_q * c->H;
-    z->want = calloc((size_t)(B * R * c->Dl + 1), sizeof(double));
-    z->want_lse = calloc((size_t)(B * R + 1), sizeof(double));
-    double *s = malloc(sizeof(double) * (size_t)z->maxlen);
-    for (int b = 0; b < B; b++)
-        for (int64_t i = 0; i < c->s_q; i++)
-            for (int64_t h = 0; h < c->H; h++) {
-                int64_t lim = c->causal ? c->len[b] - c->s_q + i + 1 : c->len[b];
-                if (lim < 0) lim = 0;
-                double m = -INFINITY, l = 0;
-                for (int64_t j = 0; j < lim; j++) {
-                    double d = 0;
-                    for (int64_t e = 0; e < E; e++)
-                        d += tu_get(&z->q, ((b * c->s_q + i) * c->H + h) * E + e) * z->E[(b * z->maxlen + j) * E + e];
-                    s[j] = d * (double)z->scale;
-                    if (s[j] > m) m = s[j];
-                }
-                double *w = z->want + ((b * c->s_q + i) * c->H + h) * c->Dl;
-                for (int64_t j = 0; j < lim; j++) {
-                    double p = exp(s[j] - m);
-                    l += p;
-                    for (int64_t d = 0; d < c->Dl; d++) w[d] += p * z->E[(b * z->maxlen + j) * E + d];
-                }
-                for (int64_t d = 0; d < c->Dl; d++) w[d] = lim ? w[d] / l : 0.0;
-                z->want_lse[(b * c->H + h) * c->s_q + i] = lim ? m + log(l) : -INFINITY;
-            }
-    free(s);
+    tu_mla_decode_ref(&z->q, z->E, c->len, B, c->s_q, c->H, E, c->Dl, z->maxlen, (double)z->scale, c->causal, &z->want,
+                      &z->want_lse, NULL);
 }
 
 static void free_bufs(dbufs *z) {

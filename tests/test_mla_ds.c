@@ -772,38 +772,9 @@ static void build_decode(const decase *d, dworld *z) {
     }
     free(perm), free(x), free(rb);
     /* float64 attention over the dequantized entries */
-    int64_t R = d->s_q * d->H;
-    z->want = calloc((size_t)(d->B * R * Dl + 1), sizeof(double));
-    z->want_lse = calloc((size_t)(d->B * R + 1), sizeof(double));
-    z->want_mag = calloc((size_t)(d->B * R * Dl + 1), sizeof(double));
-    double *sc = malloc(sizeof(double) * (size_t)maxlen);
-    for (int b = 0; b < d->B; b++)
-        for (int64_t i = 0; i < d->s_q; i++)
-            for (int64_t h = 0; h < d->H; h++) {
-                int64_t lim = d->causal ? d->len[b] - d->s_q + i + 1 : d->len[b];
-                if (lim < 0) lim = 0;
-                double m = -INFINITY, l = 0;
-                for (int64_t j = 0; j < lim; j++) {
-                    double dot = 0;
-                    for (int64_t e = 0; e < E; e++)
-                        dot += tu_get(&z->q, ((b * d->s_q + i) * d->H + h) * E + e) * ent[(b * maxlen + j) * E + e];
-                    sc[j] = dot * (double)z->scale;
-                    if (sc[j] > m) m = sc[j];
-                }
-                double *w = z->want + ((b * d->s_q + i) * d->H + h) * Dl;
-                double *wm = z->want_mag + ((b * d->s_q + i) * d->H + h) * Dl;
-                for (int64_t j = 0; j < lim; j++) {
-                    double p = exp(sc[j] - m);
-                    l += p;
-                    for (int64_t e = 0; e < Dl; e++) {
-                        w[e] += p * ent[(b * maxlen + j) * E + e];
-                        wm[e] += p * fabs(ent[(b * maxlen + j) * E + e]);
-                    }
-                }
-                for (int64_t e = 0; e < Dl; e++) w[e] = lim ? w[e] / l : 0.0, wm[e] = lim ? wm[e] / l : 0.0;
-                z->want_lse[(b * d->H + h) * d->s_q + i] = lim ? m + log(l) : -INFINITY;
-            }
-    free(sc), free(ent);
+    tu_mla_decode_ref(&z->q, ent, d->len, d->B, d->s_q, d->H, E, Dl, maxlen, (double)z->scale, d->causal, &z->want,
+                      &z->want_lse, &z->want_mag);
+    free(ent);
 }
 
 static void free_decode(dworld *z) {

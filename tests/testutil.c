@@ -166,6 +166,47 @@ int64_t *tu_permutation(int64_t n) {
     return perm;
 }
 
+void tu_mla_decode_ref(const tu_buf *q, const double *ent, const int64_t *len, int B, int64_t s_q, int64_t H,
+                       int64_t E, int64_t Dl, int64_t maxlen, double scale, int causal, double **want, double **lse,
+                       double **mag) {
+    int64_t R = s_q * H;
+    double *w0 = calloc((size_t)(B * R * Dl + 1), sizeof(double)), *l0 = calloc((size_t)(B * R + 1), sizeof(double));
+    double *m0 = mag ? calloc((size_t)(B * R * Dl + 1), sizeof(double)) : NULL;
+    double *s = malloc(sizeof(double) * (size_t)(maxlen > 0 ? maxlen : 1));
+    if (!w0 || !l0 || (mag && !m0) || !s) abort();
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < s_q; i++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t lim = causal ? len[b] - s_q + i + 1 : len[b];
+                if (lim < 0) lim = 0;
+                double m = -INFINITY, l = 0;
+                for (int64_t j = 0; j < lim; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < E; e++)
+                        d += tu_get(q, ((b * s_q + i) * H + h) * E + e) * ent[(b * maxlen + j) * E + e];
+                    s[j] = d * scale;
+                    if (s[j] > m) m = s[j];
+                }
+                double *w = w0 + ((b * s_q + i) * H + h) * Dl, *wm = m0 ? m0 + ((b * s_q + i) * H + h) * Dl : NULL;
+                for (int64_t j = 0; j < lim; j++) {
+                    double p = exp(s[j] - m);
+                    l += p;
+                    for (int64_t d = 0; d < Dl; d++) {
+                        w[d] += p * ent[(b * maxlen + j) * E + d];
+                        if (wm) wm[d] += p * fabs(ent[(b * maxlen + j) * E + d]);
+                    }
+                }
+                for (int64_t d = 0; d < Dl; d++) {
+                    w[d] = lim ? w[d] / l : 0.0;
+                    if (wm) wm[d] = lim ? wm[d] / l : 0.0;
+                }
+                l0[(b * H + h) * s_q + i] = lim ? m + log(l) : -INFINITY;
+            }
+    free(s);
+    *want = w0, *lse = l0;
+    if (mag) *mag = m0;
+}
+
 void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding) {
     int64_t *all = tu_permutation(nslots);
     int64_t phase = tu_randint(0, 4);

@@ -61,6 +61,14 @@ void tu_random_slots(tu_buf *sm, int64_t N, int64_t nslots, int with_padding);
 /* a random permutation of [0, n) (Fisher-Yates by tu_randint; malloc'd, at least one
  * element: free it) */
 int64_t *tu_permutation(int64_t n);
+/* float64 absorbed MLA decode (K = an entry, V = its first Dl dims): q [B, s_q, H, E] read
+ * by tu_get in logical order, ent [B][maxlen][E] request b's entries, len[b] its keys;
+ * causal: query i sees keys < len[b] - s_q + i + 1. Allocates *want [B, s_q, H, Dl], *lse
+ * [B, H, s_q] (-inf with no key) and, where mag is not NULL, *mag [B, s_q, H, Dl] =
+ * sum_j p_j |e_j[d]| / l (the size of the summed terms); free them */
+void tu_mla_decode_ref(const tu_buf *q, const double *ent, const int64_t *len, int B, int64_t s_q, int64_t H,
+                       int64_t E, int64_t Dl, int64_t maxlen, double scale, int causal, double **want, double **lse,
+                       double **mag);
 /* a [R, D] view: layout 0 contiguous, 1 padded strides, 2 last-dim stride != 1 (stored
  * transposed) */
 tu_buf tu_alloc_rows(lk_dtype dt, int64_t R, int64_t D, int layout);
