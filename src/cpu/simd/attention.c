@@ -1038,9 +1038,11 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
  * each widened by lkv_f8_to_bf16_x2 into two vectors), eight keys per pass, so that no
  * horizontal sum is taken per key: each accumulator holds one key pair and one head, its
  * 128-bit lanes 0-1 the first key's partial sums, 2-3 the second's (lane_sums4, then one
- * cross-lane add). q rows in g4_qdim's order, each 256-bit piece broadcast to both
- * halves. Keys past nb reread row nb - 1 (softmax_g4 reads no score past nb); the next
- * block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
+ * cross-lane add). q rows in g4_qdim's order, each 256-bit piece stored twice (both
+ * halves of one 512-bit load: on Zen 4 a broadcast load takes a shuffle slot beside the
+ * dot products, a plain load none; the whole decode 2-4 % fewer cycles per key and KV
+ * head in L2). Keys past nb reread row nb - 1 (softmax_g4 reads no score past nb); the
+ * next block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
  * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
  * KV head in L1; the whole decode 6-7 % (e4m3) and 13-15 % (e5m2) faster with K / V in
  * L2 / L3 (8 x 256 keys, 1 and 2 threads), unchanged within the noise from DRAM (8 x 4096
@@ -1050,7 +1052,7 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
     const int64_t Hk = a->Hk;
     const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
-        const uint16_t *qh = q16 + kh * 4 * 128;
+        const uint16_t *qh = q16 + kh * 4 * 256; /* [4 heads][4 tiles][2 halves][32 words] */
         const __m512 vs = _mm512_set1_ps(qk_scale(a, b, kh));
         for (int64_t j0 = 0; j0 < nb; j0 += 8) {
             const char *p[8];
@@ -1073,7 +1075,7 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
                 for (int g = 0; g < 4; g++)
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
-                        lkv_bits qq = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qh + g * 128 + 32 * t + 16 * h)));
+                        lkv_bits qq = _mm512_loadu_si512(qh + (g * 8 + 2 * t + h) * 32);
 #pragma GCC unroll 4
                         for (int x = 0; x < 4; x++) acc[x][g] = lkv_dot2(acc[x][g], qq, w[x][h]);
                     }
@@ -1217,7 +1219,7 @@ static inline void g4_finish(lk_online_state *st, float *o, const float *M, cons
 
 /* the keys [lo, hi] of one query row of request b on the g4 path (rows of keys up to
  * pf_hi >= hi prefetched): states st [Hq], o [Hq][Dv] (zeros on entry), q16 [Hq][128]
- * bf16 rows with room for as many after them */
+ * bf16 rows with room for twice as many after them (fp8 K: scores_g4's q layout) */
 LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_t hi, int64_t pf_hi,
                                     lk_online_state *st, float *o, uint16_t *q16, float *sc, lk_dtype kt, lk_dtype vt) {
     const lk_attn_args *a = c->a;
@@ -1226,13 +1228,17 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
     const int64_t khs = head_step(&a->kc) * kes, vhs = head_step(&a->vc) * ves;
     float *S = sc, *M = S + DB * sr, *L = M + sr, *A = L + sr; // S [DB][sr], M, L, A [sr]
     uint32_t *pw = (uint32_t *)(A + sr);                        // [DB / 2][sr]
-    if (kt != LK_BF16) { /* q in scores_g4's fp8 order (g4_qdim, within each 32 dims) */
+    if (kt != LK_BF16) { /* q in scores_g4's fp8 order (g4_qdim, within each 32 dims), each
+                          * 16-word half twice: qp [Hq][4][2][32] */
         uint16_t *qp = q16 + Hq * 128, ix[32];
         for (int i = 0; i < 32; i++) ix[i] = (uint16_t)g4_qdim(i);
         const __m512i iq = _mm512_loadu_si512(ix);
         for (int64_t h = 0; h < Hq; h++)
-            for (int t = 0; t < 4; t++)
-                _mm512_storeu_si512(qp + h * 128 + 32 * t, _mm512_permutexvar_epi16(iq, _mm512_loadu_si512(q16 + h * 128 + 32 * t)));
+            for (int t = 0; t < 4; t++) {
+                __m512i x = _mm512_permutexvar_epi16(iq, _mm512_loadu_si512(q16 + h * 128 + 32 * t));
+                _mm512_storeu_si512(qp + h * 256 + 64 * t, _mm512_shuffle_i64x2(x, x, 0x44));
+                _mm512_storeu_si512(qp + h * 256 + 64 * t + 32, _mm512_shuffle_i64x2(x, x, 0xee));
+            }
         q16 = qp;
     }
     for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(M + h, lkv_set1(-INFINITY)), lkv_storeu(L + h, lkv_zero());
@@ -2152,6 +2158,8 @@ static lk_status run_decode(const lk_attn_args *a) {
      * the f32 P.V measured faster (MHA B=8 x 4096 x 32 h: 1.07-1.11x slower) */
     c.pv16 = c.qk16 && bf16_operand(a->vc.dtype) && a->out.dtype == LK_BF16 && (a->Hq / a->Hk) % 4 == 0;
     c.g4 = c.pv16 && a->Hq == 4 * a->Hk && a->Dqk == 128 && a->Dv % 64 == 0 && !(a->softcap > 0) && !a->alibi;
+    /* decode_row_g4 over fp8 K: its q rows (Hq x 128 words), then scores_g4's copy (twice that) */
+    if (c.g4 && lk_is_fp8(a->kc.dtype) && c.qbuf_stride < 3 * a->Hq * 64) c.qbuf_stride = 3 * a->Hq * 64;
 #endif
     c.sbuf_floats = SBUF_FLOATS(a->Hq);
 #if defined(LKV_AMX)
