@@ -998,7 +998,9 @@ LK_ALWAYS_INLINE __m512i codes64(const char *p, int64_t d0, int64_t cs) {
  * stored as one 4-float row piece. bf16 K keeps this loop: scores_g4's key pairs ran it 8 % faster in L2 / L3
  * but 2-6 % slower from DRAM (8 x 4096 keys, Zen 5). */
 LK_ALWAYS_INLINE void scores_g4_rows(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
-                                     int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+                                     int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b,
+                                     const char *vd, const int64_t *vbase, lk_dtype kt) {
+    (void)vd, (void)vbase; /* scores_g4's arguments; bf16 V's rows are prefetched in pv_g4 only */
     const int64_t Hk = a->Hk, kes = lk_esize(kt);
     const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
@@ -1042,13 +1044,21 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
  * halves of one 512-bit load: on Zen 4 a broadcast load takes a shuffle slot beside the
  * dot products, a plain load none; the whole decode 2-4 % fewer cycles per key and KV
  * head in L2). Keys past nb reread row nb - 1 (softmax_g4 reads no score past nb); the
- * next block's K rows are prefetched two per 32-dim step. Zen 5, 4 x 128, against
+ * next block's K rows are prefetched two per 32-dim step, and so are its V rows where vd
+ * is not NULL (V laid out as K: vd + vbase[DB + r] + kh khs; prefetched again in pv_g4).
+ * From DRAM (Zen 4 VM, e4m3 4 x 128, B=8 x 4096, page 16, alternating in one process), V's
+ * rows here too against in pv_g4 only: 1 thread 5-7 % faster, 2 threads 0.94-1.02x (median
+ * of 6 runs 0.99x). Other orders measured: every row once in a burst at the block's start
+ * 1.3-2.2x slower, one line of each 128-byte row 1.8-2.2x slower, no software prefetch
+ * 2.7-2.9x slower, prefetch 2 or 4 blocks ahead unchanged, the bf16 cache's scores_g4_rows
+ * with V's rows too 4-13 % slower. Zen 5, 4 x 128, against
  * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
  * KV head in L1; the whole decode 6-7 % (e4m3) and 13-15 % (e5m2) faster with K / V in
  * L2 / L3 (8 x 256 keys, 1 and 2 threads), unchanged within the noise from DRAM (8 x 4096
  * keys, 2 threads). */
 LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, const int64_t *kbase, int64_t nb,
-                                int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b, lk_dtype kt) {
+                                int64_t nk, int64_t kcs, int64_t khs, float *S, int64_t sr, int64_t b,
+                                const char *vd, const int64_t *vbase, lk_dtype kt) {
     const int64_t Hk = a->Hk;
     const char *kd = (const char *)a->kc.data;
     for (int64_t kh = 0; kh < Hk; kh++) {
@@ -1064,8 +1074,10 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
                 for (int g = 0; g < 4; g++) acc[x][g] = lkv_zero();
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
-                for (int64_t r = j0 + 2 * t; r < j0 + 2 * t + 2; r++)
-                    if (DB + r < nk) prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, 1);
+                for (int64_t r = j0 + 2 * t; r < j0 + 2 * t + 2 && DB + r < nk; r++) {
+                    prefetch_row_l2(kd + kbase[DB + r] + kh * khs, kcs, 128, 1);
+                    if (vd) prefetch_row_l2(vd + vbase[DB + r] + kh * khs, kcs, 128, 1);
+                }
                 lkv_bits w[4][2];
 #pragma GCC unroll 4
                 for (int x = 0; x < 4; x++) /* 32-code tile t */
@@ -1094,12 +1106,14 @@ LK_ALWAYS_INLINE void scores_g4(const lk_attn_args *a, const uint16_t *q16, cons
 /* the g4 scores per K dtype, each out of line (its registers its own: inlined into the
  * per-dtype decode copies it slowed their other loops, e.g. MHA e4m3 by 3 %), ND rows
  * (kcs = TILE) a constant */
-#define SCORES_G4_FN(name, fn, dt)                                                                      \
-    static __attribute__((noinline)) void name(const lk_attn_args *a, const uint16_t *q16,              \
+#define SCORES_G4_FN(name, fn, dt)                                                                     \
+    static __attribute__((noinline)) void name(const lk_attn_args *a, const uint16_t *q16,             \
                                                const int64_t *kbase, int64_t nb, int64_t nk, int64_t kcs, \
-                                               int64_t khs, float *S, int64_t sr, int64_t b) {          \
-        if (kcs == TILE(lk_esize(dt))) fn(a, q16, kbase, nb, nk, TILE(lk_esize(dt)), khs, S, sr, b, dt);  \
-        else fn(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, dt);                                         \
+                                               int64_t khs, float *S, int64_t sr, int64_t b, const char *vd, \
+                                               const int64_t *vbase) {                                   \
+        if (kcs == TILE(lk_esize(dt)))                                                                 \
+            fn(a, q16, kbase, nb, nk, TILE(lk_esize(dt)), khs, S, sr, b, vd, vbase, dt);               \
+        else fn(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, vd, vbase, dt);                             \
     }
 SCORES_G4_FN(scores_g4_bf16, scores_g4_rows, LK_BF16)
 SCORES_G4_FN(scores_g4_e4m3, scores_g4, LK_F8E4M3)
@@ -1166,7 +1180,7 @@ LK_ALWAYS_INLINE void pv_g4(float *o, const uint32_t *pw, int64_t sr, const floa
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) acc[g][i] = lkv_zero();
         for (int64_t p = 0; p < npairs; p++) {
-            if (d0 == 0) /* the next block's V rows vn [nn] into L2, two per key pair */
+            if (d0 == 0) /* the next block's V rows vn [nn] into L2 again, two per key pair */
                 for (int64_t q = 2 * p; q < 2 * p + 2 && q < nn; q++) prefetch_row_l2(vn[q], cs, D, lk_esize(dt));
             lkv_bits w[4];
             v_pairs_g4(v[2 * p], v[2 * p + 1], d0, cs, dt, w);
@@ -1247,9 +1261,12 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
         int64_t kbase[2 * DB], vbase[2 * DB], nk = pf_hi - jb + 1 < 2 * DB ? pf_hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
-        if (kt == LK_BF16) scores_g4_bf16(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
-        else if (kt == LK_F8E4M3) scores_g4_e4m3(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
-        else scores_g4_e5m2(a, q16, kbase, nb, nk, kcs, khs, S, sr, b);
+        /* fp8 K: V's next rows prefetched with K's where laid out alike (scores_g4) */
+        const char *vd = kt != LK_BF16 && vt == kt && vcs == kcs && vhs == khs && Dv == 128 ? (const char *)a->vc.data
+                                                                                              : NULL;
+        if (kt == LK_BF16) scores_g4_bf16(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, NULL, vbase);
+        else if (kt == LK_F8E4M3) scores_g4_e4m3(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, vd, vbase);
+        else scores_g4_e5m2(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, vd, vbase);
         softmax_g4(S, sr, nb, M, L, A, pw, NULL);
         int64_t np = (nb + 1) / 2;
         for (int64_t kh = 0; kh < Hk; kh++) {
