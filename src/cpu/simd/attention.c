@@ -1045,13 +1045,9 @@ static inline __m512 lane_sums4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
  * dot products, a plain load none; the whole decode 2-4 % fewer cycles per key and KV
  * head in L2). Keys past nb reread row nb - 1 (softmax_g4 reads no score past nb); the
  * next block's K rows are prefetched two per 32-dim step, and so are its V rows where vd
- * is not NULL (V laid out as K: vd + vbase[DB + r] + kh khs; prefetched again in pv_g4).
- * From DRAM (Zen 4 VM, e4m3 4 x 128, B=8 x 4096, page 16, alternating in one process), V's
- * rows here too against in pv_g4 only: 1 thread 5-7 % faster, 2 threads 0.94-1.02x (median
- * of 6 runs 0.99x). Other orders measured: every row once in a burst at the block's start
- * 1.3-2.2x slower, one line of each 128-byte row 1.8-2.2x slower, no software prefetch
- * 2.7-2.9x slower, prefetch 2 or 4 blocks ahead unchanged, the bf16 cache's scores_g4_rows
- * with V's rows too 4-13 % slower. Zen 5, 4 x 128, against
+ * is not NULL (V laid out as K: vd + vbase[DB + r] + kh khs; prefetched again in pv_g4:
+ * from DRAM on a Zen 4, 1 thread 5-7 % faster than in pv_g4 only, 2 threads 0.94-1.02x;
+ * the orders tried: docs/ops.md, Zen 4 paragraph). Zen 5, 4 x 128, against
  * scores_g4_rows on the same codes: the e4m3 loop alone 11.7 vs 18.4 cycles per key and
  * KV head in L1; the whole decode 6-7 % (e4m3) and 13-15 % (e5m2) faster with K / V in
  * L2 / L3 (8 x 256 keys, 1 and 2 threads), unchanged within the noise from DRAM (8 x 4096
@@ -1256,14 +1252,13 @@ LK_ALWAYS_INLINE void decode_row_g4(decode_ctx *c, int64_t b, int64_t lo, int64_
         q16 = qp;
     }
     for (int64_t h = 0; h < sr; h += LKV_W) lkv_storeu(M + h, lkv_set1(-INFINITY)), lkv_storeu(L + h, lkv_zero());
+    /* fp8 K: V's next rows prefetched with K's where laid out alike (scores_g4) */
+    const char *vd = kt != LK_BF16 && vt == kt && vcs == kcs && vhs == khs && Dv == 128 ? (const char *)a->vc.data : NULL;
     for (int64_t jb = lo; jb <= hi; jb += DB) {
         int64_t nb = hi - jb + 1 < DB ? hi - jb + 1 : DB;
         int64_t kbase[2 * DB], vbase[2 * DB], nk = pf_hi - jb + 1 < 2 * DB ? pf_hi - jb + 1 : 2 * DB;
         key_offsets(a, &a->kc, b, jb, nk, kbase);
         key_offsets(a, &a->vc, b, jb, nk, vbase);
-        /* fp8 K: V's next rows prefetched with K's where laid out alike (scores_g4) */
-        const char *vd = kt != LK_BF16 && vt == kt && vcs == kcs && vhs == khs && Dv == 128 ? (const char *)a->vc.data
-                                                                                              : NULL;
         if (kt == LK_BF16) scores_g4_bf16(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, NULL, vbase);
         else if (kt == LK_F8E4M3) scores_g4_e4m3(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, vd, vbase);
         else scores_g4_e5m2(a, q16, kbase, nb, nk, kcs, khs, S, sr, b, vd, vbase);
